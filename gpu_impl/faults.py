@@ -1,0 +1,77 @@
+"""The fault catalogue: switchable re-introductions of historical bugs.
+
+Every fault is off by default.  A runner receives a :class:`FaultSet` at
+construction and consults it at the exact place the upstream bug lived, so the
+code path with the fault off is the fixed engine code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault: id, runners it applies to, what it does, where it came from,
+    and the invariant expected to catch it first."""
+
+    id: str
+    runners: tuple[str, ...]
+    description: str
+    source: str
+    invariant: str
+
+    def to_json(self) -> dict:
+        return {"id": self.id, "runners": list(self.runners), "description": self.description,
+                "source": self.source, "invariant": self.invariant}
+
+
+CATALOGUE: dict[str, Fault] = {f.id: f for f in (
+    Fault("removed-row-not-cleared", ("v1",),
+          "remove_request leaves the removed row's block ids and num_blocks_per_row in place",
+          "vLLM PR #37728 'Clear block-table rows in remove_request' "
+          "(vllm/v1/worker/gpu_input_batch.py; the row was not cleared before it)",
+          "VACATED_ROWS_ZERO"),
+    Fault("vacated-row-not-cleared", ("v1",),
+          "BlockTable.move_row copies the row into the hole but leaves the vacated source "
+          "row's block ids and count (stale rows after condense)",
+          "seed 000: fix to BlockTable.move_row in vllm/v1/worker/block_table.py "
+          "(dummy runs wrote Mamba state into freed blocks)",
+          "VACATED_ROWS_ZERO"),
+    Fault("full-replay-not-restaged", ("v1",),
+          "a FULL-cudagraph dummy replay reuses the persistent state indices staged by the "
+          "previous real batch instead of re-staging them from the dummy rows",
+          "seed 000: _dummy_run in vllm/v1/worker/gpu_model_runner.py now builds metadata "
+          "with for_cudagraph_capture when the runtime mode is FULL",
+          "NO_STALE_WRITE"),
+    Fault("dummy-slots-not-padded", ("v1",),
+          "dummy runs leave slot mappings as a zero-initialised buffer, so every dummy token "
+          "maps to slot 0 of the null block",
+          "seed 001: _dummy_run in vllm/v1/worker/gpu_model_runner.py now fills dummy slot "
+          "mappings with PAD_SLOT_ID (-1)",
+          "NULL_BLOCK_FINITE"),
+    Fault("dummy-slots-unpadded-count", ("v1",),
+          "dummy runs PAD-fill only the unpadded token count; the padded tail keeps the "
+          "previous batch's slots, so padded dummy tokens write into other requests' blocks",
+          "seed 001: _get_slot_mappings was called with num_tokens instead of "
+          "num_tokens_padded in _dummy_run (vllm/v1/worker/gpu_model_runner.py)",
+          "NO_STALE_WRITE"),
+)}
+
+
+class FaultSet:
+    """An immutable set of active fault ids; unknown ids raise ``ValueError``."""
+
+    def __init__(self, ids=()):
+        ids = tuple(ids)
+        for fid in ids:
+            if fid not in CATALOGUE:
+                raise ValueError(f"unknown fault {fid!r}; known: {', '.join(sorted(CATALOGUE))}")
+        self.ids = frozenset(ids)
+
+    def __contains__(self, fid: str) -> bool:
+        assert fid in CATALOGUE, fid
+        return fid in self.ids
+
+    def sorted(self) -> list[str]:
+        return sorted(self.ids)

@@ -1,0 +1,225 @@
+"""Runner configuration shared by the reference, gpu_impl and traces.
+
+A :class:`RunnerConfig` is the ``config`` object of a trace: which model runner
+(``v1`` persistent batch), which KV-cache groups (attention or mamba, each with
+its allocation block size and kernel block size), the pool size, the batch
+limits and the CUDA-graph capture sizes.  It models the parts of vLLM's
+``KVCacheConfig`` / ``SchedulerConfig`` / ``CompilationConfig`` that the
+block-table code reads.
+
+Everything here is plain Python; errors are :class:`ConfigError` naming the
+field, so a trace loader can turn them into a one-line message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ATTENTION = "attention"
+MAMBA = "mamba"
+GROUP_KINDS = (ATTENTION, MAMBA)
+RUNNERS = ("v1",)
+# cudagraph_mode values (vLLM ``CUDAGraphMode``): eager; graphs around
+# everything but attention with metadata rebuilt every step; whole step
+# replayed from a graph that reads persistent metadata buffers.
+NONE, PIECEWISE, FULL = "NONE", "PIECEWISE", "FULL"
+CUDAGRAPH_MODES = (NONE, PIECEWISE, FULL)
+
+# Bounds that keep a fuzz step affordable on a 2-core CPU under the Triton
+# interpreter, and keep payload sums exact in float32 (see payload.py).
+NUM_BLOCKS_MAX = 64
+MAX_NUM_REQS_MAX = 8
+MAX_NUM_BLOCKS_PER_REQ_MAX = 16
+MAX_NUM_BATCHED_TOKENS_MAX = 64
+BLOCK_SIZE_MAX = 32
+HEAD_SIZE_MAX = 8
+NUM_GROUPS_MAX = 4
+
+
+class ConfigError(ValueError):
+    """A config field is missing, of the wrong type or out of bounds.
+
+    ``field`` is the dotted path of the offending field (``groups[1].block_size``).
+    """
+
+    def __init__(self, field_path: str, message: str):
+        super().__init__(f"config.{field_path}: {message}")
+        self.field = field_path
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """One KV-cache group.
+
+    kind: ``"attention"`` (paged KV cache, ``block_size`` tokens per block) or
+    ``"mamba"`` (one recurrent-state slot per block; a request owns exactly one
+    block, its state index is ``block_table[row, 0]``).
+    kernel_block_size: attention kernel's block size; this version requires it
+    to equal ``block_size``.
+    """
+
+    kind: str
+    block_size: int
+    kernel_block_size: int
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    """Geometry and limits of one model runner.
+
+    num_blocks: blocks per KV-cache group, including the null block 0.
+    max_num_blocks_per_req: block-table width (columns) of attention groups.
+    cudagraph_capture_sizes: token counts graphs are captured for, ascending;
+      FULL graphs exist only for sizes <= ``max_num_reqs`` (uniform decode).
+    head_size: floats per KV cell / state slot.
+    """
+
+    runner: str = "v1"
+    groups: tuple[GroupSpec, ...] = field(
+        default_factory=lambda: (
+            GroupSpec(ATTENTION, 4, 4),
+            GroupSpec(MAMBA, 16, 16),
+        )
+    )
+    num_blocks: int = 12
+    max_num_reqs: int = 4
+    max_num_blocks_per_req: int = 4
+    max_num_batched_tokens: int = 16
+    cudagraph_capture_sizes: tuple[int, ...] = (1, 2, 4, 8)
+    head_size: int = 4
+
+    def __post_init__(self):
+        self.validate()
+
+    # -- derived -----------------------------------------------------------
+    @property
+    def attention_groups(self) -> list[int]:
+        return [i for i, g in enumerate(self.groups) if g.kind == ATTENTION]
+
+    @property
+    def mamba_groups(self) -> list[int]:
+        return [i for i, g in enumerate(self.groups) if g.kind == MAMBA]
+
+    def blocks_per_req_max(self, group: int) -> int:
+        """Columns of ``group``'s block table (1 for a mamba group)."""
+        return 1 if self.groups[group].kind == MAMBA else self.max_num_blocks_per_req
+
+    def padded_num_tokens(self, num_tokens: int) -> int | None:
+        """Smallest capture size >= ``num_tokens``, or None when none fits."""
+        for size in self.cudagraph_capture_sizes:
+            if size >= num_tokens:
+                return size
+        return None
+
+    @property
+    def full_capture_sizes(self) -> tuple[int, ...]:
+        return tuple(s for s in self.cudagraph_capture_sizes if s <= self.max_num_reqs)
+
+    # -- (de)serialisation -------------------------------------------------
+    def to_json(self) -> dict:
+        return {
+            "runner": self.runner,
+            "groups": [
+                {"kind": g.kind, "block_size": g.block_size,
+                 "kernel_block_size": g.kernel_block_size}
+                for g in self.groups
+            ],
+            "num_blocks": self.num_blocks,
+            "max_num_reqs": self.max_num_reqs,
+            "max_num_blocks_per_req": self.max_num_blocks_per_req,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "cudagraph_capture_sizes": list(self.cudagraph_capture_sizes),
+            "head_size": self.head_size,
+        }
+
+    @classmethod
+    def from_json(cls, obj) -> "RunnerConfig":
+        """Build from a trace's ``config`` object; raises :class:`ConfigError`."""
+        if not isinstance(obj, dict):
+            raise ConfigError("", "must be an object")
+        known = {"runner", "groups", "num_blocks", "max_num_reqs",
+                 "max_num_blocks_per_req", "max_num_batched_tokens",
+                 "cudagraph_capture_sizes", "head_size"}
+        for key in sorted(obj):
+            if key not in known:
+                raise ConfigError(key, "unknown field")
+        kwargs = {}
+        for key in sorted(known - {"runner", "groups", "cudagraph_capture_sizes"}):
+            if key in obj:
+                kwargs[key] = _int(obj[key], key)
+        if "runner" in obj:
+            kwargs["runner"] = obj["runner"]
+        if "groups" in obj:
+            groups = obj["groups"]
+            if not isinstance(groups, list):
+                raise ConfigError("groups", "must be a list")
+            specs = []
+            for i, g in enumerate(groups):
+                if not isinstance(g, dict):
+                    raise ConfigError(f"groups[{i}]", "must be an object")
+                for key in sorted(g):
+                    if key not in ("kind", "block_size", "kernel_block_size"):
+                        raise ConfigError(f"groups[{i}].{key}", "unknown field")
+                if "kind" not in g or "block_size" not in g:
+                    raise ConfigError(f"groups[{i}]", "needs 'kind' and 'block_size'")
+                bs = _int(g["block_size"], f"groups[{i}].block_size")
+                kbs = _int(g.get("kernel_block_size", bs), f"groups[{i}].kernel_block_size")
+                specs.append(GroupSpec(g["kind"], bs, kbs))
+            kwargs["groups"] = tuple(specs)
+        if "cudagraph_capture_sizes" in obj:
+            sizes = obj["cudagraph_capture_sizes"]
+            if not isinstance(sizes, list):
+                raise ConfigError("cudagraph_capture_sizes", "must be a list")
+            kwargs["cudagraph_capture_sizes"] = tuple(
+                _int(s, f"cudagraph_capture_sizes[{i}]") for i, s in enumerate(sizes))
+        return cls(**kwargs)
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` for the first field out of bounds."""
+        if self.runner not in RUNNERS:
+            raise ConfigError("runner", f"{self.runner!r} not one of {list(RUNNERS)}")
+        if not 1 <= len(self.groups) <= NUM_GROUPS_MAX:
+            raise ConfigError("groups", f"need 1..{NUM_GROUPS_MAX} groups")
+        if not self.attention_groups:
+            raise ConfigError("groups", "need at least one attention group")
+        for i, g in enumerate(self.groups):
+            if g.kind not in GROUP_KINDS:
+                raise ConfigError(f"groups[{i}].kind", f"{g.kind!r} not one of {list(GROUP_KINDS)}")
+            _bound(g.block_size, 1, BLOCK_SIZE_MAX if g.kind == ATTENTION else 1024,
+                   f"groups[{i}].block_size")
+            if g.kernel_block_size != g.block_size:
+                raise ConfigError(f"groups[{i}].kernel_block_size",
+                                  "must equal block_size in this version")
+            if g.kind == ATTENTION and g.block_size & (g.block_size - 1):
+                raise ConfigError(f"groups[{i}].block_size", "must be a power of two")
+        _bound(self.num_blocks, 2, NUM_BLOCKS_MAX, "num_blocks")
+        _bound(self.max_num_reqs, 1, MAX_NUM_REQS_MAX, "max_num_reqs")
+        _bound(self.max_num_blocks_per_req, 1, MAX_NUM_BLOCKS_PER_REQ_MAX,
+               "max_num_blocks_per_req")
+        _bound(self.max_num_batched_tokens, 1, MAX_NUM_BATCHED_TOKENS_MAX,
+               "max_num_batched_tokens")
+        _bound(self.head_size, 1, HEAD_SIZE_MAX, "head_size")
+        if self.head_size & (self.head_size - 1):
+            raise ConfigError("head_size", "must be a power of two")
+        sizes = self.cudagraph_capture_sizes
+        if list(sizes) != sorted(set(sizes)):
+            raise ConfigError("cudagraph_capture_sizes", "must be ascending and distinct")
+        for i, s in enumerate(sizes):
+            _bound(s, 1, self.max_num_batched_tokens, f"cudagraph_capture_sizes[{i}]")
+        for g in self.attention_groups:
+            if self.groups[g].block_size * self.max_num_blocks_per_req > 256:
+                raise ConfigError(f"groups[{g}].block_size",
+                                  "block_size * max_num_blocks_per_req must be <= 256")
+
+
+def _int(value, field_path: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(field_path, f"must be an integer, got {value!r}")
+    return value
+
+
+def _bound(value: int, lo: int, hi: int, field_path: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(field_path, f"must be an integer, got {value!r}")
+    if not lo <= value <= hi:
+        raise ConfigError(field_path, f"{value} out of bounds [{lo}, {hi}]")

@@ -1,0 +1,213 @@
+"""Block pool and ownership ledger: who owns which block, from the ops alone.
+
+Models the scheduler side of vLLM (``vllm/v1/core/kv_cache_manager.py`` /
+``block_pool.py``): block 0 of every KV-cache group is the null block, reserved
+and never allocated; a request owns an ordered list of blocks per group until it
+is removed, then they are free again and may be handed to another request.
+Block ids are explicit in traces, so the ledger checks them rather than
+choosing them.
+
+The ledger is also where an op's legality is decided: every check raises
+:class:`OpError` naming the field, before anything changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .config import MAMBA, RunnerConfig
+from .payload import NULL_BLOCK_ID, POSITION_MAX, REQ_ID_MAX
+
+FREE = -1
+RESERVED = -2
+
+
+class OpError(ValueError):
+    """An op is not legal in the current state.
+
+    ``field`` names the offending op field (``blocks[0][1]``, ``scheduled[2]``).
+    """
+
+    def __init__(self, field_path: str, message: str):
+        super().__init__(f"{field_path}: {message}" if field_path else message)
+        self.field = field_path
+
+
+@dataclass
+class RequestLedger:
+    """What the scheduler knows about one live request."""
+
+    req: int
+    prompt_len: int
+    blocks: list[list[int]]  # per group, in order
+    num_computed_tokens: int = 0
+    loaded: bool = False  # filled by kv_load and not yet stepped
+    stepped: bool = False  # has had its first real step
+
+    def capacity_tokens(self, config: RunnerConfig) -> int:
+        """Tokens the request's attention blocks can hold (min over groups)."""
+        return min(len(self.blocks[g]) * config.groups[g].block_size
+                   for g in config.attention_groups)
+
+
+@dataclass
+class Ledger:
+    """Ownership of every block of every group, and the live requests.
+
+    owner[g]: int64 (num_blocks,): request id, ``FREE`` or ``RESERVED`` (null block).
+    """
+
+    config: RunnerConfig
+    owner: list[np.ndarray] = field(init=False)
+    requests: dict[int, RequestLedger] = field(default_factory=dict)
+    used_req_ids: set[int] = field(default_factory=set)
+
+    def __post_init__(self):
+        self.owner = []
+        for _ in self.config.groups:
+            o = np.full(self.config.num_blocks, FREE, dtype=np.int64)
+            o[NULL_BLOCK_ID] = RESERVED
+            self.owner.append(o)
+
+    # -- queries -----------------------------------------------------------
+    def free_blocks(self, group: int) -> list[int]:
+        return [int(b) for b in np.flatnonzero(self.owner[group] == FREE)]
+
+    def live(self) -> list[int]:
+        return sorted(self.requests)
+
+    def get(self, req, field_path: str = "req") -> RequestLedger:
+        if isinstance(req, bool) or not isinstance(req, int):
+            raise OpError(field_path, f"must be an integer request id, got {req!r}")
+        if req not in self.requests:
+            raise OpError(field_path, f"request {req} is not live")
+        return self.requests[req]
+
+    # -- checks (raise OpError, change nothing) ----------------------------
+    def check_add(self, req, blocks, prompt_len) -> None:
+        cfg = self.config
+        if isinstance(req, bool) or not isinstance(req, int) or not 0 <= req <= REQ_ID_MAX:
+            raise OpError("req", f"must be an integer in [0, {REQ_ID_MAX}], got {req!r}")
+        if req in self.used_req_ids:
+            raise OpError("req", f"request id {req} was already used")
+        if len(self.requests) >= cfg.max_num_reqs:
+            raise OpError("req", f"already {cfg.max_num_reqs} live requests (max_num_reqs)")
+        self._check_blocks(blocks, new=True)
+        for g in cfg.attention_groups:
+            if not blocks[g]:
+                raise OpError(f"blocks[{g}]", "a new request needs at least one block")
+        for g in cfg.mamba_groups:
+            if len(blocks[g]) != 1:
+                raise OpError(f"blocks[{g}]", "a mamba group takes exactly one block")
+        capacity = min(len(blocks[g]) * cfg.groups[g].block_size for g in cfg.attention_groups)
+        if isinstance(prompt_len, bool) or not isinstance(prompt_len, int):
+            raise OpError("prompt_len", f"must be an integer, got {prompt_len!r}")
+        if not 1 <= prompt_len <= min(capacity, POSITION_MAX + 1):
+            raise OpError("prompt_len", f"{prompt_len} not in [1, {capacity}] (blocks given)")
+
+    def check_append(self, req, blocks) -> None:
+        r = self.get(req)
+        self._check_blocks(blocks, new=False)
+        for g in self.config.mamba_groups:
+            if blocks[g]:
+                raise OpError(f"blocks[{g}]", "a mamba group's block is fixed at add")
+        for g in self.config.attention_groups:
+            if len(r.blocks[g]) + len(blocks[g]) > self.config.max_num_blocks_per_req:
+                raise OpError(f"blocks[{g}]", "request would exceed max_num_blocks_per_req "
+                              f"({self.config.max_num_blocks_per_req})")
+        if not any(blocks):
+            raise OpError("blocks", "append needs at least one block")
+
+    def check_kv_load(self, req) -> None:
+        r = self.get(req)
+        if r.stepped or r.loaded or r.num_computed_tokens:
+            raise OpError("req", f"request {req} already has KV (stepped or loaded)")
+
+    def check_step(self, scheduled) -> None:
+        cfg = self.config
+        if not isinstance(scheduled, list) or not scheduled:
+            raise OpError("scheduled", "must be a non-empty list of [req, num_tokens]")
+        if len(scheduled) > cfg.max_num_reqs:
+            raise OpError("scheduled", f"more than max_num_reqs={cfg.max_num_reqs} requests")
+        seen = set()
+        total = 0
+        for i, item in enumerate(scheduled):
+            if not isinstance(item, (list, tuple)) or len(item) != 2:
+                raise OpError(f"scheduled[{i}]", "must be [req, num_tokens]")
+            req, n = item
+            r = self.get(req, f"scheduled[{i}][0]")
+            if req in seen:
+                raise OpError(f"scheduled[{i}][0]", f"request {req} scheduled twice")
+            seen.add(req)
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise OpError(f"scheduled[{i}][1]", f"num_tokens must be an integer >= 1, got {n!r}")
+            end = r.num_computed_tokens + n
+            if end > min(r.capacity_tokens(cfg), POSITION_MAX + 1):
+                raise OpError(f"scheduled[{i}][1]", f"request {req} has room for "
+                              f"{r.capacity_tokens(cfg) - r.num_computed_tokens} more tokens, not {n}")
+            total += n
+        if total > cfg.max_num_batched_tokens:
+            raise OpError("scheduled", f"{total} tokens > max_num_batched_tokens="
+                          f"{cfg.max_num_batched_tokens}")
+
+    def _check_blocks(self, blocks, new: bool) -> None:
+        cfg = self.config
+        if not isinstance(blocks, list) or len(blocks) != len(cfg.groups):
+            raise OpError("blocks", f"must be a list of {len(cfg.groups)} lists (one per group)")
+        for g, ids in enumerate(blocks):
+            if not isinstance(ids, list):
+                raise OpError(f"blocks[{g}]", "must be a list of block ids")
+            if cfg.groups[g].kind != MAMBA and len(ids) > cfg.max_num_blocks_per_req:
+                raise OpError(f"blocks[{g}]", f"more than max_num_blocks_per_req="
+                              f"{cfg.max_num_blocks_per_req}")
+            seen = set()
+            for k, b in enumerate(ids):
+                path = f"blocks[{g}][{k}]"
+                if isinstance(b, bool) or not isinstance(b, int):
+                    raise OpError(path, f"must be an integer block id, got {b!r}")
+                if not 0 <= b < cfg.num_blocks:
+                    raise OpError(path, f"block {b} out of range [0, {cfg.num_blocks})")
+                if b == NULL_BLOCK_ID:
+                    raise OpError(path, "block 0 is the null block; it is never allocated")
+                if b in seen or self.owner[g][b] != FREE:
+                    raise OpError(path, f"block {b} is not free")
+                seen.add(b)
+
+    # -- mutations (call the matching check first) -------------------------
+    def add(self, req: int, blocks: list[list[int]], prompt_len: int) -> None:
+        self.check_add(req, blocks, prompt_len)
+        self.requests[req] = RequestLedger(req, prompt_len, [list(b) for b in blocks])
+        self.used_req_ids.add(req)
+        for g, ids in enumerate(blocks):
+            self.owner[g][ids] = req
+
+    def append(self, req: int, blocks: list[list[int]]) -> None:
+        self.check_append(req, blocks)
+        r = self.requests[req]
+        for g, ids in enumerate(blocks):
+            r.blocks[g].extend(ids)
+            self.owner[g][ids] = req
+
+    def remove(self, req: int) -> list[list[int]]:
+        """Free ``req``'s blocks; returns them per group."""
+        r = self.get(req)
+        for g, ids in enumerate(r.blocks):
+            self.owner[g][ids] = FREE
+        del self.requests[req]
+        return r.blocks
+
+    def kv_load(self, req: int) -> None:
+        self.check_kv_load(req)
+        r = self.requests[req]
+        r.loaded = True
+        r.num_computed_tokens = r.prompt_len
+
+    def step(self, scheduled: list) -> None:
+        self.check_step(scheduled)
+        for req, n in scheduled:
+            r = self.requests[req]
+            r.num_computed_tokens += n
+            r.stepped = True
+            r.loaded = False

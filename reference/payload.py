@@ -1,0 +1,41 @@
+"""Constants and the exact payload both implementations write.
+
+Payloads are small integer-valued float32 numbers, so sums over a request's
+tokens are exact whatever the summation order (kernel tree reduction or NumPy
+pairwise): every value and every partial sum stays below 2**24.
+
+- ``payload(req, pos)[d] = req * 1024 + pos * 4 + d + 1`` (req < 64, pos < 256,
+  d < 8): positive, distinct per (req, pos, d).
+- ``SENTINEL = -7.0``: what a free block holds (the allocator "poisons" a block
+  when it is freed).  Finite, so a masked read multiplies it by 0 to 0, and
+  negative, so no payload equals it.
+- Dummy runs carry NaN payloads (their activations are garbage).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+NULL_BLOCK_ID = 0
+PAD_SLOT_ID = -1
+SENTINEL = -7.0
+REQ_ID_MAX = 63
+POSITION_MAX = 255
+
+
+def payload(req: int, positions: np.ndarray, head_size: int) -> np.ndarray:
+    """KV / activation payload of ``req`` at ``positions``.
+
+    Args: req in [0, 63]; positions int array (N,) in [0, 255]; head_size <= 8.
+    Returns float32 (N, head_size).
+    """
+    assert 0 <= req <= REQ_ID_MAX, req
+    pos = np.asarray(positions, dtype=np.int64)
+    assert pos.size == 0 or (pos.min() >= 0 and pos.max() <= POSITION_MAX)
+    d = np.arange(head_size, dtype=np.int64)
+    return (req * 1024 + pos[:, None] * 4 + d[None, :] + 1).astype(np.float32)
+
+
+def payload_sum(req: int, start: int, stop: int, head_size: int) -> np.ndarray:
+    """Sum of ``payload(req, p)`` for p in [start, stop): float32 (head_size,)."""
+    return payload(req, np.arange(start, stop), head_size).sum(axis=0, dtype=np.float32)

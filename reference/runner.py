@@ -1,0 +1,305 @@
+"""The oracle: a V1 model runner over a hybrid KV cache, in NumPy.
+
+Models ``vllm/v1/worker/gpu_model_runner.py`` as far as block tables reach:
+``_update_states`` (requests not scheduled leave the persistent batch but keep
+their blocks; new ones enter at the lowest free row; ``condense``), padding to
+CUDA-graph capture sizes, slot mapping with the ``PAD_SLOT_ID`` tail, the KV
+write that skips ``PAD_SLOT_ID``, a Mamba-style state update written in place at
+``block_table[row, 0]`` (rows padded for a FULL graph go to the null block), a
+paged-attention read that weights masked positions by 0, and ``_dummy_run``
+with a NaN payload, PAD-filled slot mappings and metadata re-staged from the
+(zeroed) rows — every fix of the seed bugs applied.
+
+Persistent buffers are modelled as buffers: what a forward does not overwrite
+keeps what an earlier forward left there, exactly as on a device.  The runner
+starts like an engine: one warm-up dummy run per capture size, largest first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .block_table import EMPTY_ROW, PersistentBatchRows
+from .config import CUDAGRAPH_MODES, FULL, NONE, PIECEWISE, RunnerConfig
+from .ledger import Ledger, OpError
+from .payload import NULL_BLOCK_ID, PAD_SLOT_ID, SENTINEL, payload, payload_sum
+
+
+@dataclass(frozen=True)
+class ForwardInfo:
+    """What the last forward was: its dispatched mode and sizes."""
+
+    dummy: bool
+    cudagraph_mode: str  # dispatched (after fallback)
+    num_reqs: int
+    num_reqs_padded: int
+    num_tokens: int
+    num_tokens_padded: int
+
+
+def dispatch(config: RunnerConfig, num_reqs: int, num_tokens: int, uniform_decode: bool,
+             requested: str) -> tuple[str, int, int]:
+    """cudagraph dispatch: (mode, num_tokens_padded, num_reqs_padded).
+
+    FULL needs a uniform-decode batch (one token per request) and a FULL capture
+    size (<= max_num_reqs); otherwise PIECEWISE pads tokens only; a batch larger
+    than every capture size, or mode NONE, runs eager and unpadded.
+    """
+    if requested == NONE:
+        return NONE, num_tokens, num_reqs
+    padded = config.padded_num_tokens(num_tokens)
+    if padded is None:
+        return NONE, num_tokens, num_reqs
+    if requested == FULL and uniform_decode and padded in config.full_capture_sizes:
+        return FULL, padded, padded
+    return PIECEWISE, padded, num_reqs
+
+
+class ReferenceV1Runner:
+    """Fixed V1 semantics; one instance per trace replay.
+
+    Public state (all NumPy, read by the harness): ``rows`` (host persistent
+    batch), ``device_block_table[g]`` int32 (max_num_reqs, width_g) — the copy
+    kernels read, committed per forward — ``kv_cache[g]`` float32 (num_blocks,
+    block_size, head_size) for attention groups, ``mamba_state[g]`` float32
+    (num_blocks, head_size) for mamba groups, persistent buffers
+    ``slot_mapping[g]`` int64 (max_num_batched_tokens,), ``state_indices[g]``
+    int32 (max_num_reqs,), ``attn_out[g]`` float32 (max_num_reqs, head_size),
+    ``ledger`` and ``last_forward``.  Illegal ops raise :class:`OpError` before
+    changing anything.
+    """
+
+    def __init__(self, config: RunnerConfig):
+        self.config = cfg = config
+        rows, tokens, heads = cfg.max_num_reqs, cfg.max_num_batched_tokens, cfg.head_size
+        self.ledger = Ledger(cfg)
+        self.rows = PersistentBatchRows(cfg)
+        self.device_block_table = [np.zeros_like(t) for t in self.rows.block_table]
+        self.kv_cache, self.mamba_state = {}, {}
+        self.slot_mapping, self.state_indices, self.attn_out = {}, {}, {}
+        for g in cfg.attention_groups:
+            bs = cfg.groups[g].block_size
+            self.kv_cache[g] = np.full((cfg.num_blocks, bs, heads), SENTINEL, np.float32)
+            self.kv_cache[g][NULL_BLOCK_ID] = 0.0
+            self.slot_mapping[g] = np.zeros(tokens, np.int64)
+            self.attn_out[g] = np.zeros((rows, heads), np.float32)
+        for g in cfg.mamba_groups:
+            self.mamba_state[g] = np.full((cfg.num_blocks, heads), SENTINEL, np.float32)
+            self.mamba_state[g][NULL_BLOCK_ID] = 0.0
+            self.state_indices[g] = np.zeros(rows, np.int32)
+        self.hidden = np.zeros((tokens, heads), np.float32)
+        self.query_start_loc = np.zeros(rows + 1, np.int32)
+        self.seq_lens = np.zeros(rows, np.int32)
+        self.has_initial_state = np.zeros(rows, np.int32)
+        for size in reversed(cfg.cudagraph_capture_sizes):  # engine start-up
+            self.dummy_run(min(size, rows), size, FULL)
+        self.last_forward: ForwardInfo | None = None
+
+    # -- request / row ops -------------------------------------------------
+    def add(self, req: int, blocks: list[list[int]], prompt_len: int) -> None:
+        self.ledger.add(req, blocks, prompt_len)
+        self._enter_batch(req)
+
+    def append(self, req: int, blocks: list[list[int]]) -> None:
+        self.ledger.append(req, blocks)
+        row = self.rows.row_of(req)
+        if row is not None:
+            for g, ids in enumerate(blocks):
+                self.rows.append_row(row, g, ids)
+
+    def remove(self, req: int) -> None:
+        """Request finished: leave the batch, free (and poison) its blocks."""
+        self.ledger.get(req)
+        row = self.rows.row_of(req)
+        if row is not None:
+            self.rows.clear_row(row)
+        for g, ids in enumerate(self.ledger.remove(req)):
+            self._poison(g, ids)
+
+    def condense(self) -> None:
+        self.rows.condense()
+
+    def swap(self, i: int, j: int) -> None:
+        for name, v in (("i", i), ("j", j)):
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < len(self.rows.req_ids):
+                raise OpError(name, f"row {v!r} out of range [0, {len(self.rows.req_ids)})")
+            if self.rows.req_ids[v] == EMPTY_ROW:
+                raise OpError(name, f"row {v} holds no request")
+        if i == j:
+            raise OpError("j", "swap needs two different rows")
+        self.rows.swap_row(i, j)
+
+    def kv_load(self, req: int) -> None:
+        """A P/D transfer fills ``req``'s prompt KV and its mamba state."""
+        self.ledger.kv_load(req)
+        r = self.ledger.requests[req]
+        pos = np.arange(r.prompt_len)
+        for g in self.config.attention_groups:
+            bs = self.config.groups[g].block_size
+            blocks = np.asarray(r.blocks[g])[pos // bs]
+            self.kv_cache[g][blocks, pos % bs] = payload(req, pos, self.config.head_size)
+        for g in self.config.mamba_groups:
+            self.mamba_state[g][r.blocks[g][0]] = payload_sum(req, 0, r.prompt_len,
+                                                              self.config.head_size)
+        row = self.rows.row_of(req)
+        if row is not None:
+            self.rows.num_computed_tokens[row] = r.prompt_len
+
+    # -- forwards ----------------------------------------------------------
+    def step(self, scheduled: list, cudagraph_mode: str) -> None:
+        _check_mode(cudagraph_mode)
+        self.ledger.check_step(scheduled)
+        num_tokens_of = {req: n for req, n in scheduled}
+        self._update_states(num_tokens_of)
+        num_reqs = len(scheduled)
+        num_tokens = sum(num_tokens_of.values())
+        uniform = all(n == 1 for n in num_tokens_of.values())
+        mode, tokens_padded, reqs_padded = dispatch(self.config, num_reqs, num_tokens,
+                                                    uniform, cudagraph_mode)
+        self._commit(reqs_padded)
+        qsl = self.query_start_loc
+        qsl[0], t = 0, 0
+        for b in range(num_reqs):
+            req = int(self.rows.req_ids[b])
+            n, start = num_tokens_of[req], int(self.rows.num_computed_tokens[b])
+            pos = np.arange(start, start + n)
+            self.hidden[t:t + n] = payload(req, pos, self.config.head_size)
+            for g in self.config.attention_groups:
+                self.slot_mapping[g][t:t + n] = self._slots(g, b, pos)
+            self.seq_lens[b] = start + n
+            self.has_initial_state[b] = int(start > 0)
+            t += n
+            qsl[b + 1] = t
+        self._stage_padding(num_reqs, reqs_padded, num_tokens, tokens_padded)
+        for g in self.config.mamba_groups:
+            self.state_indices[g][:num_reqs] = self.device_block_table[g][:num_reqs, 0]
+            self.state_indices[g][num_reqs:reqs_padded] = NULL_BLOCK_ID
+        self._run_kernels(mode, reqs_padded if mode == FULL else num_reqs, tokens_padded)
+        for b in range(num_reqs):
+            self.rows.num_computed_tokens[b] += num_tokens_of[int(self.rows.req_ids[b])]
+        self.ledger.step(scheduled)
+        self.last_forward = ForwardInfo(False, mode, num_reqs, reqs_padded, num_tokens,
+                                        tokens_padded)
+
+    def dummy_run(self, num_reqs: int, num_tokens: int, cudagraph_mode: str) -> None:
+        """An idle rank's padded fake batch (DP lockstep): NaN payload, no real rows."""
+        _check_mode(cudagraph_mode)
+        check_dummy_sizes(self.config, num_reqs, num_tokens)
+        self._update_states({})
+        mode, tokens_padded, reqs_padded = dispatch(
+            self.config, num_reqs, num_tokens, num_tokens == num_reqs, cudagraph_mode)
+        self._commit(reqs_padded)
+        per_req = dummy_query_lens(num_reqs, num_tokens)
+        self.query_start_loc[0] = 0
+        self.query_start_loc[1:num_reqs + 1] = np.cumsum(per_req)
+        self.seq_lens[:num_reqs] = per_req
+        self.has_initial_state[:num_reqs] = 0
+        self._stage_padding(num_reqs, reqs_padded, num_tokens, tokens_padded)
+        self.hidden[:tokens_padded] = np.nan
+        for g in self.config.attention_groups:
+            self.slot_mapping[g][:tokens_padded] = PAD_SLOT_ID
+        for g in self.config.mamba_groups:
+            self.state_indices[g][:reqs_padded] = self.device_block_table[g][:reqs_padded, 0]
+        self._run_kernels(mode, reqs_padded if mode == FULL else num_reqs, tokens_padded)
+        self.last_forward = ForwardInfo(True, mode, num_reqs, reqs_padded, num_tokens,
+                                        tokens_padded)
+
+    # -- internals ---------------------------------------------------------
+    def _enter_batch(self, req: int) -> None:
+        row = self.rows.lowest_free_row()
+        assert row is not None, "live requests never exceed max_num_reqs"
+        r = self.ledger.requests[req]
+        self.rows.add_row(row, req, r.blocks, r.num_computed_tokens, r.prompt_len)
+
+    def _update_states(self, num_tokens_of: dict) -> None:
+        for row in range(len(self.rows.req_ids)):
+            req = int(self.rows.req_ids[row])
+            if req != EMPTY_ROW and req not in num_tokens_of:
+                self.rows.clear_row(row)
+        for req in num_tokens_of:
+            if self.rows.row_of(req) is None:
+                self._enter_batch(req)
+        self.rows.condense()
+
+    def _commit(self, num_rows: int) -> None:
+        for g, table in enumerate(self.rows.block_table):
+            self.device_block_table[g][:num_rows] = table[:num_rows]
+
+    def _slots(self, group: int, row: int, pos: np.ndarray) -> np.ndarray:
+        bs = self.config.groups[group].block_size
+        blocks = self.device_block_table[group][row, pos // bs].astype(np.int64)
+        return blocks * bs + pos % bs
+
+    def _stage_padding(self, num_reqs, reqs_padded, num_tokens, tokens_padded) -> None:
+        """Padded rows (FULL): one token each, seq_len 0; padded tokens: NaN, PAD slot."""
+        for b in range(num_reqs, reqs_padded):
+            self.query_start_loc[b + 1] = self.query_start_loc[b] + 1
+            self.seq_lens[b] = 0
+            self.has_initial_state[b] = 0
+        self.hidden[num_tokens:tokens_padded] = np.nan
+        for g in self.config.attention_groups:
+            self.slot_mapping[g][num_tokens:tokens_padded] = PAD_SLOT_ID
+
+    def _run_kernels(self, mode: str, num_rows: int, num_tokens: int) -> None:
+        for g in self.config.attention_groups:
+            self._kv_write(g, num_tokens)
+        for g in self.config.mamba_groups:
+            self._mamba_update(g, num_rows)
+        for g in self.config.attention_groups:
+            self._attention(g, num_rows)
+
+    def _kv_write(self, g: int, num_tokens: int) -> None:
+        slots = self.slot_mapping[g][:num_tokens]
+        keep = slots != PAD_SLOT_ID
+        flat = self.kv_cache[g].reshape(-1, self.config.head_size)
+        flat[slots[keep]] = self.hidden[:num_tokens][keep]
+
+    def _mamba_update(self, g: int, num_rows: int) -> None:
+        for b in range(num_rows):
+            idx = int(self.state_indices[g][b])
+            if idx == PAD_SLOT_ID:
+                continue
+            lo, hi = int(self.query_start_loc[b]), int(self.query_start_loc[b + 1])
+            x = self.hidden[lo:hi].sum(axis=0, dtype=np.float32)
+            old = self.mamba_state[g][idx] if self.has_initial_state[b] else 0.0
+            self.mamba_state[g][idx] = old + x
+
+    def _attention(self, g: int, num_rows: int) -> None:
+        bs = self.config.groups[g].block_size
+        width = self.device_block_table[g].shape[1]
+        j = np.arange(width * bs)
+        for b in range(num_rows):
+            blocks = self.device_block_table[g][b, j // bs]
+            vals = self.kv_cache[g][blocks, j % bs]
+            weight = (j < self.seq_lens[b]).astype(np.float32)
+            self.attn_out[g][b] = (weight[:, None] * vals).sum(axis=0, dtype=np.float32)
+
+    def _poison(self, g: int, ids: list[int]) -> None:
+        if g in self.kv_cache:
+            self.kv_cache[g][ids] = SENTINEL
+        else:
+            self.mamba_state[g][ids] = SENTINEL
+
+
+def _check_mode(mode) -> None:
+    if mode not in CUDAGRAPH_MODES:
+        raise OpError("cudagraph_mode", f"{mode!r} not one of {list(CUDAGRAPH_MODES)}")
+
+
+def check_dummy_sizes(config: RunnerConfig, num_reqs, num_tokens) -> None:
+    """Raise :class:`OpError` unless 1 <= num_reqs <= num_tokens within the limits."""
+    for name, v, hi in (("num_reqs", num_reqs, config.max_num_reqs),
+                        ("num_tokens", num_tokens, config.max_num_batched_tokens)):
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= hi:
+            raise OpError(name, f"must be an integer in [1, {hi}], got {v!r}")
+    if num_tokens < num_reqs:
+        raise OpError("num_tokens", f"{num_tokens} < num_reqs={num_reqs}")
+
+
+def dummy_query_lens(num_reqs: int, num_tokens: int) -> np.ndarray:
+    """Tokens per dummy request: an even split, the remainder on the last (int32)."""
+    lens = np.full(num_reqs, num_tokens // num_reqs, np.int32)
+    lens[-1] += num_tokens % num_reqs
+    return lens
