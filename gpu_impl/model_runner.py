@@ -207,9 +207,11 @@ class GPUModelRunnerV1:
         self.hidden.np[:tokens_padded] = np.nan
         for g in self.attn_groups:
             sm = self.slot_mappings[g]
-            if "dummy-slots-not-padded" in self.faults:
+            # Faults apply to runtime dummy runs (idle DP ranks); start-up warm-ups
+            # stage capture metadata on their own path.
+            if "dummy-slots-not-padded" in self.faults and not _warmup:
                 sm[:tokens_padded].zero_()  # the historical zero-initialised buffer
-            elif "dummy-slots-unpadded-count" in self.faults:
+            elif "dummy-slots-unpadded-count" in self.faults and not _warmup:
                 sm[:num_tokens].fill_(PAD_SLOT_ID)  # padded tail keeps old slots
             else:
                 sm[:tokens_padded].fill_(PAD_SLOT_ID)

@@ -1,0 +1,275 @@
+"""Invariants: pure functions of observations, the ledger and the op.
+
+Ids and meaning are fixed by ``shared/DESIGN.md``.  Every check returns a list
+of :class:`Violation` naming the invariant, the op index, and where (group,
+block, row).  ``NO_STALE_WRITE`` diffs the caches before and after the op
+against the ownership ledger: it never asks a kernel what it wrote.
+
+Checks run in :data:`ORDER`; the first violation of an op is its verdict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from reference import NULL_BLOCK_ID, Ledger, RunnerConfig, payload, payload_sum
+from reference.ledger import FREE, RESERVED
+
+from .targets import Observation
+
+ORDER = ("VACATED_ROWS_ZERO", "DUMMY_TABLES_ZERO", "GRAPH_ADDRESSES_STABLE", "NULL_BLOCK_FINITE",
+         "NO_STALE_WRITE", "LOADED_BLOCKS_INTACT", "NO_FOREIGN_READ", "ATTENTION_FINITE",
+         "MATCHES_REFERENCE")
+# Not an invariant: the implementation raised while applying a legal op.
+IMPL_CRASH = "IMPL_CRASH"
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken invariant. group/block/row are None where they do not apply."""
+
+    invariant: str
+    op_index: int
+    op: str
+    detail: str
+    group: int | None = None
+    block: int | None = None
+    row: int | None = None
+
+    def line(self) -> str:
+        where = ", ".join(f"{k} {v}" for k, v in (("group", self.group), ("block", self.block),
+                                                   ("row", self.row)) if v is not None)
+        return (f"{self.invariant} at op {self.op_index} ({self.op})"
+                + (f" [{where}]" if where else "") + f": {self.detail}")
+
+    def to_json(self) -> dict:
+        return {"invariant": self.invariant, "op_index": self.op_index, "op": self.op,
+                "detail": self.detail, "group": self.group, "block": self.block, "row": self.row}
+
+
+@dataclass(frozen=True)
+class WritePermit:
+    """Which cache cells an op may change, decided from the ledger *before* the op.
+
+    cells[g]: {block: (first_offset, end_offset)} for attention groups (offsets
+    within the block), {block: None} (any cell) for mamba groups; mamba null
+    blocks are always allowed (scratch).  owners[g]: the ledger's owner array
+    before the op, for messages.
+    """
+
+    cells: dict
+    owners: list
+
+    def describe(self, group: int, block: int) -> str:
+        o = int(self.owners[group][block])
+        return {FREE: "a free block", RESERVED: "the null block"}.get(o, f"owned by req {o}")
+
+
+def owner_text(ledger: Ledger, group: int, block: int) -> str:
+    return WritePermit({}, ledger.owner).describe(group, block)
+
+
+def permit_for(config: RunnerConfig, ledger: Ledger, op: dict) -> WritePermit:
+    """Cells ``op`` may write, from the ledger state before it runs."""
+    cells = {g: {} for g in range(len(config.groups))}
+    kind = op["op"]
+    if kind == "step":
+        for req, n in op["scheduled"]:
+            r = ledger.requests[req]
+            lo, hi = r.num_computed_tokens, r.num_computed_tokens + n
+            for g in config.attention_groups:
+                bs = config.groups[g].block_size
+                for k, b in enumerate(r.blocks[g]):
+                    first, end = max(lo, k * bs), min(hi, (k + 1) * bs)
+                    if first < end:
+                        cells[g][b] = (first - k * bs, end - k * bs)
+            for g in config.mamba_groups:
+                cells[g][r.blocks[g][0]] = None
+    elif kind in ("kv_load", "remove"):
+        for g, ids in enumerate(ledger.requests[op["req"]].blocks):
+            for b in ids:
+                cells[g][b] = None
+    return WritePermit(cells, [o.copy() for o in ledger.owner])
+
+
+def _changed(before: np.ndarray, after: np.ndarray) -> np.ndarray:
+    """NaN-aware per-cell change mask over all but the last axis."""
+    same = (before == after) | (np.isnan(before) & np.isnan(after))
+    return ~same.all(axis=-1)
+
+
+def _fmt(values: np.ndarray) -> str:
+    if np.isnan(values).any():
+        return "NaN"
+    return "[" + ", ".join(f"{v:g}" for v in values.tolist()) + "]"
+
+
+def check_vacated_rows_zero(obs: Observation, op_index: int, op: str) -> list[Violation]:
+    out = []
+    for row in np.flatnonzero(obs.req_ids == -1):
+        for g, table in enumerate(obs.block_table):
+            if table[row].any() or obs.num_blocks[g][row]:
+                ids = [int(x) for x in table[row] if x]
+                out.append(Violation("VACATED_ROWS_ZERO", op_index, op,
+                                     f"row {row} holds no request but keeps block ids {ids} "
+                                     f"(num_blocks={int(obs.num_blocks[g][row])})",
+                                     group=g, block=ids[0] if ids else None, row=int(row)))
+    return out
+
+
+def check_graph_addresses(obs: Observation, op_index: int, op: str) -> list[Violation]:
+    out = []
+    for size, ptrs in (obs.graph_ptrs or {}).items():
+        for name, (captured, current) in ptrs.items():
+            if captured != current:
+                out.append(Violation("GRAPH_ADDRESSES_STABLE", op_index, op,
+                                     f"graph {size} captured {name} at {captured:#x}, "
+                                     f"the runner now uses {current:#x}"))
+    return out
+
+
+def check_null_block_finite(obs: Observation, op_index: int, op: str) -> list[Violation]:
+    out = []
+    for g, kv in obs.kv_cache.items():
+        bad = ~np.isfinite(kv[NULL_BLOCK_ID])
+        if bad.any():
+            offs = sorted({int(o) for o in np.argwhere(bad)[:, 0]})
+            out.append(Violation("NULL_BLOCK_FINITE", op_index, op,
+                                 f"null block holds NaN/Inf at offsets {offs}",
+                                 group=g, block=NULL_BLOCK_ID))
+    return out
+
+
+def check_no_stale_write(before: Observation, after: Observation, permit: WritePermit,
+                         op_index: int, op: str) -> list[Violation]:
+    out = []
+    for g, (b_cache, a_cache) in sorted({**{g: (before.kv_cache[g], after.kv_cache[g])
+                                            for g in after.kv_cache},
+                                         **{g: (before.mamba_state[g], after.mamba_state[g])
+                                            for g in after.mamba_state}}.items()):
+        mamba = g in after.mamba_state
+        changed = _changed(b_cache, a_cache)
+        for cell in np.argwhere(changed):
+            block = int(cell[0])
+            if mamba and block == NULL_BLOCK_ID:
+                continue
+            allowed = permit.cells[g].get(block, False)
+            if allowed is None:
+                continue
+            if allowed is not False and allowed[0] <= int(cell[1]) < allowed[1]:
+                continue
+            where = f"offset {int(cell[1])} " if not mamba else "state "
+            value = _fmt(a_cache[tuple(cell)])
+            why = ("no row of this op owns it" if allowed is False
+                   else f"the owner wrote offsets [{allowed[0]}, {allowed[1]}) only")
+            out.append(Violation("NO_STALE_WRITE", op_index, op,
+                                 f"{where}of block {block} ({permit.describe(g, block)}) "
+                                 f"changed to {value}; {why}", group=g, block=block))
+            break
+    return out
+
+
+def check_loaded_blocks(config: RunnerConfig, ledger: Ledger, obs: Observation,
+                        op_index: int, op: str) -> list[Violation]:
+    out = []
+    for req in ledger.live():
+        r = ledger.requests[req]
+        if not r.loaded:
+            continue
+        pos = np.arange(r.prompt_len)
+        want = payload(req, pos, config.head_size)
+        for g in config.attention_groups:
+            bs = config.groups[g].block_size
+            blocks = np.asarray(r.blocks[g])[pos // bs]
+            got = obs.kv_cache[g][blocks, pos % bs]
+            bad = np.flatnonzero(~(got == want).all(axis=1))
+            if bad.size:
+                p = int(bad[0])
+                out.append(Violation("LOADED_BLOCKS_INTACT", op_index, op,
+                                     f"req {req}'s loaded KV at position {p} is "
+                                     f"{_fmt(got[p])}, loaded {_fmt(want[p])}",
+                                     group=g, block=int(blocks[p])))
+        for g in config.mamba_groups:
+            b = r.blocks[g][0]
+            want_state = payload_sum(req, 0, r.prompt_len, config.head_size)
+            if not (obs.mamba_state[g][b] == want_state).all():
+                out.append(Violation("LOADED_BLOCKS_INTACT", op_index, op,
+                                     f"req {req}'s loaded state is "
+                                     f"{_fmt(obs.mamba_state[g][b])}", group=g, block=b))
+    return out
+
+
+def oracle_read(config: RunnerConfig, blocks: list[int], seq_len: int, kv: np.ndarray,
+                group: int) -> np.ndarray:
+    """The read a request should see: its own blocks, null block past them."""
+    bs = config.groups[group].block_size
+    row = np.zeros(config.max_num_blocks_per_req, np.int64)
+    row[:len(blocks)] = blocks
+    j = np.arange(row.size * bs)
+    w = (j < seq_len).astype(np.float32)
+    return (w[:, None] * kv[row[j // bs], j % bs]).sum(axis=0, dtype=np.float32)
+
+
+def check_reads(config: RunnerConfig, ledger: Ledger, obs: Observation,
+                op_index: int, op: str) -> list[Violation]:
+    """NO_FOREIGN_READ then ATTENTION_FINITE over the real rows of the last step."""
+    if obs.last_forward is None or obs.last_forward[0] or op != "step":
+        return []
+    num_reqs = obs.last_forward[2]
+    foreign, nonfinite = [], []
+    for row in range(num_reqs):
+        req = int(obs.req_ids[row])
+        r = ledger.requests.get(req)
+        for g in config.attention_groups:
+            got = obs.attn_out[g][row]
+            if r is not None:
+                want = oracle_read(config, r.blocks[g], r.num_computed_tokens,
+                                   obs.kv_cache[g], g)
+                if not np.array_equal(got, want, equal_nan=True):
+                    table = obs.device_block_table[g][row]
+                    own = list(r.blocks[g]) + [0] * (table.size - len(r.blocks[g]))
+                    cols = [c for c in range(table.size) if int(table[c]) != own[c]]
+                    blk = int(table[cols[0]]) if cols else None
+                    foreign.append(Violation(
+                        "NO_FOREIGN_READ", op_index, op,
+                        f"req {req}'s attention read {_fmt(got)}, its own blocks give "
+                        f"{_fmt(want)}" + (f"; block-table column {cols[0]} points at block "
+                                           f"{blk} ({owner_text(ledger, g, blk)})" if cols else ""),
+                        group=g, block=blk, row=row))
+            if not np.isfinite(got).all():
+                nonfinite.append(Violation("ATTENTION_FINITE", op_index, op,
+                                           f"req {req}'s attention output is {_fmt(got)}",
+                                           group=g, row=row))
+    return foreign + nonfinite
+
+
+def check_matches_reference(impl: Observation, ref: Observation, op_index: int,
+                            op: str) -> list[Violation]:
+    pairs = [("req_ids", impl.req_ids, ref.req_ids),
+             ("num_computed_tokens", impl.num_computed_tokens, ref.num_computed_tokens),
+             ("num_prompt_tokens", impl.num_prompt_tokens, ref.num_prompt_tokens),
+             ("last_forward", np.array(impl.last_forward or (), object),
+              np.array(ref.last_forward or (), object))]
+    for g in range(len(impl.block_table)):
+        pairs += [(f"block_table[{g}]", impl.block_table[g], ref.block_table[g]),
+                  (f"num_blocks_per_row[{g}]", impl.num_blocks[g], ref.num_blocks[g]),
+                  (f"device_block_table[{g}]", impl.device_block_table[g],
+                   ref.device_block_table[g])]
+    for name in ("slot_mapping", "state_indices", "kv_cache", "attn_out"):
+        for g, v in getattr(ref, name).items():
+            pairs.append((f"{name}[{g}]", getattr(impl, name)[g], v))
+    for g, v in ref.mamba_state.items():  # the null block is scratch: excluded
+        pairs.append((f"mamba_state[{g}] (blocks 1..)", impl.mamba_state[g][1:], v[1:]))
+    for name, a, b in pairs:
+        if a.shape != b.shape:
+            return [Violation("MATCHES_REFERENCE", op_index, op,
+                              f"{name}: shape {a.shape} vs reference {b.shape}")]
+        same = (a == b) if a.dtype == object else ((a == b) | (np.isnan(a) & np.isnan(b))
+                                                   if a.dtype.kind == "f" else a == b)
+        if not np.all(same):
+            idx = tuple(int(i) for i in np.argwhere(~np.asarray(same, bool))[0])
+            return [Violation("MATCHES_REFERENCE", op_index, op,
+                              f"{name}{list(idx)} is {a[idx]!r}, reference has {b[idx]!r}")]
+    return []

@@ -1,0 +1,103 @@
+"""A differential session: every op goes to the reference and the target under
+test, then every invariant is checked; and :func:`replay` of a whole trace.
+
+The reference validates each op first (an illegal op raises ``OpError`` and
+changes nothing anywhere), so the target only ever sees legal ops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from reference import OpError, RunnerConfig
+
+from . import invariants as inv
+from .targets import ReferenceTarget, make_target
+from .trace import Trace, apply_op
+
+
+@dataclass
+class Verdict:
+    """Outcome of a replay: ``violation`` is None when every op passed."""
+
+    violation: inv.Violation | None
+    ops_run: int
+
+    @property
+    def verdict(self) -> str:
+        return "pass" if self.violation is None else "fail"
+
+    def matches(self, expect: dict) -> bool:
+        """Does this verdict equal a trace's ``expect`` (invariant/op_index if given)?"""
+        if expect.get("verdict", "pass") != self.verdict:
+            return False
+        if self.violation is None:
+            return True
+        for key in ("invariant", "op_index"):
+            if expect.get(key) is not None and expect[key] != getattr(self.violation, key):
+                return False
+        return True
+
+
+class Session:
+    """Drives ``reference`` and a target side by side.
+
+    target: ``gpu_impl`` (default) or ``reference`` (self-check); faults: ids
+    for gpu_impl; device: ``auto``/``cpu``/``cuda``.
+    """
+
+    def __init__(self, config: RunnerConfig, faults=(), target: str = "gpu_impl",
+                 device: str | None = None):
+        self.config = config
+        self.reference = ReferenceTarget(config)
+        self.target = make_target(target, config, tuple(faults), device)
+        self.op_index = 0
+        self.steps = 0
+        self._before = self.target.observe()
+
+    @property
+    def ledger(self):
+        return self.reference.ledger
+
+    def apply(self, op: dict) -> list[inv.Violation]:
+        """Apply one op; returns its violations in :data:`invariants.ORDER` order.
+
+        Raises ``OpError`` (nothing applied) when the op is illegal.
+        """
+        i, kind = self.op_index, op["op"]
+        try:
+            permit = inv.permit_for(self.config, self.ledger, op)
+        except (KeyError, TypeError, ValueError):
+            permit = None  # an illegal op: the reference raises OpError next
+        apply_op(self.reference, op)  # validates; raises OpError before any change
+        assert permit is not None, op
+        self.op_index += 1
+        self.steps += 1
+        try:
+            apply_op(self.target, op)
+        except Exception as e:  # a legal op must not crash the implementation
+            return [inv.Violation(inv.IMPL_CRASH, i, kind, f"{type(e).__name__}: {e}")]
+        after = self.target.observe()
+        before, self._before = self._before, after
+        found = inv.check_vacated_rows_zero(after, i, kind)
+        found += inv.check_graph_addresses(after, i, kind)
+        found += inv.check_null_block_finite(after, i, kind)
+        found += inv.check_no_stale_write(before, after, permit, i, kind)
+        found += inv.check_loaded_blocks(self.config, self.ledger, after, i, kind)
+        found += inv.check_reads(self.config, self.ledger, after, i, kind)
+        found += inv.check_matches_reference(after, self.reference.observe(), i, kind)
+        return found
+
+
+def replay(trace: Trace, faults=None, target: str = "gpu_impl",
+           device: str | None = None) -> Verdict:
+    """Replay ``trace`` (faults default to none) and stop at the first violation."""
+    session = Session(trace.config, faults or (), target, device)
+    for op in trace.ops:
+        try:
+            found = session.apply(op)
+        except OpError as e:  # parse() dry-runs traces, so only hand-built ones get here
+            raise ValueError(f"ops[{session.op_index}] ({op['op']}): {e}") from None
+        if found:
+            return Verdict(found[0], session.op_index)
+    return Verdict(None, session.op_index)

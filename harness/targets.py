@@ -1,0 +1,168 @@
+"""The target protocol: one interface that the reference, gpu_impl (and another
+engine's block-table classes) implement, and the observable state they expose.
+
+A target takes ops through the op methods (``add``, ``append``, ``remove``,
+``condense``, ``swap``, ``kv_load``, ``step``, ``dummy_run`` — the names of
+:func:`harness.trace.apply_op`) and reports its state as an
+:class:`Observation` of NumPy copies, so invariants are pure functions of
+observations.  To target another engine, write a class with these methods
+that drives the engine's own block tables and runner calls, and returns the
+same observation fields (``None`` where the engine has no such buffer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from reference import ReferenceV1Runner, RunnerConfig
+
+
+@dataclass
+class Observation:
+    """A target's observable state after an op (NumPy copies).
+
+    rows_*: host persistent-batch rows — block_table[g] int32 (max_num_reqs, width_g),
+    num_blocks[g] int32, req_ids int64 (-1 free), num_computed_tokens / num_prompt_tokens
+    int32; device_block_table[g]: the copy kernels read; kv_cache[g] float32 (num_blocks,
+    block_size, head_size); mamba_state[g] float32 (num_blocks, head_size); slot_mapping[g]
+    int64; state_indices[g] int32; attn_out[g] float32 (max_num_reqs, head_size);
+    last_forward: (dummy, mode, num_reqs, num_reqs_padded, num_tokens, num_tokens_padded) or
+    None; graph_ptrs: {graph: {buffer: (captured data_ptr, current data_ptr)}} or None.
+    """
+
+    block_table: list
+    num_blocks: list
+    req_ids: np.ndarray
+    num_computed_tokens: np.ndarray
+    num_prompt_tokens: np.ndarray
+    device_block_table: list
+    kv_cache: dict
+    mamba_state: dict
+    slot_mapping: dict
+    state_indices: dict
+    attn_out: dict
+    last_forward: tuple | None
+    graph_ptrs: dict | None = None
+
+
+class Target(Protocol):
+    """What the harness drives. Op methods raise ``reference.OpError`` only if the
+    target validates; the harness validates every op on the reference first."""
+
+    name: str
+    config: RunnerConfig
+
+    def add(self, req: int, blocks: list[list[int]], prompt_len: int) -> None: ...
+    def append(self, req: int, blocks: list[list[int]]) -> None: ...
+    def remove(self, req: int) -> None: ...
+    def condense(self) -> None: ...
+    def swap(self, i: int, j: int) -> None: ...
+    def kv_load(self, req: int) -> None: ...
+    def step(self, scheduled: list, cudagraph_mode: str) -> None: ...
+    def dummy_run(self, num_reqs: int, num_tokens: int, cudagraph_mode: str) -> None: ...
+    def observe(self) -> Observation: ...
+
+
+class ReferenceTarget(ReferenceV1Runner):
+    """The NumPy oracle as a target."""
+
+    name = "reference"
+
+    def observe(self) -> Observation:
+        lf = self.last_forward
+        return Observation(
+            block_table=[t.copy() for t in self.rows.block_table],
+            num_blocks=[n.copy() for n in self.rows.num_blocks_per_row],
+            req_ids=self.rows.req_ids.copy(),
+            num_computed_tokens=self.rows.num_computed_tokens.copy(),
+            num_prompt_tokens=self.rows.num_prompt_tokens.copy(),
+            device_block_table=[t.copy() for t in self.device_block_table],
+            kv_cache={g: v.copy() for g, v in self.kv_cache.items()},
+            mamba_state={g: v.copy() for g, v in self.mamba_state.items()},
+            slot_mapping={g: v.copy() for g, v in self.slot_mapping.items()},
+            state_indices={g: v.copy() for g, v in self.state_indices.items()},
+            attn_out={g: v.copy() for g, v in self.attn_out.items()},
+            last_forward=None if lf is None else (lf.dummy, lf.cudagraph_mode, lf.num_reqs,
+                                                  lf.num_reqs_padded, lf.num_tokens,
+                                                  lf.num_tokens_padded),
+        )
+
+
+class GpuImplTarget:
+    """gpu_impl's V1 model runner as a target (Triton kernels, graphs, faults)."""
+
+    name = "gpu_impl"
+
+    def __init__(self, config: RunnerConfig, faults=(), device: str | None = None):
+        from gpu_impl.device import select_device
+
+        dev = select_device(device)
+        from gpu_impl import FaultSet, GPUModelRunnerV1
+
+        self.config = config
+        self.runner = GPUModelRunnerV1(config, FaultSet(faults), dev)
+
+    def add(self, req, blocks, prompt_len):
+        self.runner.add_request(req, blocks, prompt_len)
+
+    def append(self, req, blocks):
+        self.runner.append_blocks(req, blocks)
+
+    def remove(self, req):
+        self.runner.finish_request(req)
+
+    def condense(self):
+        self.runner.condense()
+
+    def swap(self, i, j):
+        self.runner.swap_states(i, j)
+
+    def kv_load(self, req):
+        self.runner.kv_load(req)
+
+    def step(self, scheduled, cudagraph_mode):
+        self.runner.execute_model(scheduled, cudagraph_mode)
+
+    def dummy_run(self, num_reqs, num_tokens, cudagraph_mode):
+        self.runner.dummy_run(num_reqs, num_tokens, cudagraph_mode)
+
+    def observe(self) -> Observation:
+        r = self.runner
+        batch = r.input_batch
+        tables = batch.block_table.block_tables
+
+        def host(t):
+            return t.detach().cpu().numpy().copy()
+
+        current = r.buffers()
+        return Observation(
+            block_table=[t.block_table.np.copy() for t in tables],
+            num_blocks=[t.num_blocks_per_row.copy() for t in tables],
+            req_ids=batch.req_ids.copy(),
+            num_computed_tokens=batch.num_computed_tokens.copy(),
+            num_prompt_tokens=batch.num_prompt_tokens.copy(),
+            device_block_table=[host(t.block_table.gpu) for t in tables],
+            kv_cache={g: host(v) for g, v in r.kv_caches.items()},
+            mamba_state={g: host(v) for g, v in r.mamba_states.items()},
+            slot_mapping={g: host(v) for g, v in r.slot_mappings.items()},
+            state_indices={g: host(v) for g, v in r.state_indices.items()},
+            attn_out={g: host(v) for g, v in r.attn_out.items()},
+            last_forward=r.last_forward,
+            graph_ptrs={size: {name: (ptr, current[name].data_ptr())
+                               for name, ptr in g.captured_ptrs.items()}
+                        for size, g in sorted(r.graphs.items())},
+        )
+
+
+def make_target(kind: str, config: RunnerConfig, faults=(), device: str | None = None):
+    """``kind``: ``gpu_impl`` or ``reference``. Raises ValueError for others."""
+    if kind == "gpu_impl":
+        return GpuImplTarget(config, faults, device)
+    if kind == "reference":
+        if faults:
+            raise ValueError("the reference has no faults; use --target gpu_impl")
+        return ReferenceTarget(config)
+    raise ValueError(f"unknown target {kind!r}; known: gpu_impl, reference")

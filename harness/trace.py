@@ -1,0 +1,234 @@
+"""Traces: the op vocabulary, canonical JSON, loading with one-line errors.
+
+A trace is ``{"format": "blockfuzz-trace", "version": 1, "config": {...},
+"ops": [...], "expect": {...}, "meta": {...}}`` (see ``shared/DESIGN.md``).
+``expect`` is the verdict when the trace is replayed with ``meta.faults``
+switched on; with no fault, every committed trace must pass.
+
+Ops (JSON objects, field ``op`` names the kind)::
+
+    {"op": "add", "req": 0, "blocks": [[1, 2], [3]], "prompt_len": 5}
+    {"op": "append", "req": 0, "blocks": [[4], []]}
+    {"op": "remove", "req": 0}
+    {"op": "condense"}
+    {"op": "swap", "i": 0, "j": 1}
+    {"op": "kv_load", "req": 0}
+    {"op": "step", "scheduled": [[0, 5], [1, 1]], "cudagraph_mode": "FULL"}
+    {"op": "dummy_run", "num_reqs": 2, "num_tokens": 2, "cudagraph_mode": "FULL"}
+
+``blocks`` lists block ids per KV-cache group, in config group order.
+Structure is checked with JSON Schema; legality (free blocks, live requests,
+sizes) by a dry run through the reference, so a bad trace is refused before
+anything runs or is written.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jsonschema
+
+from reference import ConfigError, OpError, ReferenceV1Runner, RunnerConfig
+
+FORMAT = "blockfuzz-trace"
+VERSION = 1
+VERDICTS = ("pass", "fail")
+MODES = ["NONE", "PIECEWISE", "FULL"]
+
+_INT = {"type": "integer"}
+_IDS = {"type": "array", "items": {"type": "array", "items": _INT}}
+OP_SCHEMAS = {
+    "add": {"req": _INT, "blocks": _IDS, "prompt_len": _INT},
+    "append": {"req": _INT, "blocks": _IDS},
+    "remove": {"req": _INT},
+    "condense": {},
+    "swap": {"i": _INT, "j": _INT},
+    "kv_load": {"req": _INT},
+    "step": {"scheduled": {"type": "array", "minItems": 1,
+                           "items": {"type": "array", "items": _INT,
+                                     "minItems": 2, "maxItems": 2}},
+             "cudagraph_mode": {"enum": MODES}},
+    "dummy_run": {"num_reqs": _INT, "num_tokens": _INT, "cudagraph_mode": {"enum": MODES}},
+}
+_TOP_SCHEMA = {
+    "type": "object",
+    "required": ["format", "version", "config", "ops"],
+    "additionalProperties": False,
+    "properties": {
+        "format": {"const": FORMAT},
+        "version": {"type": "integer"},
+        "config": {"type": "object"},
+        "ops": {"type": "array", "items": {"type": "object"}},
+        "expect": {"type": "object", "additionalProperties": False,
+                   "required": ["verdict"],
+                   "properties": {"verdict": {"enum": list(VERDICTS)},
+                                  "invariant": {"type": ["string", "null"]},
+                                  "op_index": {"type": ["integer", "null"]}}},
+        "meta": {"type": "object"},
+    },
+}
+
+
+class TraceError(ValueError):
+    """A trace cannot be used. ``str()`` is one line: file, where, what."""
+
+    def __init__(self, source: str, where: str, message: str):
+        super().__init__(f"{source}: {where}: {message}" if where else f"{source}: {message}")
+        self.source, self.where = source, where
+
+
+@dataclass
+class Trace:
+    """A parsed trace. ops are plain dicts as in the JSON."""
+
+    config: RunnerConfig
+    ops: list[dict]
+    expect: dict = field(default_factory=lambda: {"verdict": "pass"})
+    meta: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"format": FORMAT, "version": VERSION, "config": self.config.to_json(),
+                "ops": self.ops, "expect": self.expect, "meta": self.meta}
+
+    def dumps(self) -> str:
+        return canonical_json(self.to_json())
+
+    @property
+    def faults(self) -> list[str]:
+        return list(self.meta.get("faults", []))
+
+
+def canonical_json(obj) -> str:
+    """Sorted keys, one op per line, trailing newline: same trace, same bytes."""
+    if isinstance(obj, dict) and "ops" in obj:
+        head = {k: v for k, v in obj.items() if k != "ops"}
+        body = json.dumps(head, sort_keys=True, indent=1)
+        ops = ",\n".join("  " + json.dumps(op, sort_keys=True) for op in obj["ops"])
+        return body[:-2] + ',\n "ops": [\n' + ops + "\n ]\n}\n"
+    return json.dumps(obj, sort_keys=True, indent=1) + "\n"
+
+
+def _path(error: jsonschema.ValidationError, prefix: str) -> str:
+    parts = [prefix] if prefix else []
+    for p in error.absolute_path:
+        parts.append(f"[{p}]" if isinstance(p, int) else ("." if parts else "") + str(p))
+    return "".join(parts) or "(top level)"
+
+
+def _schema_check(instance, schema, source: str, prefix: str) -> None:
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(instance), key=lambda e: list(e.absolute_path))
+    if errors:
+        raise TraceError(source, _path(errors[0], prefix), errors[0].message)
+
+
+def check_op_shape(op, where: str, source: str) -> None:
+    """Structural check of one op; raises :class:`TraceError`."""
+    if not isinstance(op, dict):
+        raise TraceError(source, where, "op must be an object")
+    kind = op.get("op")
+    if kind not in OP_SCHEMAS:
+        raise TraceError(source, f"{where}.op",
+                         f"unknown op {kind!r}; known: {', '.join(OP_SCHEMAS)}")
+    props = dict(OP_SCHEMAS[kind], op={"const": kind})
+    _schema_check(op, {"type": "object", "properties": props, "required": sorted(props),
+                       "additionalProperties": False}, source, where)
+
+
+def parse(obj, source: str = "<trace>") -> Trace:
+    """Validate structure and legality; raises :class:`TraceError`."""
+    if not isinstance(obj, dict):
+        raise TraceError(source, "", "a trace must be a JSON object")
+    if obj.get("format") != FORMAT:
+        raise TraceError(source, "format", f"expected {FORMAT!r}, got {obj.get('format')!r}")
+    version = obj.get("version")
+    if isinstance(version, int) and not isinstance(version, bool) and version > VERSION:
+        raise TraceError(source, "version", f"trace version {version} is newer than this "
+                         f"blockfuzz understands ({VERSION}); upgrade blockfuzz")
+    _schema_check(obj, _TOP_SCHEMA, source, "")
+    if version != VERSION:
+        raise TraceError(source, "version", f"unsupported version {version}; expected {VERSION}")
+    try:
+        config = RunnerConfig.from_json(obj["config"])
+    except ConfigError as e:
+        raise TraceError(source, f"config.{e.field}", str(e).split(": ", 1)[1]) from None
+    ops = obj["ops"]
+    for i, op in enumerate(ops):
+        check_op_shape(op, f"ops[{i}]", source)
+    trace = Trace(config, ops, obj.get("expect", {"verdict": "pass"}), obj.get("meta", {}))
+    _check_meta(trace, source)
+    dry_run(trace, source)
+    return trace
+
+
+def _check_meta(trace: Trace, source: str) -> None:
+    from gpu_impl.faults import CATALOGUE  # catalogue only; no kernels imported
+
+    faults = trace.meta.get("faults", [])
+    if not isinstance(faults, list):
+        raise TraceError(source, "meta.faults", "must be a list of fault ids")
+    for i, f in enumerate(faults):
+        if f not in CATALOGUE:
+            raise TraceError(source, f"meta.faults[{i}]", f"unknown fault {f!r}")
+    op_index = trace.expect.get("op_index")
+    if op_index is not None and not 0 <= op_index < len(trace.ops):
+        raise TraceError(source, "expect.op_index", f"{op_index} is not an op index")
+
+
+def dry_run(trace: Trace, source: str = "<trace>") -> None:
+    """Run the ops through the reference to prove each one legal."""
+    runner = ReferenceV1Runner(trace.config)
+    for i, op in enumerate(trace.ops):
+        try:
+            apply_op(runner, op)
+        except OpError as e:
+            where = f"ops[{i}] ({op['op']})" + (f".{e.field}" if e.field else "")
+            raise TraceError(source, where, str(e).split(": ", 1)[-1]) from None
+
+
+def apply_op(runner, op: dict) -> None:
+    """Dispatch one op dict to a runner exposing the reference's method names."""
+    kind = op["op"]
+    if kind == "add":
+        runner.add(op["req"], op["blocks"], op["prompt_len"])
+    elif kind == "append":
+        runner.append(op["req"], op["blocks"])
+    elif kind == "remove":
+        runner.remove(op["req"])
+    elif kind == "condense":
+        runner.condense()
+    elif kind == "swap":
+        runner.swap(op["i"], op["j"])
+    elif kind == "kv_load":
+        runner.kv_load(op["req"])
+    elif kind == "step":
+        runner.step([list(x) for x in op["scheduled"]], op["cudagraph_mode"])
+    elif kind == "dummy_run":
+        runner.dummy_run(op["num_reqs"], op["num_tokens"], op["cudagraph_mode"])
+    else:  # guarded by check_op_shape
+        raise AssertionError(kind)
+
+
+def load(path: str | Path) -> Trace:
+    """Read and validate a trace file; raises :class:`TraceError` (one line)."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise TraceError(source, "", f"cannot read: {e.strerror or e}") from None
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise TraceError(source, f"line {e.lineno} column {e.colno}",
+                         f"not JSON: {e.msg}") from None
+    return parse(obj, source)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` so that no half-written file is ever visible at ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
