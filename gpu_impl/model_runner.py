@@ -203,8 +203,8 @@ class GPUModelRunnerV1:
         self.query_start_loc.np[1:num_reqs + 1] = np.cumsum(lens)
         self.seq_lens.np[:num_reqs] = lens
         self.has_initial_state.np[:num_reqs] = 0
+        self.hidden.np[:tokens_padded] = np.nan  # dummy activations are garbage
         self._stage_padding(num_reqs, reqs_padded, num_tokens, tokens_padded)
-        self.hidden.np[:tokens_padded] = np.nan
         for g in self.attn_groups:
             sm = self.slot_mappings[g]
             # Faults apply to runtime dummy runs (idle DP ranks); start-up warm-ups
@@ -222,9 +222,14 @@ class GPUModelRunnerV1:
             for g in self.mamba_groups:
                 table = self.input_batch.block_table[g].block_table.gpu
                 self.state_indices[g][:reqs_padded] = table[:reqs_padded, 0]
-        # At start-up the graph does not exist yet: the warm-up runs it eagerly.
-        self._run_forward(NONE if _warmup else mode, reqs_padded if mode == FULL else num_reqs,
-                          tokens_padded)
+        num_rows = reqs_padded if mode == FULL else num_reqs
+        if not _warmup:
+            self._run_forward(mode, num_rows, tokens_padded)
+        elif self.device.type == "cuda":
+            # Start-up warm-up compiles the kernels before capture.  Under the
+            # interpreter there is nothing to compile, and a warm-up's only
+            # effect would be garbage in the mamba null block (scratch).
+            self._forward(num_rows, tokens_padded)
         self.last_forward = (True, mode, num_reqs, reqs_padded, num_tokens, tokens_padded)
 
     # -- internals -------------------------------------------------------------

@@ -54,6 +54,11 @@ class Session:
         self.op_index = 0
         self.steps = 0
         self._before = self.target.observe()
+        # Start-up (graph capture through dummy runs) must already hold the invariants.
+        self.startup_violations = (
+            inv.check_null_block_finite(self._before, -1, "start")
+            + inv.check_graph_addresses(self._before, -1, "start")
+            + inv.check_matches_reference(self._before, self.reference.observe(), -1, "start"))
 
     @property
     def ledger(self):
@@ -93,6 +98,8 @@ def replay(trace: Trace, faults=None, target: str = "gpu_impl",
            device: str | None = None) -> Verdict:
     """Replay ``trace`` (faults default to none) and stop at the first violation."""
     session = Session(trace.config, faults or (), target, device)
+    if session.startup_violations:
+        return Verdict(session.startup_violations[0], 0)
     for op in trace.ops:
         try:
             found = session.apply(op)

@@ -1,0 +1,119 @@
+"""The fuzz driver: Hypothesis search from a seed, then trace shrinking.
+
+``fuzz()`` is a pure function of (seed, config, target, faults, examples): the
+machine is seeded with ``hypothesis.seed``, there is no example database and no
+deadline, so the same call finds the same minimal trace and the same bytes.
+With a time budget it runs fixed-size chunks of examples with seeds derived
+from the base seed until the budget is spent (each chunk is deterministic; how
+many chunks fit is what the budget decides, and the report says which ran).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+
+from hypothesis import Phase, settings
+from hypothesis import seed as hypothesis_seed
+from hypothesis.stateful import run_state_machine_as_test
+
+from reference import RunnerConfig
+
+from . import profiles
+from .invariants import Violation
+from .machine import InvariantViolationError, make_machine
+from .session import replay
+from .shrink import shrink
+from .trace import Trace
+
+CHUNK_EXAMPLES = 25
+
+
+@dataclass
+class FuzzResult:
+    """What a fuzz run saw. ``trace`` is the shrunk failing trace, or None."""
+
+    seed: int
+    examples: int
+    steps: int
+    seconds: float
+    violation: Violation | None = None
+    trace: Trace | None = None
+    hypothesis_ops: int = 0
+    shrink_replays: int = 0
+    chunk_seeds: list = field(default_factory=list)
+
+    @property
+    def steps_per_s(self) -> float:
+        return self.steps / self.seconds if self.seconds else 0.0
+
+
+def chunk_seed(seed: int, k: int) -> int:
+    """Seed of the k-th chunk of a time-budgeted run (k=0 is the seed itself)."""
+    if k == 0:
+        return seed
+    return int.from_bytes(hashlib.sha256(f"{seed}:{k}".encode()).digest()[:4], "big")
+
+
+def _search(config, seed, examples, faults, target, device, profile, stats):
+    machine = make_machine(config, faults, target, device, stats)
+    hypothesis_seed(seed)(machine)
+    # Hypothesis's own shrinker re-runs hundreds of examples through the Triton
+    # interpreter; our trace shrinker (harness/shrink.py) needs tens of replays.
+    run_settings = settings(profiles.get(profile), max_examples=examples, derandomize=False,
+                            phases=[Phase.explicit, Phase.generate])
+    try:
+        run_state_machine_as_test(machine, settings=run_settings)
+    except InvariantViolationError as e:
+        return e
+    return None
+
+
+def fuzz(config: RunnerConfig, seed: int = 0, examples: int | None = 200,
+         faults=(), target: str = "gpu_impl", device: str | None = None,
+         time_budget_s: float | None = None, profile: str = "dev",
+         shrink_trace: bool = True, found_by: str = "blockfuzz fuzz") -> FuzzResult:
+    """Search for a violation; returns a :class:`FuzzResult` (never raises on one)."""
+    stats: dict = {}
+    start = time.perf_counter()
+    error, chunks = None, []
+    if time_budget_s is None:
+        chunks.append(seed)
+        error = _search(config, seed, examples, faults, target, device, profile, stats)
+    else:
+        for k in range(1_000_000):
+            if time.perf_counter() - start >= time_budget_s:
+                break
+            s = chunk_seed(seed, k)
+            chunks.append(s)
+            error = _search(config, s, CHUNK_EXAMPLES, faults, target, device, profile, stats)
+            if error is not None:
+                break
+    result = FuzzResult(seed, stats.get("examples", 0), stats.get("steps", 0),
+                        time.perf_counter() - start, chunk_seeds=chunks)
+    if error is None:
+        return result
+    meta = {"seed": seed, "faults": sorted(faults), "found_by": found_by,
+            "target": target}
+    trace = Trace(config, error.ops, meta=meta)
+    replays = 0
+    verdict = replay(trace, faults, target, device)
+    assert verdict.violation is not None, "a found violation must replay"
+    if shrink_trace:
+        trace, replays = shrink(trace, verdict.violation.invariant, faults, target, device)
+        verdict = replay(trace, faults, target, device)
+    trace.expect = {"verdict": "fail", "invariant": verdict.violation.invariant,
+                    "op_index": verdict.violation.op_index}
+    result.violation, result.trace = verdict.violation, trace
+    result.hypothesis_ops, result.shrink_replays = len(error.ops), replays
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def signature(trace: Trace) -> str:
+    """Dedup key of a finding: invariant, offending op kind, length, ops digest."""
+    e = trace.expect
+    op = trace.ops[e["op_index"]]["op"] if e.get("op_index", -1) >= 0 else "start"
+    digest = hashlib.sha256(Trace(trace.config, trace.ops).dumps().encode()).hexdigest()[:8]
+    return f"{e.get('invariant', 'pass')}-{op}-{len(trace.ops)}ops-{digest}"
