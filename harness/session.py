@@ -47,8 +47,9 @@ class Session:
     """
 
     def __init__(self, config: RunnerConfig, faults=(), target: str = "gpu_impl",
-                 device: str | None = None):
+                 device: str | None = None, skip=()):
         self.config = config
+        self.skip = frozenset(skip)  # invariant ids not reported (to see what else catches)
         self.reference = ReferenceTarget(config)
         self.target = make_target(target, config, tuple(faults), device)
         self.op_index = 0
@@ -91,13 +92,17 @@ class Session:
         found += inv.check_loaded_blocks(self.config, self.ledger, after, i, kind)
         found += inv.check_reads(self.config, self.ledger, after, i, kind)
         found += inv.check_matches_reference(after, self.reference.observe(), i, kind)
-        return found
+        return [v for v in found if v.invariant not in self.skip]
 
 
 def replay(trace: Trace, faults=None, target: str = "gpu_impl",
-           device: str | None = None) -> Verdict:
-    """Replay ``trace`` (faults default to none) and stop at the first violation."""
-    session = Session(trace.config, faults or (), target, device)
+           device: str | None = None, skip=()) -> Verdict:
+    """Replay ``trace`` (faults default to none) and stop at the first violation.
+
+    skip: invariant ids to ignore, e.g. to show which invariant would catch a
+    bug's consequence if its structural invariant were not checked.
+    """
+    session = Session(trace.config, faults or (), target, device, skip)
     if session.startup_violations:
         return Verdict(session.startup_violations[0], 0)
     for op in trace.ops:

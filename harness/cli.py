@@ -1,0 +1,215 @@
+"""The ``blockfuzz`` command line (also ``python -m harness``).
+
+Exit codes everywhere: 0 clean, 1 violation found or reproduced, 2 bad input or
+usage (one line on stderr naming the file, field or flag; nothing written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+EXIT_OK, EXIT_VIOLATION, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    """Bad flags or input: reported as one line, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2 (argparse prints usage otherwise)
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _add_common(p: argparse.ArgumentParser, faults: bool = True) -> None:
+    if faults:
+        p.add_argument("--fault", action="append", default=[], metavar="ID",
+                       help="switch on a gpu_impl fault (repeatable; see `blockfuzz faults`)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                   help="cpu runs Triton in interpreter mode with emulated graphs")
+    p.add_argument("--target", default="gpu_impl", choices=["gpu_impl", "reference"],
+                   help="implementation under test (reference = oracle self-check)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="blockfuzz", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="verb", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("fuzz", help="search for an invariant violation from a seed")
+    p.add_argument("--runner", default="v1", help="model runner: v1 (v2: not yet)")
+    p.add_argument("--seed", type=int, default=0)
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--examples", type=int, default=None,
+                        help="Hypothesis examples (default 200)")
+    budget.add_argument("--time-budget", type=float, default=None, metavar="S",
+                        help="run chunks of examples until S seconds are spent")
+    p.add_argument("--out", default="fuzz-out", metavar="DIR",
+                   help="where a shrunk failing trace is written (default fuzz-out)")
+    p.add_argument("--config", default=None, metavar="FILE",
+                   help="JSON runner config (a trace's `config` object); default hybrid")
+    p.add_argument("--profile", default="dev", choices=["dev", "ci", "nightly"])
+    p.add_argument("--no-shrink", action="store_true", help="skip trace shrinking")
+    _add_common(p)
+
+    p = sub.add_parser("replay", help="replay traces against the implementation")
+    p.add_argument("traces", nargs="+", metavar="TRACE")
+    p.add_argument("--faults-from-trace", action="store_true",
+                   help="use each trace's meta.faults (and check its `expect`)")
+    _add_common(p)
+
+    p = sub.add_parser("faults", help="the fault catalogue")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    return parser
+
+
+# -- verbs ---------------------------------------------------------------------
+def _load_config(path: str | None):
+    from reference import ConfigError, RunnerConfig
+
+    if path is None:
+        return RunnerConfig()
+    try:
+        obj = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read: {e.strerror or e}") from None
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{path}: line {e.lineno}: not JSON: {e.msg}") from None
+    try:
+        return RunnerConfig.from_json(obj.get("config", obj) if isinstance(obj, dict) else obj)
+    except ConfigError as e:
+        raise UsageError(f"{path}: {e}") from None
+
+
+def _check_faults(ids: list[str], runner: str = "v1") -> list[str]:
+    from gpu_impl.faults import CATALOGUE
+
+    for fid in ids:
+        if fid not in CATALOGUE:
+            raise UsageError(f"--fault {fid}: unknown fault; known: {', '.join(sorted(CATALOGUE))}")
+        if runner not in CATALOGUE[fid].runners:
+            raise UsageError(f"--fault {fid}: applies to runner(s) {CATALOGUE[fid].runners}")
+    return sorted(set(ids))
+
+
+def _select_device(device: str, target: str) -> str:
+    if target != "gpu_impl":
+        return "cpu"
+    from gpu_impl.device import DeviceError, select_device
+
+    try:
+        return select_device(device).type
+    except DeviceError as e:
+        raise UsageError(f"--device {device}: {e}") from None
+
+
+def _replay_command(path: Path, faults: list[str], device: str) -> str:
+    parts = ["blockfuzz", "replay", str(path)] + [a for f in faults for a in ("--fault", f)]
+    return shlex.join(parts + ["--device", device])
+
+
+def cmd_fuzz(args) -> int:
+    if args.runner != "v1":
+        raise UsageError(f"--runner {args.runner}: only v1 is implemented in this version")
+    if args.examples is not None and args.examples < 1:
+        raise UsageError("--examples: must be >= 1")
+    if args.time_budget is not None and args.time_budget <= 0:
+        raise UsageError("--time-budget: must be > 0")
+    config = _load_config(args.config)
+    faults = _check_faults(args.fault)
+    if faults and args.target != "gpu_impl":
+        raise UsageError("--fault: faults live in gpu_impl; use --target gpu_impl")
+    device = _select_device(args.device, args.target)
+    examples = args.examples if args.examples is not None else (
+        None if args.time_budget else 200)
+    budget = f"examples={examples}" if examples else f"time_budget={args.time_budget:g}s"
+    print(f"blockfuzz fuzz: seed={args.seed} runner={args.runner} target={args.target} "
+          f"device={device} faults={','.join(faults) or '-'} {budget} profile={args.profile}")
+    print("config: " + json.dumps(config.to_json(), sort_keys=True, separators=(",", ":")))
+    sys.stdout.flush()
+    from .fuzz import fuzz, signature
+    from .trace import write_atomic
+
+    result = fuzz(config, args.seed, examples, faults, args.target, device,
+                  args.time_budget, args.profile, shrink_trace=not args.no_shrink)
+    rate = f"{result.steps} steps in {result.seconds:.1f} s ({result.steps_per_s:.0f} steps/s)"
+    if result.violation is None:
+        print(f"PASS: {result.examples} examples, {rate}; no invariant violated")
+        return EXIT_OK
+    trace = result.trace
+    path = Path(args.out) / f"{signature(trace)}.json"
+    write_atomic(path, trace.dumps())
+    print(f"FAIL: {result.violation.line()}")
+    print(f"found within {result.examples} examples, {rate}; shrunk {result.hypothesis_ops} "
+          f"-> {len(trace.ops)} ops in {result.shrink_replays} replays")
+    print(f"trace: {path}")
+    print(f"replay: {_replay_command(path, faults, device)}")
+    return EXIT_VIOLATION
+
+
+def cmd_replay(args) -> int:
+    from .session import replay
+    from .trace import load
+
+    faults = _check_faults(args.fault)
+    traces = [(p, load(p)) for p in args.traces]  # all validated before anything runs
+    device = _select_device(args.device, args.target)
+    worst = EXIT_OK
+    for path, trace in traces:
+        use = sorted(set(faults) | set(trace.faults)) if args.faults_from_trace else faults
+        if use and args.target != "gpu_impl":
+            raise UsageError("--fault: faults live in gpu_impl; use --target gpu_impl")
+        verdict = replay(trace, use, args.target, device)
+        tag = f" (faults: {','.join(use)})" if use else ""
+        if verdict.violation is None:
+            print(f"PASS {path}: {verdict.ops_run} ops{tag}")
+        else:
+            print(f"FAIL {path}{tag}: {verdict.violation.line()}")
+            worst = EXIT_VIOLATION
+        if args.faults_from_trace and not verdict.matches(trace.expect):
+            print(f"  expected {json.dumps(trace.expect, sort_keys=True)}, "
+                  f"got {verdict.verdict}")
+            worst = EXIT_VIOLATION
+    return worst
+
+
+def cmd_faults(args) -> int:
+    from gpu_impl.faults import CATALOGUE
+
+    faults = [CATALOGUE[k] for k in sorted(CATALOGUE)]
+    if args.json:
+        print(json.dumps([f.to_json() for f in faults], indent=1, sort_keys=True))
+        return EXIT_OK
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="blockfuzz faults (gpu_impl, off by default)")
+    for col in ("id", "runners", "caught by", "description", "source"):
+        table.add_column(col, overflow="fold")
+    for f in faults:
+        table.add_row(f.id, ",".join(f.runners), f.invariant, f.description, f.source)
+    Console().print(table)
+    return EXIT_OK
+
+
+VERBS = {"fuzz": cmd_fuzz, "replay": cmd_replay, "faults": cmd_faults}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .trace import TraceError
+
+    try:
+        args = build_parser().parse_args(argv)
+        return VERBS[args.verb](args)
+    except (UsageError, TraceError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
