@@ -12,6 +12,7 @@ same observation fields (``None`` where the engine has no such buffer).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -158,8 +159,15 @@ class GpuImplTarget:
 
 
 def make_target(kind: str, config: RunnerConfig, faults=(), device: str | None = None):
-    """``kind``: ``gpu_impl`` or ``reference``. Raises ValueError for others."""
+    """``kind``: ``gpu_impl`` or ``reference``. Raises ValueError for others.
+
+    ``$BLOCKFUZZ_FAULTS`` (comma-separated ids) adds faults to every gpu_impl
+    target of the process: the way to watch a regression test fail with its
+    fault on (``BLOCKFUZZ_FAULTS=vacated-row-not-cleared pytest tests/regression``).
+    """
+    extra = [f for f in os.environ.get("BLOCKFUZZ_FAULTS", "").split(",") if f]
     if kind == "gpu_impl":
+        faults = tuple(sorted(set(faults) | set(extra)))
         return GpuImplTarget(config, faults, device)
     if kind == "reference":
         if faults:

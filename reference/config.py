@@ -180,8 +180,6 @@ class RunnerConfig:
             raise ConfigError("runner", f"{self.runner!r} not one of {list(RUNNERS)}")
         if not 1 <= len(self.groups) <= NUM_GROUPS_MAX:
             raise ConfigError("groups", f"need 1..{NUM_GROUPS_MAX} groups")
-        if not self.attention_groups:
-            raise ConfigError("groups", "need at least one attention group")
         for i, g in enumerate(self.groups):
             if g.kind not in GROUP_KINDS:
                 raise ConfigError(f"groups[{i}].kind", f"{g.kind!r} not one of {list(GROUP_KINDS)}")
@@ -192,6 +190,8 @@ class RunnerConfig:
                                   "must equal block_size in this version")
             if g.kind == ATTENTION and g.block_size & (g.block_size - 1):
                 raise ConfigError(f"groups[{i}].block_size", "must be a power of two")
+        if not self.attention_groups:
+            raise ConfigError("groups", "need at least one attention group")
         _bound(self.num_blocks, 2, NUM_BLOCKS_MAX, "num_blocks")
         _bound(self.max_num_reqs, 1, MAX_NUM_REQS_MAX, "max_num_reqs")
         _bound(self.max_num_blocks_per_req, 1, MAX_NUM_BLOCKS_PER_REQ_MAX,

@@ -1,0 +1,64 @@
+"""Every corpora trace replayed: passes on the fixed gpu_impl, and reproduces its
+``expect`` (invariant and op index) with ``meta.faults`` switched on.
+
+Seed traces tell the upstream bugs' stories (see each trace's ``meta.story``).
+"""
+
+from pathlib import Path
+
+import pytest
+
+from harness.session import replay
+from harness.trace import load
+
+CORPORA = Path(__file__).resolve().parents[2] / "corpora"
+TRACES = sorted(p for p in CORPORA.rglob("*.json"))
+IDS = [str(p.relative_to(CORPORA)) for p in TRACES]
+
+
+def test_corpora_exist():
+    assert any(p.parent.name == "seeds" for p in TRACES)
+    assert (CORPORA / "canary" / "null-block-nan.json") in TRACES
+
+
+@pytest.mark.parametrize("path", TRACES, ids=IDS)
+def test_trace_passes_on_fixed_implementation(path):
+    verdict = replay(load(path))
+    assert verdict.violation is None, verdict.violation.line()
+
+
+@pytest.mark.parametrize("path", [p for p in TRACES if load(p).faults], ids=[
+    i for i, p in zip(IDS, TRACES) if load(p).faults])
+def test_trace_reproduces_expect_with_its_faults(path):
+    trace = load(path)
+    verdict = replay(trace, trace.faults)
+    assert verdict.violation is not None, "fault did not reproduce"
+    assert verdict.matches(trace.expect), (verdict.violation.line(), trace.expect)
+
+
+def test_canary_must_fail():
+    """If this passes silently, the pipeline (kernels, invariants, replay) is blind."""
+    trace = load(CORPORA / "canary" / "null-block-nan.json")
+    assert replay(trace, trace.faults).violation.invariant == "NULL_BLOCK_FINITE"
+
+
+def test_seed000_consequence_is_caught_downstream():
+    """Seed 000's real damage, not only its structural cause: with VACATED_ROWS_ZERO
+    and MATCHES_REFERENCE ignored, the stale row still shows up as the dummy run's
+    NaN Mamba state written into the loading request's block (NO_STALE_WRITE), and
+    without that check as the loaded state destroyed (LOADED_BLOCKS_INTACT)."""
+    trace = load(CORPORA / "seeds" / "seed000-stale-row-mamba-into-loading-request.json")
+    skip = {"VACATED_ROWS_ZERO", "MATCHES_REFERENCE"}
+    v = replay(trace, trace.faults, skip=skip).violation
+    assert (v.invariant, trace.ops[v.op_index]["op"], v.group) == ("NO_STALE_WRITE", "dummy_run", 1)
+    v = replay(trace, trace.faults, skip=skip | {"NO_STALE_WRITE"}).violation
+    assert v.invariant == "LOADED_BLOCKS_INTACT" and "req 2" in v.detail
+
+
+def test_seed001_consequence_reaches_a_real_request():
+    """Seed 001's user-visible failure: the null block's NaN leaks into the next real
+    request's attention output (0 * NaN = NaN at masked positions)."""
+    trace = load(CORPORA / "seeds" / "seed001-idle-rank-dummy-nan-into-null-block.json")
+    v = replay(trace, trace.faults,
+               skip={"NULL_BLOCK_FINITE", "NO_STALE_WRITE", "MATCHES_REFERENCE"}).violation
+    assert v.invariant == "ATTENTION_FINITE" and trace.ops[v.op_index]["op"] == "step"

@@ -1,0 +1,22 @@
+"""The state machine under the ``ci`` profile: the fixed implementation holds
+every invariant over derandomized op sequences (reference vs gpu_impl)."""
+
+from hypothesis import settings
+
+from harness.machine import make_machine
+from reference import RunnerConfig
+
+FixedV1 = make_machine(RunnerConfig(), faults=())
+TestFixedV1 = FixedV1.TestCase
+TestFixedV1.settings = settings(settings.default, max_examples=40)
+
+# The oracle against itself: catches harness bugs (legality, observation) cheaply.
+ReferenceSelfCheck = make_machine(RunnerConfig(), target="reference")
+TestReferenceSelfCheck = ReferenceSelfCheck.TestCase
+TestReferenceSelfCheck.settings = settings(settings.default, max_examples=60)
+
+# A second geometry: one block per request at most, a single capture size.
+NarrowConfig = RunnerConfig(num_blocks=6, max_num_reqs=2, max_num_blocks_per_req=2,
+                            max_num_batched_tokens=8, cudagraph_capture_sizes=(2,))
+TestFixedNarrow = make_machine(NarrowConfig).TestCase
+TestFixedNarrow.settings = settings(settings.default, max_examples=25)

@@ -1,0 +1,116 @@
+"""Each Triton kernel of gpu_impl against a NumPy computation, on random inputs.
+
+Runs under the Triton interpreter without CUDA (compiled on a GPU).  Inputs are
+drawn by Hypothesis (``ci`` profile: derandomized) and kept small: every launch
+costs milliseconds in the interpreter.
+"""
+
+import numpy as np
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import gpu_impl  # noqa: F401  (selects the device before triton is imported)
+from gpu_impl.attention import paged_attention_read, reshape_and_cache
+from gpu_impl.block_table import PAD_SLOT_ID, BlockTable
+from gpu_impl.faults import FaultSet
+from gpu_impl.mamba import mamba_state_update
+
+KERNEL_EXAMPLES = settings(max_examples=12)
+
+
+def _t(array, device):
+    return torch.tensor(np.ascontiguousarray(array), device=device)  # a copy, never a view
+
+
+@KERNEL_EXAMPLES
+@given(seed=st.integers(0, 2**32 - 1), num_tokens=st.integers(0, 16),
+       block_size=st.sampled_from([1, 2, 4, 8]))
+def test_slot_mapping_kernel(device, seed, num_tokens, block_size):
+    rng = np.random.default_rng(seed)
+    rows, width, tokens = 4, 4, 16
+    table = BlockTable(block_size, rows, width, device, FaultSet())
+    table.block_table.np[:] = rng.integers(0, 12, (rows, width))
+    table.commit(rows)
+    padded = int(rng.integers(num_tokens, tokens + 1))
+    req = np.full(tokens, 7, np.int32)  # beyond padded: must stay untouched
+    req[:num_tokens] = rng.integers(0, rows, num_tokens)
+    req[num_tokens:padded] = -1
+    pos = rng.integers(0, width * block_size, tokens).astype(np.int64)
+    out = torch.full((tokens,), 12345, dtype=torch.int64, device=device)
+    table.compute_slot_mapping(_t(req, device), _t(pos, device), out, padded)
+    want = np.full(tokens, 12345, np.int64)
+    real = np.arange(num_tokens)
+    blocks = table.block_table.np[req[real], pos[real] // block_size].astype(np.int64)
+    want[real] = blocks * block_size + pos[real] % block_size
+    want[num_tokens:padded] = PAD_SLOT_ID
+    assert out.cpu().numpy().tolist() == want.tolist()
+
+
+@KERNEL_EXAMPLES
+@given(seed=st.integers(0, 2**32 - 1), num_tokens=st.integers(0, 16))
+def test_kv_write_skips_pad_slots(device, seed, num_tokens):
+    rng = np.random.default_rng(seed)
+    blocks, bs, head = 6, 4, 4
+    kv = rng.integers(-50, 50, (blocks, bs, head)).astype(np.float32)
+    hidden = rng.integers(1, 100, (16, head)).astype(np.float32)
+    hidden[rng.random(16) < 0.2] = np.nan
+    slots = rng.permutation(blocks * bs)[:16].astype(np.int64)
+    slots[rng.random(16) < 0.3] = PAD_SLOT_ID
+    kv_t = _t(kv, device)
+    reshape_and_cache(_t(hidden, device), _t(slots, device), kv_t, num_tokens)
+    want = kv.reshape(-1, head).copy()
+    for t in range(num_tokens):
+        if slots[t] != PAD_SLOT_ID:
+            want[slots[t]] = hidden[t]
+    assert np.array_equal(kv_t.cpu().numpy().reshape(-1, head), want, equal_nan=True)
+
+
+@KERNEL_EXAMPLES
+@given(seed=st.integers(0, 2**32 - 1), num_rows=st.integers(0, 4))
+def test_mamba_update_in_place_at_state_index(device, seed, num_rows):
+    rng = np.random.default_rng(seed)
+    rows, tokens, head, blocks = 4, 16, 4, 8
+    lens = rng.integers(0, 4, rows)
+    qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    idx = rng.permutation(np.arange(1, blocks))[:rows].astype(np.int32)  # distinct slots
+    idx[rng.random(rows) < 0.25] = PAD_SLOT_ID
+    init = rng.integers(0, 2, rows).astype(np.int32)
+    hidden = rng.integers(1, 100, (tokens, head)).astype(np.float32)
+    state = rng.integers(-9, 9, (blocks, head)).astype(np.float32)
+    state[rng.integers(0, blocks)] = np.nan
+    st_t = _t(state, device)
+    mamba_state_update(_t(hidden, device), _t(qsl, device), _t(idx, device), _t(init, device),
+                       st_t, num_rows)
+    want = state.copy()
+    for r in range(num_rows):
+        if idx[r] == PAD_SLOT_ID:
+            continue
+        old = state[idx[r]] if init[r] else 0.0
+        want[idx[r]] = old + hidden[qsl[r]:qsl[r + 1]].sum(axis=0)
+    assert np.array_equal(st_t.cpu().numpy(), want, equal_nan=True)
+
+
+@KERNEL_EXAMPLES
+@given(seed=st.integers(0, 2**32 - 1), num_rows=st.integers(1, 4), nan_in_null=st.booleans())
+def test_attention_read_weights_masked_positions_by_zero(device, seed, num_rows, nan_in_null):
+    rng = np.random.default_rng(seed)
+    rows, width, bs, head, blocks = 4, 4, 4, 4, 8
+    table = rng.integers(0, blocks, (rows, width)).astype(np.int32)
+    seq = rng.integers(0, width * bs + 1, rows).astype(np.int32)
+    kv = rng.integers(-20, 20, (blocks, bs, head)).astype(np.float32)
+    if nan_in_null:
+        kv[0, 0] = np.nan
+    out = torch.zeros((rows, head), dtype=torch.float32, device=device)
+    paged_attention_read(_t(table, device), _t(seq, device), _t(kv, device), out, num_rows)
+    got = out.cpu().numpy()
+    for r in range(rows):
+        if r >= num_rows:
+            assert not got[r].any()
+            continue
+        j = np.arange(width * bs)
+        vals = kv[table[r, j // bs], j % bs]
+        want = ((j < seq[r]).astype(np.float32)[:, None] * vals).sum(axis=0)
+        assert np.array_equal(got[r], want, equal_nan=True)
+        if nan_in_null and (table[r] == 0).any():
+            assert np.isnan(got[r]).all()  # masked NaN still poisons the output

@@ -1,0 +1,73 @@
+"""reference/ledger.py: ownership and op legality (OpError names the field)."""
+
+import pytest
+
+from reference import FREE, RESERVED, Ledger, OpError, RunnerConfig
+
+
+@pytest.fixture
+def ledger():
+    return Ledger(RunnerConfig())
+
+
+def test_null_block_is_reserved_and_never_free(ledger):
+    assert ledger.owner[0][0] == RESERVED
+    assert 0 not in ledger.free_blocks(0)
+
+
+def test_add_remove_frees_blocks_for_reuse(ledger):
+    ledger.add(0, [[1, 2], [3]], 5)
+    assert ledger.owner[0][[1, 2]].tolist() == [0, 0]
+    assert ledger.remove(0) == [[1, 2], [3]]
+    assert ledger.owner[0][1] == FREE
+    ledger.add(1, [[2, 1], [3]], 1)  # freed blocks go to a new request
+    assert ledger.owner[1][3] == 1
+
+
+@pytest.mark.parametrize("blocks, prompt_len, field", [
+    ([[0], [1]], 1, "blocks[0][0]"),        # null block
+    ([[1, 1], [2]], 1, "blocks[0][1]"),     # twice
+    ([[1], [2, 3]], 1, "blocks[1]"),        # mamba takes one block
+    ([[1], [2]], 5, "prompt_len"),          # more than 1 block of 4 holds
+    ([[12], [2]], 1, "blocks[0][0]"),       # out of range
+    ([[1]], 1, "blocks"),                   # wrong group count
+])
+def test_add_rejects_with_field(ledger, blocks, prompt_len, field):
+    with pytest.raises(OpError) as e:
+        ledger.add(0, blocks, prompt_len)
+    assert e.value.field == field
+    assert not ledger.requests  # nothing changed
+
+
+def test_block_owned_twice_is_rejected(ledger):
+    ledger.add(0, [[1], [2]], 1)
+    with pytest.raises(OpError) as e:
+        ledger.add(1, [[1], [3]], 1)
+    assert e.value.field == "blocks[0][0]" and "not free" in str(e.value)
+
+
+def test_step_checks_capacity_budget_and_liveness(ledger):
+    ledger.add(0, [[1], [2]], 4)
+    with pytest.raises(OpError, match="room for 4"):
+        ledger.check_step([[0, 5]])
+    with pytest.raises(OpError, match="not live"):
+        ledger.check_step([[9, 1]])
+    with pytest.raises(OpError, match="twice"):
+        ledger.check_step([[0, 1], [0, 1]])
+    ledger.step([[0, 4]])
+    assert ledger.requests[0].num_computed_tokens == 4 and ledger.requests[0].stepped
+
+
+def test_kv_load_only_before_first_step(ledger):
+    ledger.add(0, [[1, 2], [3]], 6)
+    ledger.kv_load(0)
+    assert ledger.requests[0].loaded and ledger.requests[0].num_computed_tokens == 6
+    with pytest.raises(OpError):
+        ledger.kv_load(0)
+
+
+def test_request_ids_are_not_reused(ledger):
+    ledger.add(0, [[1], [2]], 1)
+    ledger.remove(0)
+    with pytest.raises(OpError, match="already used"):
+        ledger.add(0, [[1], [2]], 1)

@@ -1,0 +1,85 @@
+"""reference/runner.py: slot mapping with PAD tail, padding, dummy runs — by hand."""
+
+import numpy as np
+import pytest
+
+from reference import (NULL_BLOCK_ID, PAD_SLOT_ID, SENTINEL, OpError, ReferenceV1Runner,
+                       RunnerConfig, dispatch, payload, payload_sum)
+
+
+@pytest.fixture
+def runner():
+    r = ReferenceV1Runner(RunnerConfig())
+    r.add(0, [[1, 2], [3]], 5)
+    r.add(1, [[4], [5]], 2)
+    return r
+
+
+def test_dispatch_pads_to_capture_sizes():
+    cfg = RunnerConfig()
+    assert dispatch(cfg, 3, 3, True, "FULL") == ("FULL", 4, 4)
+    assert dispatch(cfg, 2, 3, False, "FULL") == ("PIECEWISE", 4, 2)
+    assert dispatch(cfg, 4, 5, False, "PIECEWISE") == ("PIECEWISE", 8, 4)
+    assert dispatch(cfg, 4, 9, False, "FULL") == ("NONE", 9, 4)  # beyond capture sizes
+    assert dispatch(cfg, 1, 1, True, "NONE") == ("NONE", 1, 1)
+
+
+def test_step_slot_mapping_and_pad_tail(runner):
+    runner.step([[0, 5], [1, 2]], "PIECEWISE")  # 7 tokens -> padded to 8
+    sm = runner.slot_mapping[0]
+    assert sm[:7].tolist() == [4, 5, 6, 7, 8, 16, 17]  # block 1 -> 4.., block 2 -> 8, block 4 -> 16
+    assert sm[7] == PAD_SLOT_ID
+    kv = runner.kv_cache[0]
+    assert np.array_equal(kv[1], payload(0, np.arange(4), 4))
+    assert np.array_equal(kv[2, 0], payload(0, np.array([4]), 4)[0])
+    assert (kv[2, 1:] == SENTINEL).all()  # untouched cells keep the free-block pattern
+    assert np.array_equal(runner.mamba_state[1][3], payload_sum(0, 0, 5, 4))
+    assert np.array_equal(runner.attn_out[0][1], payload_sum(1, 0, 2, 4))
+
+
+def test_full_decode_pads_rows_to_null_block_state(runner):
+    """Rows padded for a FULL graph write their state to the null block (scratch)."""
+    runner.step([[0, 5], [1, 2]], "NONE")
+    runner.add(2, [[6], [7]], 1)
+    runner.step([[0, 1], [1, 1], [2, 1]], "FULL")  # 3 decodes -> FULL size 4
+    lf = runner.last_forward
+    assert (lf.cudagraph_mode, lf.num_reqs_padded, lf.num_tokens_padded) == ("FULL", 4, 4)
+    assert runner.state_indices[1].tolist() == [3, 5, 7, NULL_BLOCK_ID]
+    assert runner.slot_mapping[0][3] == PAD_SLOT_ID
+    assert runner.seq_lens[:4].tolist() == [6, 3, 1, 0]
+
+
+def test_dummy_run_pads_everything_and_touches_only_scratch(runner):
+    runner.step([[0, 5], [1, 2]], "NONE")
+    kv_before = runner.kv_cache[0].copy()
+    state_before = runner.mamba_state[1].copy()
+    runner.dummy_run(3, 3, "FULL")  # padded to 4 rows/tokens
+    assert (runner.slot_mapping[0][:4] == PAD_SLOT_ID).all()
+    assert np.array_equal(runner.kv_cache[0], kv_before, equal_nan=True)
+    # All requests left the batch, rows are zero, so state went to the null block.
+    assert (runner.state_indices[1][:4] == NULL_BLOCK_ID).all()
+    assert np.array_equal(runner.mamba_state[1][1:], state_before[1:], equal_nan=True)
+    assert np.isnan(runner.mamba_state[1][NULL_BLOCK_ID]).all()
+    assert (runner.rows.req_ids == -1).all()
+
+
+def test_unscheduled_requests_leave_the_batch_but_keep_state(runner):
+    runner.step([[0, 5], [1, 2]], "NONE")
+    runner.step([[1, 1]], "NONE")  # request 0 not scheduled
+    assert runner.rows.req_ids.tolist() == [1, -1, -1, -1]
+    runner.step([[0, 1]], "NONE")  # comes back with its counters
+    assert runner.rows.row_of(0) is not None
+    assert runner.ledger.requests[0].num_computed_tokens == 6
+
+
+def test_illegal_op_changes_nothing(runner):
+    before = runner.rows.block_table[0].copy()
+    with pytest.raises(OpError):
+        runner.step([[0, 1], [7, 1]], "FULL")
+    with pytest.raises(OpError) as e:
+        runner.dummy_run(3, 2, "FULL")
+    assert e.value.field == "num_tokens"
+    with pytest.raises(OpError) as e:
+        runner.step([[0, 1]], "EAGER")
+    assert e.value.field == "cudagraph_mode"
+    assert np.array_equal(before, runner.rows.block_table[0])
