@@ -190,7 +190,8 @@ def cmd_faults(args) -> int:
         table.add_column(col, overflow="fold")
     for f in faults:
         table.add_row(f.id, ",".join(f.runners), f.invariant, f.description, f.source)
-    Console().print(table)
+    console = Console()
+    Console(width=None if console.is_terminal else 160).print(table)
     return EXIT_OK
 
 

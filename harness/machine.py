@@ -63,6 +63,10 @@ class BlockFuzzMachine(RuleBasedStateMachine):
             v = self.session.startup_violations[0]
             raise _error_type(v.invariant)(v, [])
 
+    def teardown(self):
+        if "traces" in self.stats:  # bench/ records the generated workloads
+            self.stats["traces"].append(list(self.ops))
+
     # -- helpers -------------------------------------------------------------
     def _do(self, op: dict) -> None:
         self.ops.append(op)

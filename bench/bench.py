@@ -1,0 +1,145 @@
+"""blockfuzz benchmark: throughput of each layer and the kill rate, in one run.
+
+Prints one table of steps/s (an op of a trace is a step) for
+  - reference alone, gpu_impl alone (Triton interpreter or CUDA), the
+    differential session (both + observations + invariants), and the whole
+    fuzz loop (Hypothesis + session), on the same generated workload;
+  - the share of fuzz wall time spent outside gpu_impl;
+and one table per fault: examples, seconds, shrunk length to kill it from a seed.
+
+Usage: python bench/bench.py [--examples N] [--seed S] [--device cpu|cuda|auto]
+Ratios are computed within this one run (same machine, same moment).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _time_apply(target_factory, workload):
+    from harness.trace import apply_op
+
+    start = time.perf_counter()
+    steps = 0
+    for ops in workload:
+        target = target_factory()
+        for op in ops:
+            apply_op(target, op)
+            steps += 1
+    return steps, time.perf_counter() - start
+
+
+def _timed_gpu_target(clock):
+    """A GpuImplTarget whose op methods and construction are timed into clock[0]."""
+    from harness import targets
+
+    class Timed(targets.GpuImplTarget):
+        def __init__(self, *a, **k):
+            t = time.perf_counter()
+            super().__init__(*a, **k)
+            clock[0] += time.perf_counter() - t
+
+    for name in ("add", "append", "remove", "condense", "swap", "kv_load", "step", "dummy_run",
+                 "observe"):
+        def wrap(fn):
+            def timed(self, *a, **k):
+                t = time.perf_counter()
+                try:
+                    return fn(self, *a, **k)
+                finally:
+                    clock[0] += time.perf_counter() - t
+            return timed
+        setattr(Timed, name, wrap(getattr(targets.GpuImplTarget, name)))
+    return Timed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--examples", type=int, default=40, help="fuzz examples for throughput")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--kill-examples", type=int, default=200)
+    args = ap.parse_args()
+
+    from gpu_impl.device import select_device
+
+    device = select_device(args.device).type
+    from gpu_impl.faults import CATALOGUE
+    from harness import targets
+    from harness.fuzz import fuzz
+    from harness.session import Session
+    from harness.trace import apply_op
+    from reference import RunnerConfig
+
+    config = RunnerConfig()
+    console = Console(width=None if Console().is_terminal else 150)
+    console.print(f"blockfuzz bench: seed={args.seed} device={device} examples={args.examples} "
+                  f"config=default hybrid (1 attention + 1 mamba group)")
+
+    # Workload: the op sequences the fuzz loop generates on the fixed implementation.
+    stats = {"traces": []}
+    from harness import machine as machine_mod
+    from hypothesis import Phase, seed, settings
+    from hypothesis.stateful import run_state_machine_as_test
+    from harness import profiles
+
+    clock = [0.0]
+    original = targets.GpuImplTarget
+    targets.GpuImplTarget = _timed_gpu_target(clock)
+    try:
+        m = machine_mod.make_machine(config, (), "gpu_impl", device, stats)
+        seed(args.seed)(m)
+        start = time.perf_counter()
+        run_state_machine_as_test(m, settings=settings(
+            profiles.get("dev"), max_examples=args.examples, phases=[Phase.generate]))
+        fuzz_s = time.perf_counter() - start
+    finally:
+        targets.GpuImplTarget = original
+    workload = stats["traces"]
+    fuzz_steps = stats["steps"]
+
+    ref_steps, ref_s = _time_apply(lambda: targets.ReferenceTarget(config), workload)
+    gpu_steps, gpu_s = _time_apply(lambda: targets.GpuImplTarget(config, (), device), workload)
+
+    start = time.perf_counter()
+    sess_steps = 0
+    for ops in workload:
+        session = Session(config, (), "gpu_impl", device)
+        for op in ops:
+            session.apply(op)
+            sess_steps += 1
+    sess_s = time.perf_counter() - start
+
+    t = Table(title="throughput (same workload; an op = a step)")
+    for col in ("layer", "steps", "seconds", "steps/s", "vs gpu_impl alone"):
+        t.add_column(col, justify="right" if col != "layer" else "left")
+    rows = [("reference alone", ref_steps, ref_s), ("gpu_impl alone", gpu_steps, gpu_s),
+            ("session (ref + gpu_impl + invariants)", sess_steps, sess_s),
+            ("fuzz loop (Hypothesis + session)", fuzz_steps, fuzz_s)]
+    for name, steps, secs in rows:
+        t.add_row(name, str(steps), f"{secs:.2f}", f"{steps / secs:.0f}",
+                  f"{(steps / secs) / (gpu_steps / gpu_s):.2f}x")
+    console.print(t)
+    console.print(f"fuzz loop wall time outside gpu_impl: {(fuzz_s - clock[0]) / fuzz_s:.1%} "
+                  f"({fuzz_s - clock[0]:.2f} s of {fuzz_s:.2f} s; gpu_impl incl. runner start-up "
+                  f"and observations)")
+
+    k = Table(title=f"kill rate (seed {args.seed}, <= {args.kill_examples} examples, profile ci)")
+    for col in ("fault", "invariant", "expected", "examples", "seconds", "shrunk ops",
+                "shrink replays"):
+        k.add_column(col)
+    for fid in sorted(CATALOGUE):
+        r = fuzz(config, args.seed, args.kill_examples, [fid], "gpu_impl", device, profile="ci")
+        got = r.violation.invariant if r.violation else "NOT FOUND"
+        k.add_row(fid, got, "yes" if got == CATALOGUE[fid].invariant else "NO",
+                  str(r.examples), f"{r.seconds:.1f}",
+                  str(len(r.trace.ops)) if r.trace else "-", str(r.shrink_replays))
+    console.print(k)
+
+
+if __name__ == "__main__":
+    main()
