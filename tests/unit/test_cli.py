@@ -1,0 +1,97 @@
+"""harness/cli.py: the stable interface — first/last lines, exit codes, one-line
+errors with nothing written, byte-identical traces across processes."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+SEED_TRACE = ROOT / "corpora" / "seeds" / "full-replay-not-restaged.json"
+
+
+def test_fuzz_clean_run_prints_seed_first_and_exits_0(capsys, tmp_path):
+    rc = main(["fuzz", "--seed", "3", "--examples", "5", "--out", str(tmp_path / "o")])
+    out = capsys.readouterr().out.splitlines()
+    assert rc == 0
+    assert out[0].startswith("blockfuzz fuzz: seed=3 runner=v1 target=gpu_impl")
+    assert out[1].startswith("config: {")
+    assert out[-1].startswith("PASS: ")
+    assert not (tmp_path / "o").exists()
+
+
+def test_fuzz_violation_writes_trace_and_ends_with_replay_command(capsys, tmp_path):
+    out_dir = tmp_path / "o"
+    rc = main(["fuzz", "--seed", "0", "--examples", "50", "--fault", "removed-row-not-cleared",
+               "--out", str(out_dir)])
+    lines = capsys.readouterr().out.splitlines()
+    assert rc == 1
+    assert any(line.startswith("FAIL: VACATED_ROWS_ZERO") for line in lines)
+    last = lines[-1]
+    assert last.startswith("replay: blockfuzz replay ") and "--fault removed-row-not-cleared" in last
+    (trace_path,) = out_dir.glob("*.json")
+    assert main(last.split()[2:]) == 1  # the printed command reproduces it
+    assert main(["replay", str(trace_path)]) == 0  # and passes without the fault
+
+
+def test_replay_exit_codes(capsys):
+    assert main(["replay", str(SEED_TRACE)]) == 0
+    assert main(["replay", str(SEED_TRACE), "--fault", "full-replay-not-restaged"]) == 1
+    assert main(["replay", str(SEED_TRACE), "--faults-from-trace"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "NO_STALE_WRITE" in out and "expected" not in out
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["fuzz", "--fault", "nope"], "--fault nope: unknown fault"),
+    (["fuzz", "--examples", "0"], "--examples"),
+    (["fuzz", "--runner", "v9"], "--runner v9"),
+    (["fuzz", "--examples", "x"], "invalid int value"),
+    (["replay"], "the following arguments are required"),
+    (["frobnicate"], "invalid choice"),
+])
+def test_usage_errors_are_one_line_exit_2(capsys, tmp_path, argv, needle):
+    rc = main(argv + (["--out", str(tmp_path / "o")] if argv[0] == "fuzz" else []))
+    err = capsys.readouterr().err
+    assert rc == 2 and needle in err and err.count("\n") == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_bad_trace_among_good_runs_nothing(capsys, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"format": "blockfuzz-trace", "version": 1, "config": {},
+                               "ops": [{"op": "remove", "req": 4}]}))
+    rc = main(["replay", str(SEED_TRACE), str(bad)])
+    captured = capsys.readouterr()
+    assert rc == 2 and captured.out == ""  # the good trace did not run either
+    assert captured.err.strip() == (f"error: {bad}: ops[0] (remove).req: request 4 is not live")
+
+
+def test_faults_json_lists_the_catalogue(capsys):
+    assert main(["faults", "--json"]) == 0
+    faults = json.loads(capsys.readouterr().out)
+    ids = {f["id"] for f in faults}
+    assert {"vacated-row-not-cleared", "removed-row-not-cleared", "full-replay-not-restaged",
+            "dummy-slots-not-padded", "dummy-slots-unpadded-count"} <= ids
+    assert all(f["source"] and f["invariant"] and f["runners"] for f in faults)
+
+
+def test_same_command_same_bytes_across_processes(tmp_path):
+    """Two processes with different hash seeds write byte-identical traces."""
+    outs = []
+    for hash_seed in ("1", "2"):
+        out_dir = tmp_path / hash_seed
+        env = dict(os.environ, PYTHONHASHSEED=hash_seed)
+        proc = subprocess.run(
+            [sys.executable, "-m", "harness", "fuzz", "--seed", "0", "--examples", "200",
+             "--fault", "full-replay-not-restaged", "--out", str(out_dir)],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 1, proc.stderr
+        (path,) = out_dir.glob("*.json")
+        outs.append((path.name, path.read_bytes()))
+    assert outs[0] == outs[1]
