@@ -13,6 +13,8 @@ carrying the op list, which after Hypothesis's shrinking is the minimal trace.
 
 from __future__ import annotations
 
+import json
+
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
@@ -29,7 +31,8 @@ class InvariantViolationError(AssertionError):
     """Raised inside the machine; ``violation`` and the recorded ``ops``."""
 
     def __init__(self, violation: Violation, ops: list[dict]):
-        super().__init__(violation.line())
+        listing = "\n".join(json.dumps(op, sort_keys=True) for op in ops)
+        super().__init__(f"{violation.line()}\nops ({len(ops)}):\n{listing}")
         self.violation = violation
         self.ops = ops
 

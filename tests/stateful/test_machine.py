@@ -1,22 +1,29 @@
 """The state machine under the ``ci`` profile: the fixed implementation holds
-every invariant over derandomized op sequences (reference vs gpu_impl)."""
+every invariant over derandomized op sequences (reference vs gpu_impl).
 
-from hypothesis import settings
+Hypothesis's shrinker is off here (through the interpreter it takes minutes);
+a failure prints the violation and the ops of the failing example, and
+``blockfuzz fuzz`` turns the same bug into a shrunk trace in seconds.
+"""
+
+from hypothesis import Phase, settings
 
 from harness.machine import make_machine
 from reference import RunnerConfig
 
+NO_SHRINK = [Phase.explicit, Phase.reuse, Phase.generate]
+
 FixedV1 = make_machine(RunnerConfig(), faults=())
 TestFixedV1 = FixedV1.TestCase
-TestFixedV1.settings = settings(settings.default, max_examples=40)
+TestFixedV1.settings = settings(settings.default, phases=NO_SHRINK, max_examples=40)
 
 # The oracle against itself: catches harness bugs (legality, observation) cheaply.
 ReferenceSelfCheck = make_machine(RunnerConfig(), target="reference")
 TestReferenceSelfCheck = ReferenceSelfCheck.TestCase
-TestReferenceSelfCheck.settings = settings(settings.default, max_examples=60)
+TestReferenceSelfCheck.settings = settings(settings.default, phases=NO_SHRINK, max_examples=60)
 
 # A second geometry: one block per request at most, a single capture size.
 NarrowConfig = RunnerConfig(num_blocks=6, max_num_reqs=2, max_num_blocks_per_req=2,
                             max_num_batched_tokens=8, cudagraph_capture_sizes=(2,))
 TestFixedNarrow = make_machine(NarrowConfig).TestCase
-TestFixedNarrow.settings = settings(settings.default, max_examples=25)
+TestFixedNarrow.settings = settings(settings.default, phases=NO_SHRINK, max_examples=25)

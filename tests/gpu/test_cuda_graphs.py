@@ -1,0 +1,30 @@
+"""CUDA only: compiled kernels and real torch.cuda.CUDAGraph capture/replay give
+the same observable state as the reference on the corpora (skipped without CUDA)."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+CORPORA = Path(__file__).resolve().parents[2] / "corpora"
+
+
+@pytest.mark.parametrize("path", sorted(CORPORA.rglob("*.json")), ids=lambda p: p.name)
+def test_corpora_on_cuda(path):
+    from harness.session import replay
+    from harness.trace import load
+
+    trace = load(path)
+    assert replay(trace, (), device="cuda").violation is None
+    if trace.faults:
+        assert replay(trace, trace.faults, device="cuda").matches(trace.expect)
+
+
+def test_full_graphs_are_real_cuda_graphs():
+    from gpu_impl import FaultSet, GPUModelRunnerV1
+    from reference import RunnerConfig
+
+    runner = GPUModelRunnerV1(RunnerConfig(), FaultSet(), torch.device("cuda"))
+    assert runner.graphs and all(g._cuda_graph is not None for g in runner.graphs.values())
