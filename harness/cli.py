@@ -38,7 +38,41 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="blockfuzz", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="verb", required=True, parser_class=_Parser)
 
-    p = sub.add_parser("fuzz", help="search for an invariant violation from a seed")
+    for verb, text in (("fuzz", "search for an invariant violation from a seed"),
+                       ("repro", "fuzz, shrink, and write a corpus trace plus a standalone "
+                                 "reproducer script")):
+        _add_search(sub.add_parser(verb, help=text), verb)
+
+    p = sub.add_parser("shrink", help="shrink a failing trace (from anywhere) to a minimal one")
+    p.add_argument("trace", metavar="TRACE")
+    p.add_argument("--out", default=None, metavar="FILE",
+                   help="where to write it (default: TRACE with .shrunk.json)")
+    _add_fault_source(p)
+    _add_common(p)
+
+    p = sub.add_parser("explain", help="op-by-op table of rows, owners, writes and verdicts")
+    p.add_argument("trace", metavar="TRACE")
+    p.add_argument("--format", default="text", choices=["text", "json", "md"])
+    p.add_argument("--all", action="store_true", help="keep going after the first violation")
+    _add_fault_source(p)
+    _add_common(p)
+
+    p = sub.add_parser("replay", help="replay traces against the implementation")
+    p.add_argument("traces", nargs="+", metavar="TRACE")
+    _add_fault_source(p)
+    _add_common(p)
+
+    p = sub.add_parser("faults", help="the fault catalogue")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    return parser
+
+
+def _add_fault_source(p) -> None:
+    p.add_argument("--faults-from-trace", action="store_true",
+                   help="use each trace's meta.faults (and check its `expect`)")
+
+
+def _add_search(p, verb: str) -> None:
     p.add_argument("--runner", default="v1", help="model runner: v1 (v2: not yet)")
     p.add_argument("--seed", type=int, default=0)
     budget = p.add_mutually_exclusive_group()
@@ -46,23 +80,15 @@ def build_parser() -> argparse.ArgumentParser:
                         help="Hypothesis examples (default 200)")
     budget.add_argument("--time-budget", type=float, default=None, metavar="S",
                         help="run chunks of examples until S seconds are spent")
-    p.add_argument("--out", default="fuzz-out", metavar="DIR",
-                   help="where a shrunk failing trace is written (default fuzz-out)")
+    default_out = "fuzz-out" if verb == "fuzz" else "corpora/found"
+    p.add_argument("--out", default=default_out, metavar="DIR",
+                   help=f"where a shrunk failing trace is written (default {default_out})")
     p.add_argument("--config", default=None, metavar="FILE",
                    help="JSON runner config (a trace's `config` object); default hybrid")
     p.add_argument("--profile", default="dev", choices=["dev", "ci", "nightly"])
-    p.add_argument("--no-shrink", action="store_true", help="skip trace shrinking")
+    if verb == "fuzz":
+        p.add_argument("--no-shrink", action="store_true", help="skip trace shrinking")
     _add_common(p)
-
-    p = sub.add_parser("replay", help="replay traces against the implementation")
-    p.add_argument("traces", nargs="+", metavar="TRACE")
-    p.add_argument("--faults-from-trace", action="store_true",
-                   help="use each trace's meta.faults (and check its `expect`)")
-    _add_common(p)
-
-    p = sub.add_parser("faults", help="the fault catalogue")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    return parser
 
 
 # -- verbs ---------------------------------------------------------------------
@@ -125,7 +151,7 @@ def cmd_fuzz(args) -> int:
     examples = args.examples if args.examples is not None else (
         None if args.time_budget else 200)
     budget = f"examples={examples}" if examples else f"time_budget={args.time_budget:g}s"
-    print(f"blockfuzz fuzz: seed={args.seed} runner={args.runner} target={args.target} "
+    print(f"blockfuzz {args.verb}: seed={args.seed} runner={args.runner} target={args.target} "
           f"device={device} faults={','.join(faults) or '-'} {budget} profile={args.profile}")
     print("config: " + json.dumps(config.to_json(), sort_keys=True, separators=(",", ":")))
     sys.stdout.flush()
@@ -133,7 +159,9 @@ def cmd_fuzz(args) -> int:
     from .trace import write_atomic
 
     result = fuzz(config, args.seed, examples, faults, args.target, device,
-                  args.time_budget, args.profile, shrink_trace=not args.no_shrink)
+                  args.time_budget, args.profile,
+                  shrink_trace=not getattr(args, "no_shrink", False),
+                  found_by=f"blockfuzz {args.verb}")
     rate = f"{result.steps} steps in {result.seconds:.1f} s ({result.steps_per_s:.0f} steps/s)"
     if result.violation is None:
         print(f"PASS: {result.examples} examples, {rate}; no invariant violated")
@@ -145,22 +173,76 @@ def cmd_fuzz(args) -> int:
     print(f"found within {result.examples} examples, {rate}; shrunk {result.hypothesis_ops} "
           f"-> {len(trace.ops)} ops in {result.shrink_replays} replays")
     print(f"trace: {path}")
+    if args.verb == "repro":
+        from .reproducer import reproducer_source
+
+        script = path.with_suffix(".py")
+        write_atomic(script, reproducer_source(trace, script.name))
+        print(f"reproducer: {script} (python {script}"
+              f"{''.join(' --fault ' + f for f in faults)}; exits 1 while the bug is present)")
     print(f"replay: {_replay_command(path, faults, device)}")
     return EXIT_VIOLATION
+
+
+def _trace_faults(args, trace) -> list[str]:
+    faults = _check_faults(args.fault)
+    if args.faults_from_trace:
+        faults = sorted(set(faults) | set(trace.faults))
+    if faults and args.target != "gpu_impl":
+        raise UsageError("--fault: faults live in gpu_impl; use --target gpu_impl")
+    return faults
+
+
+def cmd_shrink(args) -> int:
+    from .session import replay
+    from .shrink import shrink
+    from .trace import load, write_atomic
+
+    trace = load(args.trace)
+    faults = _trace_faults(args, trace)
+    device = _select_device(args.device, args.target)
+    verdict = replay(trace, faults, args.target, device)
+    if verdict.violation is None:
+        print(f"PASS {args.trace}: nothing to shrink (no violation"
+              f"{' with faults ' + ','.join(faults) if faults else ''})")
+        return EXIT_OK
+    invariant = verdict.violation.invariant
+    small, replays = shrink(trace, invariant, faults, args.target, device)
+    final = replay(small, faults, args.target, device)
+    small.expect = {"verdict": "fail", "invariant": invariant,
+                    "op_index": final.violation.op_index}
+    small.meta = dict(trace.meta, faults=faults, shrunk_from=str(args.trace))
+    out = Path(args.out) if args.out else Path(args.trace).with_suffix(".shrunk.json")
+    write_atomic(out, small.dumps())
+    print(f"FAIL: {final.violation.line()}")
+    print(f"shrunk {len(trace.ops)} -> {len(small.ops)} ops in {replays} replays: {out}")
+    print(f"replay: {_replay_command(out, faults, device)}")
+    return EXIT_VIOLATION
+
+
+def cmd_explain(args) -> int:
+    from .explain import explain, render
+    from .trace import load
+
+    trace = load(args.trace)
+    faults = _trace_faults(args, trace)
+    device = _select_device(args.device, args.target)
+    records = explain(trace, faults, device, stop_at_first=not args.all)
+    text = render(records, args.format)
+    if text is not None:
+        print(text)
+    return EXIT_VIOLATION if any(r["violations"] for r in records) else EXIT_OK
 
 
 def cmd_replay(args) -> int:
     from .session import replay
     from .trace import load
 
-    faults = _check_faults(args.fault)
     traces = [(p, load(p)) for p in args.traces]  # all validated before anything runs
+    per_trace = [_trace_faults(args, trace) for _, trace in traces]
     device = _select_device(args.device, args.target)
     worst = EXIT_OK
-    for path, trace in traces:
-        use = sorted(set(faults) | set(trace.faults)) if args.faults_from_trace else faults
-        if use and args.target != "gpu_impl":
-            raise UsageError("--fault: faults live in gpu_impl; use --target gpu_impl")
+    for (path, trace), use in zip(traces, per_trace):
         verdict = replay(trace, use, args.target, device)
         tag = f" (faults: {','.join(use)})" if use else ""
         if verdict.violation is None:
@@ -195,7 +277,8 @@ def cmd_faults(args) -> int:
     return EXIT_OK
 
 
-VERBS = {"fuzz": cmd_fuzz, "replay": cmd_replay, "faults": cmd_faults}
+VERBS = {"fuzz": cmd_fuzz, "repro": cmd_fuzz, "shrink": cmd_shrink, "explain": cmd_explain,
+         "replay": cmd_replay, "faults": cmd_faults}
 
 
 def main(argv: list[str] | None = None) -> int:

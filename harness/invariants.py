@@ -106,6 +106,10 @@ def _fmt(values: np.ndarray) -> str:
     return "[" + ", ".join(f"{v:g}" for v in values.tolist()) + "]"
 
 
+def _item(value):
+    return np.asarray(value).tolist()
+
+
 def check_vacated_rows_zero(obs: Observation, op_index: int, op: str) -> list[Violation]:
     out = []
     for row in np.flatnonzero(obs.req_ids == -1):
@@ -271,5 +275,6 @@ def check_matches_reference(impl: Observation, ref: Observation, op_index: int,
         if not np.all(same):
             idx = tuple(int(i) for i in np.argwhere(~np.asarray(same, bool))[0])
             return [Violation("MATCHES_REFERENCE", op_index, op,
-                              f"{name}{list(idx)} is {a[idx]!r}, reference has {b[idx]!r}")]
+                              f"{name}{list(idx)} is {_item(a[idx])}, reference has "
+                              f"{_item(b[idx])}")]
     return []

@@ -85,6 +85,7 @@ class Session:
             return [inv.Violation(inv.IMPL_CRASH, i, kind, f"{type(e).__name__}: {e}")]
         after = self.target.observe()
         before, self._before = self._before, after
+        self.last = (before, after, permit)  # for explain: what this op changed
         found = inv.check_vacated_rows_zero(after, i, kind)
         found += inv.check_graph_addresses(after, i, kind)
         found += inv.check_null_block_finite(after, i, kind)

@@ -6,7 +6,9 @@ also serves traces from elsewhere.  Passes, repeated until none helps (bounded):
 
 1. drop one request with every op that mentions it;
 2. drop single ops, last first;
-3. narrow each step: drop scheduled requests, lower token counts.
+3. narrow each step: drop scheduled requests, lower token counts;
+4. renumber requests and blocks to small ids in order of first use;
+5. lower config limits (pool size, batch limits, capture sizes) one at a time.
 
 Each candidate is repaired before it is replayed: ops that became illegal
 (a step of a request no longer added, a block no longer free) are dropped, by
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import copy
 
-from reference import OpError, ReferenceV1Runner
+from reference import ConfigError, OpError, ReferenceV1Runner, RunnerConfig
 
 from .session import replay
 from .trace import Trace, apply_op
@@ -45,6 +47,48 @@ def _without_req(ops: list[dict], req: int) -> list[dict]:
     return out
 
 
+def renumber(ops: list[dict]) -> list[dict]:
+    """Requests renumbered 0, 1, ... and blocks 1, 2, ... per group, by first use.
+
+    A consistent relabelling keeps every ownership relation, so legality and
+    the failure are preserved; only the ids become small and readable.
+    """
+    reqs: dict[int, int] = {}
+    blocks: dict[int, dict[int, int]] = {}
+
+    def req(r):
+        return reqs.setdefault(r, len(reqs))
+
+    def blk(g, b):
+        table = blocks.setdefault(g, {})
+        return table.setdefault(b, len(table) + 1)
+
+    out = []
+    for op in ops:
+        op = copy.deepcopy(op)
+        if "req" in op:
+            op["req"] = req(op["req"])
+        if "blocks" in op:
+            op["blocks"] = [[blk(g, b) for b in ids] for g, ids in enumerate(op["blocks"])]
+        if op["op"] == "step":
+            op["scheduled"] = [[req(r), n] for r, n in op["scheduled"]]
+        out.append(op)
+    return out
+
+
+def _smaller_configs(config):
+    """Configs with one limit lowered (validity checked by the caller)."""
+    fields = config.to_json()
+    yield dict(fields, num_blocks=2)  # the smallest pool first, then one at a time
+    for name in ("num_blocks", "max_num_reqs", "max_num_blocks_per_req",
+                 "max_num_batched_tokens"):
+        if fields[name] > 1:
+            yield dict(fields, **{name: fields[name] - 1})
+    sizes = fields["cudagraph_capture_sizes"]
+    for k in range(len(sizes)):
+        yield dict(fields, cudagraph_capture_sizes=sizes[:k] + sizes[k + 1:])
+
+
 def _candidates(ops: list[dict]):
     reqs = sorted({op["req"] for op in ops if op["op"] == "add"})
     for req in reqs:
@@ -61,8 +105,23 @@ def _candidates(ops: list[dict]):
                     smaller = copy.deepcopy(sched)
                     smaller[k][1] = 1
                     yield ops[:i] + [dict(op, scheduled=smaller)] + ops[i + 1:]
-        if op["op"] == "dummy_run" and op["num_tokens"] > op["num_reqs"]:
-            yield ops[:i] + [dict(op, num_tokens=op["num_tokens"] - 1)] + ops[i + 1:]
+        if op["op"] == "dummy_run":
+            if op["num_tokens"] > op["num_reqs"]:
+                yield ops[:i] + [dict(op, num_tokens=op["num_tokens"] - 1)] + ops[i + 1:]
+            if op["num_reqs"] > 1:
+                yield ops[:i] + [dict(op, num_reqs=op["num_reqs"] - 1,
+                                      num_tokens=op["num_tokens"] - 1)] + ops[i + 1:]
+        if op["op"] == "add":
+            if op["prompt_len"] > 1:
+                yield ops[:i] + [dict(op, prompt_len=1)] + ops[i + 1:]
+                yield ops[:i] + [dict(op, prompt_len=op["prompt_len"] - 1)] + ops[i + 1:]
+            for g, ids in enumerate(op["blocks"]):
+                if len(ids) > 1:
+                    fewer = copy.deepcopy(op["blocks"])
+                    fewer[g].pop()
+                    yield ops[:i] + [dict(op, blocks=fewer)] + ops[i + 1:]
+        if op["op"] in ("step", "dummy_run") and op["cudagraph_mode"] != "NONE":
+            yield ops[:i] + [dict(op, cudagraph_mode="NONE")] + ops[i + 1:]
 
 
 def legalize(config, ops: list[dict]) -> list[dict]:
@@ -78,9 +137,20 @@ def legalize(config, ops: list[dict]) -> list[dict]:
     return kept
 
 
+def _fails(trace: Trace, invariant: str, faults, target, device) -> int | None:
+    """ops run until the violation when ``trace`` fails ``invariant``, else None."""
+    verdict = replay(trace, faults, target, device)
+    if verdict.violation is not None and verdict.violation.invariant == invariant:
+        return verdict.ops_run
+    return None
+
+
 def shrink(trace: Trace, invariant: str, faults=(), target: str = "gpu_impl",
            device: str | None = None) -> tuple[Trace, int]:
-    """Shortest trace found that still fails ``invariant``; returns (trace, replays)."""
+    """Shortest trace found that still fails ``invariant``; returns (trace, replays).
+
+    Op-level passes first, then renumbering, then smaller config limits.
+    """
     best = trace
     replays = 0
     seen: set[str] = set()
@@ -94,13 +164,38 @@ def shrink(trace: Trace, invariant: str, faults=(), target: str = "gpu_impl",
             if ops == best.ops or key in seen:
                 continue
             seen.add(key)
-            cand = Trace(best.config, ops, best.expect, best.meta)
             replays += 1
-            verdict = replay(cand, faults, target, device)
-            if verdict.violation is not None and verdict.violation.invariant == invariant:
-                best = Trace(best.config, ops[:verdict.ops_run], best.expect, best.meta)
+            ran = _fails(Trace(best.config, ops, best.expect, best.meta), invariant, faults,
+                         target, device)
+            if ran is not None:
+                best = Trace(best.config, ops[:ran], best.expect, best.meta)
                 improved = True
                 break
         if not improved:
-            return best, replays
+            break
+    ops = renumber(best.ops)
+    if ops != best.ops and legalize(best.config, ops) == ops:
+        replays += 1
+        cand = Trace(best.config, ops, best.expect, best.meta)
+        if _fails(cand, invariant, faults, target, device) is not None:
+            best = cand
+    for _ in range(MAX_PASSES):  # smaller configs: the trace must stay legal unchanged
+        for fields in _smaller_configs(best.config):
+            if replays >= MAX_REPLAYS:
+                return best, replays
+            try:
+                config = RunnerConfig.from_json(fields)
+            except ConfigError:
+                continue
+            if config == best.config:
+                continue
+            if legalize(config, best.ops) != best.ops:
+                continue
+            replays += 1
+            cand = Trace(config, best.ops, best.expect, best.meta)
+            if _fails(cand, invariant, faults, target, device) is not None:
+                best = cand
+                break
+        else:
+            break
     return best, replays

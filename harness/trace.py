@@ -129,7 +129,7 @@ def check_op_shape(op, where: str, source: str) -> None:
     if not isinstance(op, dict):
         raise TraceError(source, where, "op must be an object")
     kind = op.get("op")
-    if kind not in OP_SCHEMAS:
+    if not isinstance(kind, str) or kind not in OP_SCHEMAS:
         raise TraceError(source, f"{where}.op",
                          f"unknown op {kind!r}; known: {', '.join(OP_SCHEMAS)}")
     props = dict(OP_SCHEMAS[kind], op={"const": kind})
@@ -170,7 +170,7 @@ def _check_meta(trace: Trace, source: str) -> None:
     if not isinstance(faults, list):
         raise TraceError(source, "meta.faults", "must be a list of fault ids")
     for i, f in enumerate(faults):
-        if f not in CATALOGUE:
+        if not isinstance(f, str) or f not in CATALOGUE:
             raise TraceError(source, f"meta.faults[{i}]", f"unknown fault {f!r}")
     op_index = trace.expect.get("op_index")
     if op_index is not None and not 0 <= op_index < len(trace.ops):

@@ -95,3 +95,49 @@ def test_same_command_same_bytes_across_processes(tmp_path):
         (path,) = out_dir.glob("*.json")
         outs.append((path.name, path.read_bytes()))
     assert outs[0] == outs[1]
+
+
+def test_repro_writes_trace_and_standalone_script(tmp_path, capsys):
+    out_dir = tmp_path / "found"
+    rc = main(["repro", "--seed", "0", "--fault", "full-replay-not-restaged",
+               "--out", str(out_dir)])
+    assert rc == 1
+    (trace_path,) = out_dir.glob("*.json")
+    (script,) = out_dir.glob("*.py")
+    assert script.stem == trace_path.stem
+    check = ("import runpy, sys; sys.argv = [sys.argv[1]] + sys.argv[2:]\n"
+             "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\n"
+             "except SystemExit as e:\n    code = e.code\n"
+             "assert 'hypothesis' not in sys.modules, 'reproducer imported hypothesis'\n"
+             "sys.exit(code)\n")
+    for extra, want in (([], 0), (["--fault", "full-replay-not-restaged"], 1)):
+        proc = subprocess.run([sys.executable, "-c", check, str(script)] + extra, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == want, proc.stdout + proc.stderr
+        assert ("FAIL: NO_STALE_WRITE" in proc.stdout) == bool(want)
+
+
+def test_explain_names_offending_op_row_and_block(capsys):
+    path = ROOT / "corpora" / "seeds" / "seed000-stale-row-mamba-into-loading-request.json"
+    assert main(["explain", str(path), "--faults-from-trace", "--format", "json"]) == 1
+    records = json.loads(capsys.readouterr().out)
+    last = records[-1]
+    assert last["op"]["op"] == "condense" and last["violations"][0]["row"] == 1
+    assert any(r["stale"] for r in last["rows"])
+    assert main(["explain", str(path), "--faults-from-trace", "--all", "--format", "json"]) == 1
+    records = json.loads(capsys.readouterr().out)
+    dummy = next(r for r in records if r["op"]["op"] == "dummy_run")
+    assert any(w["offending"] and w["value"] == "NaN" and w["group"] == 1 for w in dummy["writes"])
+    assert main(["explain", str(path)]) == 0  # the fixed implementation
+    assert "ok" in capsys.readouterr().out
+
+
+def test_shrink_verb_on_a_hand_made_trace(tmp_path, capsys):
+    src = json.loads((ROOT / "corpora" / "seeds" /
+                      "seed000-stale-row-mamba-into-loading-request.json").read_text())
+    path = tmp_path / "long.json"
+    path.write_text(json.dumps(src))
+    assert main(["shrink", str(path), "--faults-from-trace"]) == 1
+    small = json.loads((tmp_path / "long.shrunk.json").read_text())
+    assert len(small["ops"]) < len(src["ops"]) and small["expect"]["verdict"] == "fail"
+    assert main(["shrink", str(path)]) == 0  # passes without its fault: nothing to shrink

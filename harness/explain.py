@@ -1,0 +1,148 @@
+"""``blockfuzz explain``: a trace op by op — rows, ownership, writes, verdicts.
+
+For every op: the persistent-batch rows after it (request -> block ids per
+KV-cache group and ``num_blocks``; rows that hold no request but keep ids are
+flagged), every cache write that landed (group, block, offsets or state, value
+class, the block's owner before the op) with writes no row of the op owns
+marked ``!!``, and the invariant verdicts.  Rendered as a table on a terminal,
+plain ASCII when piped, or ``--format json|md``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from reference import SENTINEL
+
+from .invariants import _changed
+from .session import Session
+from .trace import Trace
+
+
+def _value_class(values: np.ndarray) -> str:
+    if np.isnan(values).any():
+        return "NaN"
+    if (values == SENTINEL).all():
+        return "sentinel"
+    if not values.any():
+        return "zero"
+    return "payload"
+
+
+def _writes(session: Session) -> list[dict]:
+    before, after, permit = session.last
+    out = []
+    caches = [(g, before.kv_cache[g], after.kv_cache[g], False) for g in sorted(after.kv_cache)]
+    caches += [(g, before.mamba_state[g], after.mamba_state[g], True)
+               for g in sorted(after.mamba_state)]
+    for g, b, a, mamba in caches:
+        changed = _changed(b, a)
+        blocks = sorted({int(c[0]) for c in np.argwhere(changed)})
+        for block in blocks:
+            if mamba:
+                cells, offsets = a[block][None], "state"
+            else:
+                offs = np.flatnonzero(changed[block])
+                cells, offsets = a[block][offs], f"[{offs.min()}..{offs.max()}]"
+            allowed = permit.cells.get(g, {}).get(block, False)
+            ok = allowed is not False or (mamba and block == 0)
+            if ok and allowed not in (None, False) and not mamba:
+                offs = np.flatnonzero(changed[block])
+                ok = bool(allowed[0] <= offs.min() and offs.max() < allowed[1])
+            out.append({"group": g, "block": block, "cells": offsets,
+                        "value": _value_class(cells), "owner": permit.describe(g, block),
+                        "offending": not ok})
+    return out
+
+
+def _rows(session: Session) -> list[dict]:
+    obs = session.last[1]
+    rows = []
+    for row, req in enumerate(obs.req_ids.tolist()):
+        ids = [obs.block_table[g][row][: max(int(obs.num_blocks[g][row]), 0)].tolist()
+               for g in range(len(obs.block_table))]
+        stale = req == -1 and any(t[row].any() for t in obs.block_table)
+        if req == -1 and not stale:
+            continue
+        rows.append({"row": row, "req": None if req == -1 else req, "blocks": ids,
+                     "stale": [t[row].tolist() for t in obs.block_table] if stale else None})
+    return rows
+
+
+def explain(trace: Trace, faults=(), device: str | None = None,
+            stop_at_first: bool = True) -> list[dict]:
+    """One record per op run: op, rows, writes, violations.
+
+    Stops after the first violating op unless ``stop_at_first`` is False (then
+    the consequences further down the trace show too).
+    """
+    session = Session(trace.config, faults, "gpu_impl", device)
+    records = []
+    for i, op in enumerate(trace.ops):
+        found = session.apply(op)
+        records.append({"op_index": i, "op": op, "rows": _rows(session),
+                        "writes": _writes(session), "violations": [v.to_json() for v in found]})
+        if found and stop_at_first:
+            break
+    return records
+
+
+def _op_text(op: dict) -> str:
+    args = {k: v for k, v in op.items() if k != "op"}
+    return op["op"] + " " + json.dumps(args, sort_keys=True, separators=(",", ":"))
+
+
+def _rows_text(rows: list[dict]) -> str:
+    parts = []
+    for r in rows:
+        if r["stale"] is not None:
+            parts.append(f"row {r['row']}: EMPTY but holds {r['stale']} !!")
+        else:
+            parts.append(f"row {r['row']}: req {r['req']} {r['blocks']}")
+    return "\n".join(parts) or "(empty batch)"
+
+
+def _writes_text(writes: list[dict]) -> str:
+    return "\n".join(
+        f"{'!! ' if w['offending'] else ''}g{w['group']} block {w['block']} {w['cells']} "
+        f"{w['value']} ({w['owner']})" for w in writes) or "-"
+
+
+def _verdict_text(rec: dict) -> str:
+    if not rec["violations"]:
+        return "ok"
+    return "\n".join(f"{v['invariant']}: {v['detail']}" for v in rec["violations"])
+
+
+def render(records: list[dict], fmt: str, console=None) -> str | None:
+    """``fmt``: text (rich table, ASCII when not a terminal), json or md."""
+    if fmt == "json":
+        return json.dumps(records, indent=1, sort_keys=True)
+    if fmt == "md":
+        lines = ["| # | op | rows after | writes | verdict |", "|---|---|---|---|---|"]
+        for rec in records:
+            cells = [str(rec["op_index"]), f"`{_op_text(rec['op'])}`", _rows_text(rec["rows"]),
+                     _writes_text(rec["writes"]), _verdict_text(rec)]
+            lines.append("| " + " | ".join(c.replace("\n", "<br>").replace("|", "\\|")
+                                           for c in cells) + " |")
+        return "\n".join(lines)
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    plain = not console.is_terminal
+    if plain:
+        console = Console(width=160, no_color=True, highlight=False)
+    table = Table(box=box.ASCII if plain else box.SQUARE, show_lines=True)
+    for col in ("#", "op", "rows after", "writes", "verdict"):
+        table.add_column(col, overflow="fold")
+    for rec in records:
+        bad = bool(rec["violations"])
+        table.add_row(str(rec["op_index"]), _op_text(rec["op"]), _rows_text(rec["rows"]),
+                      _writes_text(rec["writes"]), _verdict_text(rec),
+                      style="bold red" if bad and not plain else None)
+    console.print(table)
+    return None

@@ -1,0 +1,72 @@
+"""Standalone reproducer scripts: a short Python file that replays one trace.
+
+The script imports only this package's replay API (no Hypothesis), embeds the
+trace, prints what it checks and what it saw, and exits 1 while the violation
+is present, 0 once it is gone — something to paste into an upstream bug report.
+"""
+
+from __future__ import annotations
+
+from .trace import Trace
+
+TEMPLATE = '''#!/usr/bin/env python3
+"""blockfuzz reproducer: {title}
+
+Found by: {found_by} (seed {seed}).  Expected with the bug present:
+  {expect_line}
+
+Run:   python {name} [--fault ID ...] [--device auto|cpu|cuda]
+       (the faults it was found with: {faults_flag})
+Exit:  1 while the violation reproduces, 0 once the implementation is fixed.
+Needs: the blockfuzz package (pip install -e <blockfuzz checkout>); not Hypothesis.
+"""
+
+import argparse
+import json
+import sys
+
+from harness.session import replay
+from harness.trace import parse
+
+TRACE = json.loads(r"""
+{trace_json}""")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description="replay one blockfuzz trace")
+    ap.add_argument("--fault", action="append", default=[], help="gpu_impl fault to switch on")
+    ap.add_argument("--device", default="auto")
+    args = ap.parse_args()
+    from gpu_impl.device import select_device
+
+    select_device(args.device)
+    trace = parse(TRACE, "{name}")
+    print(f"checking {{len(trace.ops)}} ops on runner {{trace.config.runner}} "
+          f"(faults: {{','.join(args.fault) or 'none'}}); expecting with the bug: "
+          f"{{trace.expect.get('invariant')}} at op {{trace.expect.get('op_index')}}")
+    verdict = replay(trace, args.fault)
+    if verdict.violation is None:
+        print(f"PASS: all {{verdict.ops_run}} ops hold every invariant")
+        return 0
+    print(f"FAIL: {{verdict.violation.line()}}")
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
+
+
+def reproducer_source(trace: Trace, name: str) -> str:
+    """Source of the standalone script for ``trace`` (saved as ``name``)."""
+    e = trace.expect
+    expect_line = (f"{e.get('invariant')} at op {e.get('op_index')}"
+                   if e.get("verdict") == "fail" else "pass")
+    faults = trace.faults
+    text = TEMPLATE.format(
+        title=expect_line, found_by=trace.meta.get("found_by", "?"),
+        seed=trace.meta.get("seed", "?"), expect_line=expect_line, name=name,
+        faults_flag=" ".join(f"--fault {f}" for f in faults) or "none",
+        trace_json=trace.dumps())
+    assert '"""' not in trace.dumps()
+    return text
