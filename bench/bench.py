@@ -129,15 +129,16 @@ def main() -> None:
                   f"and observations)")
 
     k = Table(title=f"kill rate (seed {args.seed}, <= {args.kill_examples} examples, profile ci)")
-    for col in ("fault", "invariant", "expected", "examples", "seconds", "shrunk ops",
-                "shrink replays"):
+    for col in ("fault", "invariant", "expected", "examples", "search s", "hypothesis ops",
+                "shrunk ops", "shrink replays", "shrink s"):
         k.add_column(col)
     for fid in sorted(CATALOGUE):
         r = fuzz(config, args.seed, args.kill_examples, [fid], "gpu_impl", device, profile="ci")
         got = r.violation.invariant if r.violation else "NOT FOUND"
         k.add_row(fid, got, "yes" if got == CATALOGUE[fid].invariant else "NO",
-                  str(r.examples), f"{r.seconds:.1f}",
-                  str(len(r.trace.ops)) if r.trace else "-", str(r.shrink_replays))
+                  str(r.examples), f"{r.seconds - r.shrink_seconds:.1f}", str(r.hypothesis_ops),
+                  str(len(r.trace.ops)) if r.trace else "-", str(r.shrink_replays),
+                  f"{r.shrink_seconds:.1f}")
     console.print(k)
 
 

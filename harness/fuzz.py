@@ -42,6 +42,7 @@ class FuzzResult:
     trace: Trace | None = None
     hypothesis_ops: int = 0
     shrink_replays: int = 0
+    shrink_seconds: float = 0.0
     chunk_seeds: list = field(default_factory=list)
 
     @property
@@ -101,8 +102,10 @@ def fuzz(config: RunnerConfig, seed: int = 0, examples: int | None = 200,
     verdict = replay(trace, faults, target, device)
     assert verdict.violation is not None, "a found violation must replay"
     if shrink_trace:
+        shrink_start = time.perf_counter()
         trace, replays = shrink(trace, verdict.violation.invariant, faults, target, device)
         verdict = replay(trace, faults, target, device)
+        result.shrink_seconds = time.perf_counter() - shrink_start
     trace.expect = {"verdict": "fail", "invariant": verdict.violation.invariant,
                     "op_index": verdict.violation.op_index}
     result.violation, result.trace = verdict.violation, trace
