@@ -7,7 +7,9 @@ rows of a forward to the device.  ``MultiGroupBlockTable`` holds one table per
 KV-cache group.  Slot mappings are computed on the device by a Triton kernel
 (one program, one lane per token), PAD-filling the padded tail.
 
-Faults consulted here: ``vacated-row-not-cleared`` (``move_row``).
+Faults consulted here: ``vacated-row-not-cleared`` (``move_row``),
+``kernel-blocks-count-unscaled`` (``append_row``), ``kernel-block-size-ignored``
+(``compute_slot_mapping``).
 """
 
 from __future__ import annotations
@@ -44,28 +46,41 @@ class CpuGpuBuffer:
 
 
 class BlockTable:
-    """Block table of one KV-cache group.
+    """Block table of one KV-cache group, in kernel blocks.
 
-    block_table: int32 (max_num_reqs, max_num_blocks_per_req) host + device;
-    num_blocks_per_row: int32 (max_num_reqs,) host only.
+    When the attention kernel's block size divides the allocation block size,
+    allocation block ``b`` is stored as kernel blocks ``b*k .. b*k + k - 1``
+    (k = block_size // kernel_block_size), as vLLM's hybrid allocator does.
+    block_table: int32 (max_num_reqs, max_num_blocks_per_req * k) host + device;
+    num_blocks_per_row: int32 (max_num_reqs,) host only, in kernel blocks.
     """
 
-    def __init__(self, block_size: int, max_num_reqs: int, max_num_blocks_per_req: int,
-                 device: torch.device, faults: FaultSet):
+    def __init__(self, block_size: int, kernel_block_size: int, max_num_reqs: int,
+                 max_num_blocks_per_req: int, device: torch.device, faults: FaultSet):
         self.block_size = block_size
-        self.max_num_blocks_per_req = max_num_blocks_per_req
+        self.kernel_block_size = kernel_block_size
+        self.blocks_per_kv_block = block_size // kernel_block_size
         self.faults = faults
-        self.block_table = CpuGpuBuffer((max_num_reqs, max_num_blocks_per_req), torch.int32,
-                                        device)
+        width = max_num_blocks_per_req * self.blocks_per_kv_block
+        self.block_table = CpuGpuBuffer((max_num_reqs, width), torch.int32, device)
         self.num_blocks_per_row = np.zeros(max_num_reqs, dtype=np.int32)
+
+    def map_to_kernel_blocks(self, block_ids: list[int]) -> np.ndarray:
+        """Allocation block ids -> kernel block ids, int64 (len * k,)."""
+        k = self.blocks_per_kv_block
+        ids = np.asarray(block_ids, dtype=np.int64)
+        return (ids[:, None] * k + np.arange(k)[None, :]).reshape(-1)
 
     def append_row(self, block_ids: list[int], row_idx: int) -> None:
         if not block_ids:
             return
+        kernel_ids = self.map_to_kernel_blocks(block_ids)
         start = int(self.num_blocks_per_row[row_idx])
-        end = start + len(block_ids)
-        self.block_table.np[row_idx, start:end] = block_ids
-        self.num_blocks_per_row[row_idx] = end
+        self.block_table.np[row_idx, start:start + len(kernel_ids)] = kernel_ids
+        if "kernel-blocks-count-unscaled" in self.faults:
+            self.num_blocks_per_row[row_idx] += len(block_ids)  # counts allocation blocks
+        else:
+            self.num_blocks_per_row[row_idx] += len(kernel_ids)
 
     def add_row(self, block_ids: list[int], row_idx: int) -> None:
         self.num_blocks_per_row[row_idx] = 0
@@ -96,29 +111,43 @@ class BlockTable:
 
     def compute_slot_mapping(self, req_indices: torch.Tensor, positions: torch.Tensor,
                              slot_mapping: torch.Tensor, num_tokens_padded: int) -> None:
-        """slot = block_table[row, pos // block_size] * block_size + pos % block_size.
+        """Slot mapping of this table's rows (see :func:`compute_slot_mapping`)."""
+        compute_slot_mapping(self.block_table.gpu, self.kernel_block_size, req_indices,
+                             positions, slot_mapping, num_tokens_padded,
+                             column_block_size=(self.block_size if "kernel-block-size-ignored"
+                                                in self.faults else None))
 
-        req_indices: int32 (max_num_batched_tokens,) device, batch row per token,
-        -1 for padding tokens (their slot becomes ``PAD_SLOT_ID``); positions:
-        int64 (same shape); slot_mapping: int64 persistent output, entries
-        [0, num_tokens_padded) written, the rest untouched.
-        """
-        block = triton.next_power_of_2(slot_mapping.shape[0])
-        launch(_compute_slot_mapping_kernel, (1,), req_indices, positions,
-               self.block_table.gpu, self.block_table.gpu.stride(0), slot_mapping,
-               num_tokens_padded, BLOCK_SIZE=self.block_size, PAD=PAD_SLOT_ID, BLOCK=block)
+
+def compute_slot_mapping(block_table: torch.Tensor, block_size: int, req_indices: torch.Tensor,
+                         positions: torch.Tensor, slot_mapping: torch.Tensor,
+                         num_tokens_padded: int, column_block_size: int | None = None) -> None:
+    """slot = block_table[row, pos // block_size] * block_size + pos % block_size.
+
+    block_table: int32 (max_num_reqs, width) device, the rows kernels read;
+    block_size: the size its ids are in (the kernel block size); req_indices:
+    int32 (max_num_batched_tokens,) batch row per token, -1 for padding tokens
+    (their slot becomes ``PAD_SLOT_ID``); positions: int64 (same shape);
+    slot_mapping: int64 persistent output, entries [0, num_tokens_padded)
+    written, the rest untouched.  column_block_size: only to re-introduce the
+    ``kernel-block-size-ignored`` fault (column picked with another size).
+    """
+    block = triton.next_power_of_2(slot_mapping.shape[0])
+    launch(_compute_slot_mapping_kernel, (1,), req_indices, positions, block_table,
+           block_table.stride(0), slot_mapping, num_tokens_padded, BLOCK_SIZE=block_size,
+           COLUMN_BLOCK_SIZE=column_block_size or block_size, PAD=PAD_SLOT_ID, BLOCK=block)
 
 
 class MultiGroupBlockTable:
     """One :class:`BlockTable` per KV-cache group; row ops apply to all.
 
-    block_ids arguments are per group, in group order.
+    widths: allocation blocks per row, per group; block_ids arguments are per
+    group, in group order.
     """
 
-    def __init__(self, widths: list[int], block_sizes: list[int], max_num_reqs: int,
-                 device: torch.device, faults: FaultSet):
-        self.block_tables = [BlockTable(bs, max_num_reqs, w, device, faults)
-                             for w, bs in zip(widths, block_sizes)]
+    def __init__(self, widths: list[int], block_sizes: list[int], kernel_block_sizes: list[int],
+                 max_num_reqs: int, device: torch.device, faults: FaultSet):
+        self.block_tables = [BlockTable(bs, kbs, max_num_reqs, w, device, faults)
+                             for w, bs, kbs in zip(widths, block_sizes, kernel_block_sizes)]
 
     def __getitem__(self, group: int) -> BlockTable:
         return self.block_tables[group]
@@ -156,7 +185,8 @@ def _compute_slot_mapping_kernel(
     block_table_stride,  # row stride of block_table, in elements
     slot_mapping_ptr,  # int64 [max_num_batched_tokens]: output, PAD for padding tokens
     num_tokens_padded,  # entries [0, num_tokens_padded) are written
-    BLOCK_SIZE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,  # the size the table's block ids are in (kernel blocks)
+    COLUMN_BLOCK_SIZE: tl.constexpr,  # == BLOCK_SIZE except under a fault
     PAD: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -165,7 +195,7 @@ def _compute_slot_mapping_kernel(
     row = tl.load(req_indices_ptr + offs, mask=in_range, other=-1)
     pos = tl.load(positions_ptr + offs, mask=in_range, other=0)
     real = in_range & (row >= 0)
-    block_id = tl.load(block_table_ptr + row * block_table_stride + pos // BLOCK_SIZE,
+    block_id = tl.load(block_table_ptr + row * block_table_stride + pos // COLUMN_BLOCK_SIZE,
                        mask=real, other=0)
     slot = block_id.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
     slot = tl.where(real, slot, PAD)

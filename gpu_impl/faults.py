@@ -38,11 +38,12 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "seed 000: fix to BlockTable.move_row in vllm/v1/worker/block_table.py "
           "(dummy runs wrote Mamba state into freed blocks)",
           "VACATED_ROWS_ZERO"),
-    Fault("full-replay-not-restaged", ("v1",),
+    Fault("full-replay-not-restaged", ("v1", "v2"),
           "a FULL-cudagraph dummy replay reuses the persistent state indices staged by the "
           "previous real batch instead of re-staging them from the dummy rows",
-          "seed 000: _dummy_run in vllm/v1/worker/gpu_model_runner.py now builds metadata "
-          "with for_cudagraph_capture when the runtime mode is FULL",
+          "seed 000: _dummy_run in vllm/v1/worker/gpu_model_runner.py (V1) and execute_model "
+          "in vllm/v1/worker/gpu/model_runner.py (V2) now re-stage metadata for FULL dummy "
+          "replays (for_cudagraph_capture / for_capture)",
           "NO_STALE_WRITE"),
     Fault("dummy-slots-not-padded", ("v1",),
           "dummy runs leave slot mappings as a zero-initialised buffer, so every dummy token "
@@ -56,6 +57,31 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "seed 001: _get_slot_mappings was called with num_tokens instead of "
           "num_tokens_padded in _dummy_run (vllm/v1/worker/gpu_model_runner.py)",
           "NO_STALE_WRITE"),
+    Fault("dummy-tables-not-zeroed", ("v2",),
+          "BlockTables.get_dummy_block_tables returns the persistent input block tables as "
+          "the previous real batch left them, so dummy Mamba writes follow stale block ids",
+          "seed 000: get_dummy_block_tables in vllm/v1/worker/gpu/block_table.py now zeroes "
+          "the rows (keeping the persistent address); vLLM 0.26.0 still has the bug",
+          "DUMMY_TABLES_ZERO"),
+    Fault("dummy-slots-partial-fill", ("v2",),
+          "get_dummy_slot_mappings PAD-fills only the first num_tokens entries; the padded "
+          "tail of the persistent buffer keeps the previous batch's slots",
+          "seed 001: the V1 fix aligned _dummy_run with V2's get_dummy_slot_mappings, which "
+          "fills the whole persistent buffer (vllm/v1/worker/gpu/block_table.py)",
+          "NO_STALE_WRITE"),
+    Fault("kernel-block-size-ignored", ("v1", "v2"),
+          "slot mapping picks the block-table column with the allocation block size "
+          "(pos // block_size) although the table holds kernel blocks",
+          "vLLM #24486 (kernel block size decoupled from the KV page size) and its follow-ups "
+          "#31540 (EAGLE slot mapping used the wrong block size) and #38831 (V2 block table "
+          "and slot mapping switched to kernel block sizes)",
+          "NO_STALE_WRITE"),
+    Fault("kernel-blocks-count-unscaled", ("v1", "v2"),
+          "num_blocks_per_row counts allocation blocks after they were expanded into k kernel "
+          "blocks, so copies of the row (move_row, the V2 gather) and appends use a short count",
+          "vLLM #24486 (map_to_kernel_blocks: a row's capacity is multiplied by "
+          "block_size // kernel_block_size) and #38831 (V2 gather with per-group widths)",
+          "MATCHES_REFERENCE"),
 )}
 
 

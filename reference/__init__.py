@@ -8,11 +8,19 @@ from .config import (ATTENTION, CUDAGRAPH_MODES, FULL, MAMBA, NONE, PIECEWISE,
                      ConfigError, GroupSpec, RunnerConfig)
 from .ledger import FREE, RESERVED, Ledger, OpError
 from .payload import NULL_BLOCK_ID, PAD_SLOT_ID, SENTINEL, payload, payload_sum
-from .runner import ForwardInfo, ReferenceV1Runner, dispatch
+from .runner import ForwardInfo, ReferenceRunnerBase, ReferenceV1Runner, dispatch
+from .runner_v2 import ReferenceV2Runner
+
+
+def reference_runner(config: RunnerConfig) -> ReferenceRunnerBase:
+    """The oracle for ``config.runner`` (``v1`` or ``v2``)."""
+    return (ReferenceV2Runner if config.runner == "v2" else ReferenceV1Runner)(config)
+
 
 __all__ = [
     "ATTENTION", "CUDAGRAPH_MODES", "FULL", "MAMBA", "NONE", "PIECEWISE", "ConfigError",
     "GroupSpec", "RunnerConfig", "FREE", "RESERVED", "Ledger", "OpError", "NULL_BLOCK_ID",
-    "PAD_SLOT_ID", "SENTINEL", "payload", "payload_sum", "ForwardInfo", "ReferenceV1Runner",
+    "PAD_SLOT_ID", "SENTINEL", "payload", "payload_sum", "ForwardInfo", "ReferenceRunnerBase", "ReferenceV1Runner", "ReferenceV2Runner",
+    "reference_runner",
     "dispatch",
 ]

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 ATTENTION = "attention"
 MAMBA = "mamba"
 GROUP_KINDS = (ATTENTION, MAMBA)
-RUNNERS = ("v1",)
+RUNNERS = ("v1", "v2")
 # cudagraph_mode values (vLLM ``CUDAGraphMode``): eager; graphs around
 # everything but attention with metadata rebuilt every step; whole step
 # replayed from a graph that reads persistent metadata buffers.

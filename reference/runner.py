@@ -17,6 +17,7 @@ starts like an engine: one warm-up dummy run per capture size, largest first.
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,8 +58,11 @@ def dispatch(config: RunnerConfig, num_reqs: int, num_tokens: int, uniform_decod
     return PIECEWISE, padded, num_reqs
 
 
-class ReferenceV1Runner:
-    """Fixed V1 semantics; one instance per trace replay.
+class ReferenceRunnerBase(abc.ABC):
+    """What both runners share: request ops, buffers, kernels; one instance per replay.
+
+    Subclasses decide how block tables reach the kernels (``_stage_tables``,
+    ``_prepare_dummy``) and which rows a step uses (``_batch``).
 
     Public state (all NumPy, read by the harness): ``rows`` (host persistent
     batch), ``device_block_table[g]`` int32 (max_num_reqs, width_g) — the copy
@@ -118,19 +122,6 @@ class ReferenceV1Runner:
         for g, ids in enumerate(self.ledger.remove(req)):
             self._poison(g, ids)
 
-    def condense(self) -> None:
-        self.rows.condense()
-
-    def swap(self, i: int, j: int) -> None:
-        for name, v in (("i", i), ("j", j)):
-            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < len(self.rows.req_ids):
-                raise OpError(name, f"row {v!r} out of range [0, {len(self.rows.req_ids)})")
-            if self.rows.req_ids[v] == EMPTY_ROW:
-                raise OpError(name, f"row {v} holds no request")
-        if i == j:
-            raise OpError("j", "swap needs two different rows")
-        self.rows.swap_row(i, j)
-
     def kv_load(self, req: int) -> None:
         """A P/D transfer fills ``req``'s prompt KV and its mamba state."""
         self.ledger.kv_load(req)
@@ -149,21 +140,20 @@ class ReferenceV1Runner:
 
     # -- forwards ----------------------------------------------------------
     def step(self, scheduled: list, cudagraph_mode: str) -> None:
+        """One real step; scheduled: [[req, num_tokens], ...], any subset of live requests."""
         _check_mode(cudagraph_mode)
         self.ledger.check_step(scheduled)
-        num_tokens_of = {req: n for req, n in scheduled}
-        self._update_states(num_tokens_of)
-        num_reqs = len(scheduled)
-        num_tokens = sum(num_tokens_of.values())
-        uniform = all(n == 1 for n in num_tokens_of.values())
+        batch = self._batch(scheduled)  # [(req, num_tokens, state row)] in batch order
+        num_reqs = len(batch)
+        num_tokens = sum(n for _, n, _ in batch)
+        uniform = all(n == 1 for _, n, _ in batch)
         mode, tokens_padded, reqs_padded = dispatch(self.config, num_reqs, num_tokens,
                                                     uniform, cudagraph_mode)
-        self._commit(reqs_padded)
+        self._stage_tables([row for _, _, row in batch], reqs_padded)
         qsl = self.query_start_loc
         qsl[0], t = 0, 0
-        for b in range(num_reqs):
-            req = int(self.rows.req_ids[b])
-            n, start = num_tokens_of[req], int(self.rows.num_computed_tokens[b])
+        for b, (req, n, row) in enumerate(batch):
+            start = int(self.rows.num_computed_tokens[row])
             pos = np.arange(start, start + n)
             self.hidden[t:t + n] = payload(req, pos, self.config.head_size)
             for g in self.config.attention_groups:
@@ -177,8 +167,8 @@ class ReferenceV1Runner:
             self.state_indices[g][:num_reqs] = self.device_block_table[g][:num_reqs, 0]
             self.state_indices[g][num_reqs:reqs_padded] = NULL_BLOCK_ID
         self._run_kernels(mode, reqs_padded if mode == FULL else num_reqs, tokens_padded)
-        for b in range(num_reqs):
-            self.rows.num_computed_tokens[b] += num_tokens_of[int(self.rows.req_ids[b])]
+        for req, n, row in batch:
+            self.rows.num_computed_tokens[row] += n
         self.ledger.step(scheduled)
         self.last_forward = ForwardInfo(False, mode, num_reqs, reqs_padded, num_tokens,
                                         tokens_padded)
@@ -187,10 +177,9 @@ class ReferenceV1Runner:
         """An idle rank's padded fake batch (DP lockstep): NaN payload, no real rows."""
         _check_mode(cudagraph_mode)
         check_dummy_sizes(self.config, num_reqs, num_tokens)
-        self._update_states({})
         mode, tokens_padded, reqs_padded = dispatch(
             self.config, num_reqs, num_tokens, num_tokens == num_reqs, cudagraph_mode)
-        self._commit(reqs_padded)
+        self._prepare_dummy(reqs_padded)
         per_req = dummy_query_lens(num_reqs, num_tokens)
         self.query_start_loc[0] = 0
         self.query_start_loc[1:num_reqs + 1] = np.cumsum(per_req)
@@ -199,12 +188,28 @@ class ReferenceV1Runner:
         self._stage_padding(num_reqs, reqs_padded, num_tokens, tokens_padded)
         self.hidden[:tokens_padded] = np.nan
         for g in self.config.attention_groups:
-            self.slot_mapping[g][:tokens_padded] = PAD_SLOT_ID
+            self.slot_mapping[g][:self._dummy_pad_extent(tokens_padded)] = PAD_SLOT_ID
         for g in self.config.mamba_groups:
             self.state_indices[g][:reqs_padded] = self.device_block_table[g][:reqs_padded, 0]
         self._run_kernels(mode, reqs_padded if mode == FULL else num_reqs, tokens_padded)
         self.last_forward = ForwardInfo(True, mode, num_reqs, reqs_padded, num_tokens,
                                         tokens_padded)
+
+    # -- runner-specific hooks ---------------------------------------------
+    @abc.abstractmethod
+    def _batch(self, scheduled: list) -> list[tuple[int, int, int]]:
+        """The step's batch: (req, num_tokens, state row) per batch index."""
+
+    @abc.abstractmethod
+    def _stage_tables(self, rows: list[int], reqs_padded: int) -> None:
+        """Make ``device_block_table`` hold the batch's rows (commit / gather)."""
+
+    @abc.abstractmethod
+    def _prepare_dummy(self, reqs_padded: int) -> None:
+        """Make ``device_block_table[:reqs_padded]`` what a dummy run reads."""
+
+    def _dummy_pad_extent(self, tokens_padded: int) -> int:
+        return tokens_padded
 
     # -- internals ---------------------------------------------------------
     def _enter_batch(self, req: int) -> None:
@@ -212,20 +217,6 @@ class ReferenceV1Runner:
         assert row is not None, "live requests never exceed max_num_reqs"
         r = self.ledger.requests[req]
         self.rows.add_row(row, req, r.blocks, r.num_computed_tokens, r.prompt_len)
-
-    def _update_states(self, num_tokens_of: dict) -> None:
-        for row in range(len(self.rows.req_ids)):
-            req = int(self.rows.req_ids[row])
-            if req != EMPTY_ROW and req not in num_tokens_of:
-                self.rows.clear_row(row)
-        for req in num_tokens_of:
-            if self.rows.row_of(req) is None:
-                self._enter_batch(req)
-        self.rows.condense()
-
-    def _commit(self, num_rows: int) -> None:
-        for g, table in enumerate(self.rows.block_table):
-            self.device_block_table[g][:num_rows] = table[:num_rows]
 
     def _slots(self, group: int, row: int, pos: np.ndarray) -> np.ndarray:
         bs = self.config.groups[group].block_size
@@ -281,6 +272,52 @@ class ReferenceV1Runner:
             self.kv_cache[g][ids] = SENTINEL
         else:
             self.mamba_state[g][ids] = SENTINEL
+
+
+class ReferenceV1Runner(ReferenceRunnerBase):
+    """V1: the persistent batch. A step's batch rows are the persistent rows
+    0..num_reqs-1 after ``_update_states``; the device table is the committed
+    copy of the host rows."""
+
+    def condense(self) -> None:
+        self.rows.condense()
+
+    def swap(self, i: int, j: int) -> None:
+        for name, v in (("i", i), ("j", j)):
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < len(self.rows.req_ids):
+                raise OpError(name, f"row {v!r} out of range [0, {len(self.rows.req_ids)})")
+            if self.rows.req_ids[v] == EMPTY_ROW:
+                raise OpError(name, f"row {v} holds no request")
+        if i == j:
+            raise OpError("j", "swap needs two different rows")
+        self.rows.swap_row(i, j)
+
+    def _batch(self, scheduled: list) -> list[tuple[int, int, int]]:
+        num_tokens_of = {req: n for req, n in scheduled}
+        self._update_states(num_tokens_of)
+        return [(int(self.rows.req_ids[b]), num_tokens_of[int(self.rows.req_ids[b])], b)
+                for b in range(len(scheduled))]
+
+    def _stage_tables(self, rows: list[int], reqs_padded: int) -> None:
+        self._commit(reqs_padded)
+
+    def _prepare_dummy(self, reqs_padded: int) -> None:
+        self._update_states({})  # an idle rank: nothing scheduled, every request leaves
+        self._commit(reqs_padded)
+
+    def _update_states(self, num_tokens_of: dict) -> None:
+        for row in range(len(self.rows.req_ids)):
+            req = int(self.rows.req_ids[row])
+            if req != EMPTY_ROW and req not in num_tokens_of:
+                self.rows.clear_row(row)
+        for req in num_tokens_of:
+            if self.rows.row_of(req) is None:
+                self._enter_batch(req)
+        self.rows.condense()
+
+    def _commit(self, num_rows: int) -> None:
+        for g, table in enumerate(self.rows.block_table):
+            self.device_block_table[g][:num_rows] = table[:num_rows]
 
 
 def _check_mode(mode) -> None:

@@ -29,7 +29,7 @@ def _t(array, device):
 def test_slot_mapping_kernel(device, seed, num_tokens, block_size):
     rng = np.random.default_rng(seed)
     rows, width, tokens = 4, 4, 16
-    table = BlockTable(block_size, rows, width, device, FaultSet())
+    table = BlockTable(block_size, block_size, rows, width, device, FaultSet())
     table.block_table.np[:] = rng.integers(0, 12, (rows, width))
     table.commit(rows)
     padded = int(rng.integers(num_tokens, tokens + 1))

@@ -1,0 +1,335 @@
+"""What the V1 and V2 model runners share: buffers, kernels, padding, graphs.
+
+Our own implementation of the block-table-facing parts of vLLM's model runners
+(``vllm/v1/worker/gpu_model_runner.py``, ``vllm/v1/worker/gpu/model_runner.py``):
+
+- ``execute_model`` asks the subclass for the batch (``_batch``) and to stage
+  its block tables (V1: commit the persistent rows; V2: gather the staged rows
+  into the input block tables), then stages the persistent metadata buffers
+  (token payloads, query start locations, sequence lengths, slot mappings
+  through a Triton kernel, Mamba state indices from ``block_table[:, 0]``)
+  and runs the forward — eagerly (``NONE``, ``PIECEWISE``: metadata rebuilt
+  every step, tokens padded to a capture size) or by replaying a ``FULL``
+  graph that reads the persistent buffers.
+- ``dummy_run`` is an idle data-parallel rank's padded fake batch: NaN payload,
+  slot mappings PAD-filled and metadata re-staged from the zeroed dummy rows —
+  also before a FULL replay.
+- Graphs are captured at start-up through dummy runs, one per capture size,
+  largest first (after an eager warm-up on CUDA, to compile).
+
+Faults consulted here: ``full-replay-not-restaged``.
+"""
+
+from __future__ import annotations
+
+import abc
+
+import numpy as np
+import torch
+
+from .attention import paged_attention_read, reshape_and_cache
+from .block_table import CpuGpuBuffer, compute_slot_mapping
+from .cuda_graph import Graph
+from .faults import FaultSet
+from .mamba import mamba_state_update
+
+NONE, PIECEWISE, FULL = "NONE", "PIECEWISE", "FULL"
+NULL_BLOCK_ID = 0
+SENTINEL = -7.0  # what a freed block is poisoned with (finite, no payload uses it)
+
+
+def token_payload(req: int, positions: np.ndarray, head_size: int) -> np.ndarray:
+    """The model's stand-in activations: float32 (N, head_size), integer-valued."""
+    d = np.arange(head_size, dtype=np.int64)
+    return (req * 1024 + positions.astype(np.int64)[:, None] * 4 + d + 1).astype(np.float32)
+
+
+class CachedRequestState:
+    """What the runner keeps for a live request, in the batch or not."""
+
+    def __init__(self, req: int, prompt_len: int, block_ids: list[list[int]]):
+        self.req = req
+        self.prompt_len = prompt_len
+        self.block_ids = [list(b) for b in block_ids]
+        self.num_computed_tokens = 0
+
+
+class GPUModelRunnerBase(abc.ABC):
+    """Shared runner. config: a ``reference.RunnerConfig``-shaped object (read for
+    its fields only); faults: :class:`FaultSet`; device: torch.device.
+
+    Tensors: ``kv_caches[g]`` float32 (num_blocks, block_size, head_size),
+    ``mamba_states[g]`` float32 (num_blocks, head_size), persistent buffers in
+    :meth:`buffers`.
+    """
+
+    def __init__(self, config, faults: FaultSet, device: torch.device):
+        self.config = cfg = config
+        self.faults = faults
+        self.device = device
+        groups = cfg.groups
+        self.attn_groups = [g for g, s in enumerate(groups) if s.kind == "attention"]
+        self.mamba_groups = [g for g, s in enumerate(groups) if s.kind == "mamba"]
+        self.requests: dict[int, CachedRequestState] = {}
+        rows, tokens, heads = cfg.max_num_reqs, cfg.max_num_batched_tokens, cfg.head_size
+        self.kv_caches, self.mamba_states = {}, {}
+        for g in self.attn_groups:
+            kv = torch.full((cfg.num_blocks, groups[g].block_size, heads), SENTINEL,
+                            dtype=torch.float32, device=device)
+            kv[NULL_BLOCK_ID] = 0.0
+            self.kv_caches[g] = kv
+        for g in self.mamba_groups:
+            st = torch.full((cfg.num_blocks, heads), SENTINEL, dtype=torch.float32, device=device)
+            st[NULL_BLOCK_ID] = 0.0
+            self.mamba_states[g] = st
+        # Persistent input and metadata buffers: allocated once, graph-captured.
+        self.req_indices = CpuGpuBuffer((tokens,), torch.int32, device)
+        self.positions = CpuGpuBuffer((tokens,), torch.int64, device)
+        self.hidden = CpuGpuBuffer((tokens, heads), torch.float32, device)
+        self.query_start_loc = CpuGpuBuffer((rows + 1,), torch.int32, device)
+        self.seq_lens = CpuGpuBuffer((rows,), torch.int32, device)
+        self.has_initial_state = CpuGpuBuffer((rows,), torch.int32, device)
+        self.slot_mappings = {g: torch.zeros(tokens, dtype=torch.int64, device=device)
+                              for g in self.attn_groups}
+        self.state_indices = {g: torch.zeros(rows, dtype=torch.int32, device=device)
+                              for g in self.mamba_groups}
+        self.attn_out = {g: torch.zeros((rows, heads), dtype=torch.float32, device=device)
+                         for g in self.attn_groups}
+        self.graphs: dict[int, Graph] = {}
+        self.last_forward: tuple | None = None
+        self._init_tables()
+        self._capture_model()
+
+    # -- subclass hooks ----------------------------------------------------------
+    @abc.abstractmethod
+    def _init_tables(self) -> None:
+        """Allocate the block tables."""
+
+    @abc.abstractmethod
+    def _rows_add(self, req: int, state: CachedRequestState) -> None:
+        """A new request enters the tables."""
+
+    @abc.abstractmethod
+    def _rows_append(self, req: int, block_ids: list[list[int]]) -> None:
+        """A live request's new blocks enter its row (if it has one)."""
+
+    @abc.abstractmethod
+    def _rows_remove(self, req: int) -> None:
+        """A finished request leaves the tables."""
+
+    @abc.abstractmethod
+    def _set_num_computed(self, req: int, num_tokens: int) -> None:
+        """Row-side token counter of ``req`` (kv_load)."""
+
+    @abc.abstractmethod
+    def _batch(self, scheduled: list) -> list[tuple[int, int, int]]:
+        """(req, num_tokens, num_computed_tokens) per batch row, in batch order."""
+
+    @abc.abstractmethod
+    def _stage_tables(self, batch: list, reqs_padded: int) -> None:
+        """Make :meth:`kernel_table` hold the batch's rows."""
+
+    @abc.abstractmethod
+    def _advance(self, batch: list) -> None:
+        """Row-side token counters after a step."""
+
+    @abc.abstractmethod
+    def _prepare_dummy(self, reqs_padded: int, warmup: bool) -> None:
+        """Make :meth:`kernel_table` rows [0, reqs_padded) what a dummy run reads."""
+
+    @abc.abstractmethod
+    def _fill_dummy_slots(self, num_tokens: int, tokens_padded: int, warmup: bool) -> None:
+        """PAD-fill the slot mappings a dummy run uses."""
+
+    def _compute_slot_mapping(self, group: int, tokens_padded: int) -> None:
+        """Slot mapping of the batch's tokens into ``slot_mappings[group]``."""
+        compute_slot_mapping(self.kernel_table(group), self.kernel_block_size(group),
+                             self.req_indices.gpu, self.positions.gpu,
+                             self.slot_mappings[group], tokens_padded)
+
+    @abc.abstractmethod
+    def kernel_table(self, group: int) -> torch.Tensor:
+        """The device block table kernels read for ``group``, int32 (max_num_reqs, width)."""
+
+    @abc.abstractmethod
+    def kernel_block_size(self, group: int) -> int:
+        """Block size the kernels index ``kernel_table(group)`` with."""
+
+    # -- scheduler-driven request ops ----------------------------------------
+    def add_request(self, req: int, block_ids: list[list[int]], prompt_len: int) -> None:
+        self.requests[req] = state = CachedRequestState(req, prompt_len, block_ids)
+        self._rows_add(req, state)
+
+    def append_blocks(self, req: int, block_ids: list[list[int]]) -> None:
+        state = self.requests[req]
+        for g, ids in enumerate(block_ids):
+            state.block_ids[g].extend(ids)
+        self._rows_append(req, block_ids)
+
+    def finish_request(self, req: int) -> None:
+        """Remove the request; the allocator frees and poisons its blocks."""
+        self._rows_remove(req)
+        state = self.requests.pop(req)
+        for g, ids in enumerate(state.block_ids):
+            cache = self.kv_caches.get(g, self.mamba_states.get(g))
+            cache[torch.tensor(ids, dtype=torch.long, device=self.device)] = SENTINEL
+
+    def kv_load(self, req: int) -> None:
+        """A P/D connector writes the prompt's KV and the final Mamba state."""
+        state = self.requests[req]
+        pos = np.arange(state.prompt_len)
+        values = torch.from_numpy(token_payload(req, pos, self.config.head_size)).to(self.device)
+        for g in self.attn_groups:
+            bs = self.config.groups[g].block_size
+            blocks = torch.tensor(np.asarray(state.block_ids[g])[pos // bs], device=self.device)
+            self.kv_caches[g][blocks, torch.from_numpy(pos % bs).to(self.device)] = values
+        for g in self.mamba_groups:
+            self.mamba_states[g][state.block_ids[g][0]] = values.sum(dim=0)
+        state.num_computed_tokens = state.prompt_len
+        self._set_num_computed(req, state.prompt_len)
+
+    # -- forwards --------------------------------------------------------------
+    def execute_model(self, scheduled: list, cudagraph_mode: str) -> None:
+        """One real step. scheduled: [(req, num_tokens)], any subset of live requests."""
+        batch = self._batch(scheduled)
+        num_reqs = len(batch)
+        num_tokens = sum(n for _, n, _ in batch)
+        mode, tokens_padded, reqs_padded = self._dispatch(
+            num_reqs, num_tokens, all(n == 1 for _, n, _ in batch), cudagraph_mode)
+        self._stage_tables(batch, reqs_padded)
+        t = 0
+        self.query_start_loc.np[0] = 0
+        for row, (req, n, start) in enumerate(batch):
+            pos = np.arange(start, start + n)
+            self.req_indices.np[t:t + n] = row
+            self.positions.np[t:t + n] = pos
+            self.hidden.np[t:t + n] = token_payload(req, pos, self.config.head_size)
+            self.seq_lens.np[row] = start + n
+            self.has_initial_state.np[row] = int(start > 0)
+            t += n
+            self.query_start_loc.np[row + 1] = t
+        self._stage_padding(num_reqs, reqs_padded, num_tokens, tokens_padded)
+        for g in self.attn_groups:
+            self._compute_slot_mapping(g, tokens_padded)
+        for g in self.mamba_groups:
+            self.state_indices[g][:num_reqs] = self.kernel_table(g)[:num_reqs, 0]
+            # Rows padded for a FULL graph write their garbage state to the null block.
+            self.state_indices[g][num_reqs:reqs_padded] = NULL_BLOCK_ID
+        self._run_forward(mode, reqs_padded if mode == FULL else num_reqs, tokens_padded)
+        self._advance(batch)
+        for req, n, start in batch:
+            self.requests[req].num_computed_tokens = start + n
+        self.last_forward = (False, mode, num_reqs, reqs_padded, num_tokens, tokens_padded)
+
+    def dummy_run(self, num_reqs: int, num_tokens: int, cudagraph_mode: str,
+                  _warmup: bool = False) -> None:
+        """A padded fake batch with a NaN payload (idle DP rank, capture warm-up).
+
+        num_reqs <= num_tokens <= max_num_batched_tokens; one token per row when
+        equal (uniform decode, FULL-eligible), else an even split.
+        """
+        mode, tokens_padded, reqs_padded = self._dispatch(
+            num_reqs, num_tokens, num_tokens == num_reqs, cudagraph_mode)
+        self._prepare_dummy(reqs_padded, _warmup)
+        lens = np.full(num_reqs, num_tokens // num_reqs, np.int32)
+        lens[-1] += num_tokens % num_reqs
+        self.query_start_loc.np[0] = 0
+        self.query_start_loc.np[1:num_reqs + 1] = np.cumsum(lens)
+        self.seq_lens.np[:num_reqs] = lens
+        self.has_initial_state.np[:num_reqs] = 0
+        self.hidden.np[:tokens_padded] = np.nan  # dummy activations are garbage
+        self._stage_padding(num_reqs, reqs_padded, num_tokens, tokens_padded)
+        self._fill_dummy_slots(num_tokens, tokens_padded, _warmup)
+        restage = not (mode == FULL and not _warmup and "full-replay-not-restaged" in self.faults)
+        if restage:
+            # FULL replays read these buffers: re-stage them from the dummy rows,
+            # never keep the previous real batch's state indices.
+            for g in self.mamba_groups:
+                self.state_indices[g][:reqs_padded] = self.kernel_table(g)[:reqs_padded, 0]
+        num_rows = reqs_padded if mode == FULL else num_reqs
+        if not _warmup:
+            self._run_forward(mode, num_rows, tokens_padded)
+        elif self.device.type == "cuda":
+            # Start-up warm-up compiles the kernels before capture.  Under the
+            # interpreter there is nothing to compile, and a warm-up's only
+            # effect would be garbage in the mamba null block (scratch).
+            self._forward(num_rows, tokens_padded)
+        self.last_forward = (True, mode, num_reqs, reqs_padded, num_tokens, tokens_padded)
+
+    # -- internals -------------------------------------------------------------
+    def _dispatch(self, num_reqs: int, num_tokens: int, uniform_decode: bool, requested: str):
+        if requested == NONE:
+            return NONE, num_tokens, num_reqs
+        sizes = [s for s in self.config.cudagraph_capture_sizes if s >= num_tokens]
+        if not sizes:
+            return NONE, num_tokens, num_reqs
+        padded = sizes[0]
+        if requested == FULL and uniform_decode and padded <= self.config.max_num_reqs:
+            return FULL, padded, padded
+        return PIECEWISE, padded, num_reqs
+
+    def _stage_padding(self, num_reqs, reqs_padded, num_tokens, tokens_padded) -> None:
+        """Padding rows and tokens, then one host -> device copy per buffer."""
+        for row in range(num_reqs, reqs_padded):
+            self.query_start_loc.np[row + 1] = self.query_start_loc.np[row] + 1
+            self.seq_lens.np[row] = 0
+            self.has_initial_state.np[row] = 0
+        self.req_indices.np[num_tokens:tokens_padded] = -1
+        self.hidden.np[num_tokens:tokens_padded] = np.nan
+        for buf in (self.req_indices, self.positions, self.hidden, self.query_start_loc,
+                    self.seq_lens, self.has_initial_state):
+            buf.copy_to_gpu()
+
+    def _run_forward(self, mode: str, num_rows: int, tokens_padded: int) -> None:
+        if mode == FULL:
+            assert num_rows == tokens_padded
+            self.graphs[tokens_padded].replay()
+        else:
+            self._forward(num_rows, tokens_padded)
+
+    def _kv_view(self, g: int) -> torch.Tensor:
+        """The KV cache as the kernels see it: (num_kernel_blocks, kernel_block_size, head)."""
+        kbs = self.kernel_block_size(g)
+        return self.kv_caches[g].view(-1, kbs, self.config.head_size)
+
+    def _forward(self, num_rows: int, num_tokens: int) -> None:
+        """The model: KV writes, Mamba state updates, attention reads."""
+        for g in self.attn_groups:
+            reshape_and_cache(self.hidden.gpu, self.slot_mappings[g], self.kv_caches[g],
+                              num_tokens)
+        for g in self.mamba_groups:
+            mamba_state_update(self.hidden.gpu, self.query_start_loc.gpu, self.state_indices[g],
+                               self.has_initial_state.gpu, self.mamba_states[g], num_rows)
+        for g in self.attn_groups:
+            paged_attention_read(self.kernel_table(g), self.seq_lens.gpu, self._kv_view(g),
+                                 self.attn_out[g], num_rows)
+
+    def buffers(self) -> dict[str, torch.Tensor]:
+        """Every persistent device buffer a FULL graph reads or writes, by name."""
+        named = {"req_indices": self.req_indices.gpu, "positions": self.positions.gpu,
+                 "hidden": self.hidden.gpu, "query_start_loc": self.query_start_loc.gpu,
+                 "seq_lens": self.seq_lens.gpu, "has_initial_state": self.has_initial_state.gpu}
+        for g in self.attn_groups:
+            named[f"slot_mapping[{g}]"] = self.slot_mappings[g]
+            named[f"kv_cache[{g}]"] = self.kv_caches[g]
+            named[f"attn_out[{g}]"] = self.attn_out[g]
+            named[f"block_table[{g}]"] = self.kernel_table(g)
+        for g in self.mamba_groups:
+            named[f"state_indices[{g}]"] = self.state_indices[g]
+            named[f"mamba_state[{g}]"] = self.mamba_states[g]
+            named[f"block_table[{g}]"] = self.kernel_table(g)
+        return named
+
+    def _capture_model(self) -> None:
+        """Warm up and capture one graph per FULL capture size, largest first."""
+        rows = self.config.max_num_reqs
+        for size in reversed(self.config.cudagraph_capture_sizes):
+            self.dummy_run(min(size, rows), size, FULL, _warmup=True)
+            if size <= rows:
+                graph = Graph(self.device)
+                with graph.capture(self.buffers()):
+                    self._forward(size, size)
+                self.graphs[size] = graph
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        self.last_forward = None

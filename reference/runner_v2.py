@@ -1,0 +1,57 @@
+"""The oracle of the V2 model runner: staged block tables and a gather.
+
+Models ``vllm/v1/worker/gpu/block_table.py`` (``BlockTables``) and the V2
+``vllm/v1/worker/gpu/model_runner.py``, fixed semantics:
+
+- a request keeps a stable *state index* (its row of the staged tables) from
+  add to remove; steps never move it, so there is no condense or swap;
+- block-id writes are staged on the host and applied to the device tables;
+- a step gathers the scheduled requests' rows, in scheduling order, into the
+  persistent batch-ordered *input block tables* through ``idx_mapping``,
+  copying each row's ``num_blocks`` entries (what lies past them is whatever an
+  earlier batch left) and zeroing rows padded for a FULL graph;
+- ``get_dummy_block_tables`` zeroes the input rows a dummy run uses (views of
+  the persistent tensor), ``get_dummy_slot_mappings`` PAD-fills the whole
+  persistent slot-mapping buffer, and a FULL dummy replay re-stages state
+  indices from the zeroed rows.
+
+``device_block_table[g]`` is the input block table (what kernels read);
+``rows`` holds the staged per-request rows.
+"""
+
+from __future__ import annotations
+
+from .ledger import OpError
+from .runner import ReferenceRunnerBase
+
+
+class ReferenceV2Runner(ReferenceRunnerBase):
+    """Fixed V2 semantics (see module docstring)."""
+
+    def condense(self) -> None:
+        raise OpError("op", "condense is a V1 persistent-batch op; runner v2 has none")
+
+    def swap(self, i: int, j: int) -> None:
+        raise OpError("op", "swap is a V1 persistent-batch op; runner v2 has none")
+
+    def remove(self, req: int) -> None:
+        """Free the state index with the blocks (the staged row is cleared too)."""
+        super().remove(req)
+
+    def _batch(self, scheduled: list) -> list[tuple[int, int, int]]:
+        return [(req, n, self.rows.row_of(req)) for req, n in scheduled]
+
+    def _stage_tables(self, rows: list[int], reqs_padded: int) -> None:
+        for g, table in enumerate(self.rows.block_table):
+            inputs = self.device_block_table[g]
+            for b, row in enumerate(rows):
+                n = int(self.rows.num_blocks_per_row[g][row])
+                inputs[b, :n] = table[row, :n]
+            inputs[len(rows):reqs_padded] = 0
+
+    def _prepare_dummy(self, reqs_padded: int) -> None:
+        for inputs in self.device_block_table:
+            inputs[:reqs_padded] = 0
+
+    def _dummy_pad_extent(self, tokens_padded: int) -> int:
+        return self.config.max_num_batched_tokens  # the whole persistent buffer
