@@ -13,5 +13,7 @@ DEVICE = select_device()
 
 from .faults import CATALOGUE, Fault, FaultSet  # noqa: E402
 from .model_runner import GPUModelRunnerV1  # noqa: E402
+from .model_runner_v2 import GPUModelRunnerV2  # noqa: E402
 
-__all__ = ["CATALOGUE", "DEVICE", "Fault", "FaultSet", "GPUModelRunnerV1", "select_device"]
+__all__ = ["CATALOGUE", "DEVICE", "Fault", "FaultSet", "GPUModelRunnerV1", "GPUModelRunnerV2",
+           "select_device"]

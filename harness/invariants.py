@@ -111,7 +111,10 @@ def _item(value):
 
 
 def check_vacated_rows_zero(obs: Observation, op_index: int, op: str) -> list[Violation]:
+    """V1 only: V2 rows are by state index and a free index is overwritten on reuse."""
     out = []
+    if obs.runner != "v1":
+        return out
     for row in np.flatnonzero(obs.req_ids == -1):
         for g, table in enumerate(obs.block_table):
             if table[row].any() or obs.num_blocks[g][row]:
@@ -120,6 +123,24 @@ def check_vacated_rows_zero(obs: Observation, op_index: int, op: str) -> list[Vi
                                      f"row {row} holds no request but keeps block ids {ids} "
                                      f"(num_blocks={int(obs.num_blocks[g][row])})",
                                      group=g, block=ids[0] if ids else None, row=int(row)))
+    return out
+
+
+def check_dummy_tables_zero(obs: Observation, op_index: int, op: str) -> list[Violation]:
+    """V2: the tables a dummy run was handed are zero and views of the input tables."""
+    out = []
+    for g, (zero, same_ptr) in enumerate(obs.dummy_tables or []):
+        if not zero:
+            rows = obs.last_forward[3]
+            ids = sorted({int(x) for x in obs.device_block_table[g][:rows].ravel() if x})
+            out.append(Violation("DUMMY_TABLES_ZERO", op_index, op,
+                                 f"dummy block table rows [0, {rows}) hold block ids {ids} "
+                                 "left by the previous batch", group=g,
+                                 block=ids[0] if ids else None))
+        if not same_ptr:
+            out.append(Violation("DUMMY_TABLES_ZERO", op_index, op,
+                                 "dummy block tables are not views of the persistent input "
+                                 "tables (a CUDA graph would read the old storage)", group=g))
     return out
 
 
@@ -217,14 +238,20 @@ def oracle_read(config: RunnerConfig, blocks: list[int], seq_len: int, kv: np.nd
 
 
 def check_reads(config: RunnerConfig, ledger: Ledger, obs: Observation,
-                op_index: int, op: str) -> list[Violation]:
-    """NO_FOREIGN_READ then ATTENTION_FINITE over the real rows of the last step."""
+                op_index: int, op: str, batch_reqs: list[int] | None = None) -> list[Violation]:
+    """NO_FOREIGN_READ then ATTENTION_FINITE over the real rows of the last step.
+
+    batch_reqs: the request of each batch row (V2: the step's scheduling order);
+    V1 batch rows are the persistent rows, read from the observation.
+    """
     if obs.last_forward is None or obs.last_forward[0] or op != "step":
         return []
     num_reqs = obs.last_forward[2]
+    if batch_reqs is None:
+        batch_reqs = [int(obs.req_ids[row]) for row in range(num_reqs)]
     foreign, nonfinite = [], []
     for row in range(num_reqs):
-        req = int(obs.req_ids[row])
+        req = batch_reqs[row]
         r = ledger.requests.get(req)
         for g in config.attention_groups:
             got = obs.attn_out[g][row]
@@ -233,14 +260,18 @@ def check_reads(config: RunnerConfig, ledger: Ledger, obs: Observation,
                                    obs.kv_cache[g], g)
                 if not np.array_equal(got, want, equal_nan=True):
                     table = obs.device_block_table[g][row]
-                    own = list(r.blocks[g]) + [0] * (table.size - len(r.blocks[g]))
+                    k = config.groups[g].block_size // config.groups[g].kernel_block_size
+                    own = [b * k + j for b in r.blocks[g] for j in range(k)]
+                    own += [0] * (table.size - len(own))
                     cols = [c for c in range(table.size) if int(table[c]) != own[c]]
                     blk = int(table[cols[0]]) if cols else None
                     foreign.append(Violation(
                         "NO_FOREIGN_READ", op_index, op,
                         f"req {req}'s attention read {_fmt(got)}, its own blocks give "
-                        f"{_fmt(want)}" + (f"; block-table column {cols[0]} points at block "
-                                           f"{blk} ({owner_text(ledger, g, blk)})" if cols else ""),
+                        f"{_fmt(want)}" + (f"; block-table column {cols[0]} points at kernel "
+                                           f"block {blk} (allocation block {blk // k}, "
+                                           f"{owner_text(ledger, g, blk // k)})"
+                                           if cols else ""),
                         group=g, block=blk, row=row))
             if not np.isfinite(got).all():
                 nonfinite.append(Violation("ATTENTION_FINITE", op_index, op,

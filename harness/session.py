@@ -87,11 +87,14 @@ class Session:
         before, self._before = self._before, after
         self.last = (before, after, permit)  # for explain: what this op changed
         found = inv.check_vacated_rows_zero(after, i, kind)
+        found += inv.check_dummy_tables_zero(after, i, kind) if kind == "dummy_run" else []
         found += inv.check_graph_addresses(after, i, kind)
         found += inv.check_null_block_finite(after, i, kind)
         found += inv.check_no_stale_write(before, after, permit, i, kind)
         found += inv.check_loaded_blocks(self.config, self.ledger, after, i, kind)
-        found += inv.check_reads(self.config, self.ledger, after, i, kind)
+        batch_reqs = ([req for req, _ in op["scheduled"]]
+                      if kind == "step" and self.config.runner == "v2" else None)
+        found += inv.check_reads(self.config, self.ledger, after, i, kind, batch_reqs)
         found += inv.check_matches_reference(after, self.reference.observe(), i, kind)
         return [v for v in found if v.invariant not in self.skip]
 

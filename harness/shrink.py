@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import copy
 
-from reference import ConfigError, OpError, ReferenceV1Runner, RunnerConfig
+from reference import ConfigError, OpError, RunnerConfig, reference_runner
 
 from .session import replay
 from .trace import Trace, apply_op
@@ -126,7 +126,7 @@ def _candidates(ops: list[dict]):
 
 def legalize(config, ops: list[dict]) -> list[dict]:
     """``ops`` minus every op the reference refuses in sequence."""
-    runner = ReferenceV1Runner(config)
+    runner = reference_runner(config)
     kept = []
     for op in ops:
         try:

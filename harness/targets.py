@@ -18,7 +18,7 @@ from typing import Protocol
 
 import numpy as np
 
-from reference import ReferenceV1Runner, RunnerConfig
+from reference import ReferenceV1Runner, ReferenceV2Runner, RunnerConfig
 
 
 @dataclass
@@ -32,6 +32,9 @@ class Observation:
     int64; state_indices[g] int32; attn_out[g] float32 (max_num_reqs, head_size);
     last_forward: (dummy, mode, num_reqs, num_reqs_padded, num_tokens, num_tokens_padded) or
     None; graph_ptrs: {graph: {buffer: (captured data_ptr, current data_ptr)}} or None.
+    For runner v2 the rows are the staged tables by state index and
+    device_block_table the input block tables (batch-ordered); dummy_tables
+    describes the views the last dummy run was handed.
     """
 
     block_table: list
@@ -47,6 +50,8 @@ class Observation:
     attn_out: dict
     last_forward: tuple | None
     graph_ptrs: dict | None = None
+    runner: str = "v1"
+    dummy_tables: list | None = None  # V2: per group (all zero, same data_ptr) of the last dummy
 
 
 class Target(Protocol):
@@ -67,8 +72,8 @@ class Target(Protocol):
     def observe(self) -> Observation: ...
 
 
-class ReferenceTarget(ReferenceV1Runner):
-    """The NumPy oracle as a target."""
+class _ObserveReference:
+    """Observation of a reference runner (mixed into the V1 / V2 oracles)."""
 
     name = "reference"
 
@@ -89,7 +94,21 @@ class ReferenceTarget(ReferenceV1Runner):
             last_forward=None if lf is None else (lf.dummy, lf.cudagraph_mode, lf.num_reqs,
                                                   lf.num_reqs_padded, lf.num_tokens,
                                                   lf.num_tokens_padded),
+            runner=self.config.runner,
         )
+
+
+class _ReferenceV1Target(_ObserveReference, ReferenceV1Runner):
+    pass
+
+
+class _ReferenceV2Target(_ObserveReference, ReferenceV2Runner):
+    pass
+
+
+def ReferenceTarget(config: RunnerConfig):  # noqa: N802 (a factory used like a class)
+    """The NumPy oracle for ``config.runner`` as a target."""
+    return (_ReferenceV2Target if config.runner == "v2" else _ReferenceV1Target)(config)
 
 
 class GpuImplTarget:
@@ -101,10 +120,11 @@ class GpuImplTarget:
         from gpu_impl.device import select_device
 
         dev = select_device(device)
-        from gpu_impl import FaultSet, GPUModelRunnerV1
+        from gpu_impl import FaultSet, GPUModelRunnerV1, GPUModelRunnerV2
 
         self.config = config
-        self.runner = GPUModelRunnerV1(config, FaultSet(faults), dev)
+        cls = GPUModelRunnerV2 if config.runner == "v2" else GPUModelRunnerV1
+        self.runner = cls(config, FaultSet(faults), dev)
 
     def add(self, req, blocks, prompt_len):
         self.runner.add_request(req, blocks, prompt_len)
@@ -132,20 +152,34 @@ class GpuImplTarget:
 
     def observe(self) -> Observation:
         r = self.runner
-        batch = r.input_batch
-        tables = batch.block_table.block_tables
 
         def host(t):
             return t.detach().cpu().numpy().copy()
 
+        if self.config.runner == "v2":
+            bt = r.block_tables
+            rows = dict(block_table=[t.np.copy() for t in bt.block_tables],
+                        num_blocks=[n.np.copy() for n in bt.num_blocks],
+                        req_ids=r.state_rows(),
+                        num_computed_tokens=r.num_computed_tokens.copy(),
+                        num_prompt_tokens=r.num_prompt_tokens.copy())
+            dummy = None
+            if r.last_forward is not None and r.last_forward[0] and r.dummy_tables is not None:
+                dummy = [(not bool(v.any()), v.data_ptr() == t.data_ptr())
+                         for v, t in zip(r.dummy_tables, bt.input_block_tables)]
+        else:
+            batch = r.input_batch
+            tables = batch.block_table.block_tables
+            rows = dict(block_table=[t.block_table.np.copy() for t in tables],
+                        num_blocks=[t.num_blocks_per_row.copy() for t in tables],
+                        req_ids=batch.req_ids.copy(),
+                        num_computed_tokens=batch.num_computed_tokens.copy(),
+                        num_prompt_tokens=batch.num_prompt_tokens.copy())
+            dummy = None
         current = r.buffers()
         return Observation(
-            block_table=[t.block_table.np.copy() for t in tables],
-            num_blocks=[t.num_blocks_per_row.copy() for t in tables],
-            req_ids=batch.req_ids.copy(),
-            num_computed_tokens=batch.num_computed_tokens.copy(),
-            num_prompt_tokens=batch.num_prompt_tokens.copy(),
-            device_block_table=[host(t.block_table.gpu) for t in tables],
+            **rows,
+            device_block_table=[host(r.kernel_table(g)) for g in range(len(self.config.groups))],
             kv_cache={g: host(v) for g, v in r.kv_caches.items()},
             mamba_state={g: host(v) for g, v in r.mamba_states.items()},
             slot_mapping={g: host(v) for g, v in r.slot_mappings.items()},
@@ -155,6 +189,8 @@ class GpuImplTarget:
             graph_ptrs={size: {name: (ptr, current[name].data_ptr())
                                for name, ptr in g.captured_ptrs.items()}
                         for size, g in sorted(r.graphs.items())},
+            runner=self.config.runner,
+            dummy_tables=dummy,
         )
 
 

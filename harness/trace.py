@@ -30,7 +30,7 @@ from pathlib import Path
 
 import jsonschema
 
-from reference import ConfigError, OpError, ReferenceV1Runner, RunnerConfig
+from reference import ConfigError, OpError, RunnerConfig, reference_runner
 
 FORMAT = "blockfuzz-trace"
 VERSION = 1
@@ -179,7 +179,7 @@ def _check_meta(trace: Trace, source: str) -> None:
 
 def dry_run(trace: Trace, source: str = "<trace>") -> None:
     """Run the ops through the reference to prove each one legal."""
-    runner = ReferenceV1Runner(trace.config)
+    runner = reference_runner(trace.config)
     for i, op in enumerate(trace.ops):
         try:
             apply_op(runner, op)

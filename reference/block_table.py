@@ -11,7 +11,10 @@ and the row bookkeeping of ``vllm/v1/worker/gpu_input_batch.py`` (``InputBatch``
 - ``condense`` moves the last live row into the lowest hole until the live rows
   are contiguous.
 
-Besides block ids a row carries the request id and its token counters
+Rows hold *kernel* block ids: when the attention kernel's block size divides the
+allocation block size, allocation block ``b`` becomes kernel blocks ``b*k ..
+b*k + k - 1`` (vLLM's ``map_to_kernel_blocks``), and ``num_blocks_per_row``
+counts kernel blocks.  Besides block ids a row carries the request id and its token counters
 (``num_computed_tokens``, ``num_prompt_tokens``); they move with the row.
 """
 
@@ -35,7 +38,9 @@ class PersistentBatchRows:
     def __init__(self, config: RunnerConfig):
         self.config = config
         rows = config.max_num_reqs
-        self.block_table = [np.zeros((rows, config.blocks_per_req_max(g)), np.int32)
+        # Rows hold kernel blocks: allocation block b -> b*k .. b*k + k - 1.
+        self.ks = [g.block_size // g.kernel_block_size for g in config.groups]
+        self.block_table = [np.zeros((rows, config.blocks_per_req_max(g) * self.ks[g]), np.int32)
                             for g in range(len(config.groups))]
         self.num_blocks_per_row = [np.zeros(rows, np.int32) for _ in config.groups]
         self.req_ids = np.full(rows, EMPTY_ROW, np.int64)
@@ -67,10 +72,13 @@ class PersistentBatchRows:
             self.append_row(row, g, ids)
 
     def append_row(self, row: int, group: int, ids: list[int]) -> None:
+        """Append allocation blocks ``ids`` as kernel blocks; counts are in kernel blocks."""
+        k = self.ks[group]
+        kernel_ids = (np.asarray(ids, np.int64)[:, None] * k + np.arange(k)).reshape(-1)
         start = int(self.num_blocks_per_row[group][row])
-        end = start + len(ids)
+        end = start + len(kernel_ids)
         assert end <= self.block_table[group].shape[1]
-        self.block_table[group][row, start:end] = ids
+        self.block_table[group][row, start:end] = kernel_ids
         self.num_blocks_per_row[group][row] = end
 
     def clear_row(self, row: int) -> None:

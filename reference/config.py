@@ -54,8 +54,9 @@ class GroupSpec:
     kind: ``"attention"`` (paged KV cache, ``block_size`` tokens per block) or
     ``"mamba"`` (one recurrent-state slot per block; a request owns exactly one
     block, its state index is ``block_table[row, 0]``).
-    kernel_block_size: attention kernel's block size; this version requires it
-    to equal ``block_size``.
+    kernel_block_size: attention kernel's block size; must divide ``block_size``
+    (one allocation block is then ``block_size // kernel_block_size`` kernel
+    blocks in block tables and slot mappings).
     """
 
     kind: str
@@ -185,9 +186,12 @@ class RunnerConfig:
                 raise ConfigError(f"groups[{i}].kind", f"{g.kind!r} not one of {list(GROUP_KINDS)}")
             _bound(g.block_size, 1, BLOCK_SIZE_MAX if g.kind == ATTENTION else 1024,
                    f"groups[{i}].block_size")
-            if g.kernel_block_size != g.block_size:
+            if g.kind == MAMBA and g.kernel_block_size != g.block_size:
                 raise ConfigError(f"groups[{i}].kernel_block_size",
-                                  "must equal block_size in this version")
+                                  "a mamba group has no kernel blocks: must equal block_size")
+            if not 1 <= g.kernel_block_size <= g.block_size or g.block_size % g.kernel_block_size:
+                raise ConfigError(f"groups[{i}].kernel_block_size",
+                                  f"{g.kernel_block_size} must divide block_size {g.block_size}")
             if g.kind == ATTENTION and g.block_size & (g.block_size - 1):
                 raise ConfigError(f"groups[{i}].block_size", "must be a power of two")
         if not self.attention_groups:

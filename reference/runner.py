@@ -219,9 +219,9 @@ class ReferenceRunnerBase(abc.ABC):
         self.rows.add_row(row, req, r.blocks, r.num_computed_tokens, r.prompt_len)
 
     def _slots(self, group: int, row: int, pos: np.ndarray) -> np.ndarray:
-        bs = self.config.groups[group].block_size
-        blocks = self.device_block_table[group][row, pos // bs].astype(np.int64)
-        return blocks * bs + pos % bs
+        kbs = self.config.groups[group].kernel_block_size
+        blocks = self.device_block_table[group][row, pos // kbs].astype(np.int64)
+        return blocks * kbs + pos % kbs
 
     def _stage_padding(self, num_reqs, reqs_padded, num_tokens, tokens_padded) -> None:
         """Padded rows (FULL): one token each, seq_len 0; padded tokens: NaN, PAD slot."""
@@ -258,12 +258,13 @@ class ReferenceRunnerBase(abc.ABC):
             self.mamba_state[g][idx] = old + x
 
     def _attention(self, g: int, num_rows: int) -> None:
-        bs = self.config.groups[g].block_size
+        kbs = self.config.groups[g].kernel_block_size
+        kv = self.kv_cache[g].reshape(-1, kbs, self.config.head_size)  # kernel blocks
         width = self.device_block_table[g].shape[1]
-        j = np.arange(width * bs)
+        j = np.arange(width * kbs)
         for b in range(num_rows):
-            blocks = self.device_block_table[g][b, j // bs]
-            vals = self.kv_cache[g][blocks, j % bs]
+            blocks = self.device_block_table[g][b, j // kbs]
+            vals = kv[blocks, j % kbs]
             weight = (j < self.seq_lens[b]).astype(np.float32)
             self.attn_out[g][b] = (weight[:, None] * vals).sum(axis=0, dtype=np.float32)
 
