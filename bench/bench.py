@@ -128,17 +128,20 @@ def main() -> None:
                   f"({fuzz_s - clock[0]:.2f} s of {fuzz_s:.2f} s; gpu_impl incl. runner start-up "
                   f"and observations)")
 
-    k = Table(title=f"kill rate (seed {args.seed}, <= {args.kill_examples} examples, profile ci)")
-    for col in ("fault", "invariant", "expected", "examples", "search s", "hypothesis ops",
-                "shrunk ops", "shrink replays", "shrink s"):
+    k = Table(title=f"kill rate (seed {args.seed}, <= {args.kill_examples} examples, profile ci, "
+                    "geometry drawn per example)")
+    for col in ("fault", "runner", "invariant", "expected", "examples", "search s",
+                "hypothesis ops", "shrunk ops", "shrink replays", "shrink s"):
         k.add_column(col)
     for fid in sorted(CATALOGUE):
-        r = fuzz(config, args.seed, args.kill_examples, [fid], "gpu_impl", device, profile="ci")
-        got = r.violation.invariant if r.violation else "NOT FOUND"
-        k.add_row(fid, got, "yes" if got == CATALOGUE[fid].invariant else "NO",
-                  str(r.examples), f"{r.seconds - r.shrink_seconds:.1f}", str(r.hypothesis_ops),
-                  str(len(r.trace.ops)) if r.trace else "-", str(r.shrink_replays),
-                  f"{r.shrink_seconds:.1f}")
+        for runner in CATALOGUE[fid].runners:
+            r = fuzz(None, args.seed, args.kill_examples, [fid], "gpu_impl", device,
+                     profile="ci", runner=runner)
+            got = r.violation.invariant if r.violation else "NOT FOUND"
+            k.add_row(fid, runner, got, "yes" if CATALOGUE[fid].caught_by(got) else "NO",
+                      str(r.examples), f"{r.seconds - r.shrink_seconds:.1f}",
+                      str(r.hypothesis_ops), str(len(r.trace.ops)) if r.trace else "-",
+                      str(r.shrink_replays), f"{r.shrink_seconds:.1f}")
     console.print(k)
 
 

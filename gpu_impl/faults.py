@@ -13,17 +13,23 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Fault:
     """One fault: id, runners it applies to, what it does, where it came from,
-    and the invariant expected to catch it first."""
+    and the invariant expected to catch it first (``also``: others that do on
+    some traces — e.g. a wrong slot that lands in a cell the owner may write is
+    only visible as a value the reference does not have)."""
 
     id: str
     runners: tuple[str, ...]
     description: str
     source: str
     invariant: str
+    also: tuple[str, ...] = ()  # invariants that catch it first on some traces
 
     def to_json(self) -> dict:
         return {"id": self.id, "runners": list(self.runners), "description": self.description,
-                "source": self.source, "invariant": self.invariant}
+                "source": self.source, "invariant": self.invariant, "also": list(self.also)}
+
+    def caught_by(self, invariant: str) -> bool:
+        return invariant == self.invariant or invariant in self.also
 
 
 CATALOGUE: dict[str, Fault] = {f.id: f for f in (
@@ -68,14 +74,14 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "tail of the persistent buffer keeps the previous batch's slots",
           "seed 001: the V1 fix aligned _dummy_run with V2's get_dummy_slot_mappings, which "
           "fills the whole persistent buffer (vllm/v1/worker/gpu/block_table.py)",
-          "NO_STALE_WRITE"),
+          "MATCHES_REFERENCE", ("NO_STALE_WRITE",)),
     Fault("kernel-block-size-ignored", ("v1", "v2"),
           "slot mapping picks the block-table column with the allocation block size "
           "(pos // block_size) although the table holds kernel blocks",
           "vLLM #24486 (kernel block size decoupled from the KV page size) and its follow-ups "
           "#31540 (EAGLE slot mapping used the wrong block size) and #38831 (V2 block table "
           "and slot mapping switched to kernel block sizes)",
-          "NO_STALE_WRITE"),
+          "NO_STALE_WRITE", ("MATCHES_REFERENCE",)),
     Fault("kernel-blocks-count-unscaled", ("v1", "v2"),
           "num_blocks_per_row counts allocation blocks after they were expanded into k kernel "
           "blocks, so copies of the row (move_row, the V2 gather) and appends use a short count",

@@ -271,7 +271,8 @@ def cmd_faults(args) -> int:
     for col in ("id", "runners", "caught by", "description", "source"):
         table.add_column(col, overflow="fold")
     for f in faults:
-        table.add_row(f.id, ",".join(f.runners), f.invariant, f.description, f.source)
+        caught = f.invariant + "".join(f" (or {a})" for a in f.also)
+        table.add_row(f.id, ",".join(f.runners), caught, f.description, f.source)
     console = Console()
     Console(width=None if console.is_terminal else 160).print(table)
     return EXIT_OK

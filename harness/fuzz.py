@@ -57,8 +57,8 @@ def chunk_seed(seed: int, k: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{k}".encode()).digest()[:4], "big")
 
 
-def _search(config, seed, examples, faults, target, device, profile, stats):
-    machine = make_machine(config, faults, target, device, stats)
+def _search(config, seed, examples, faults, target, device, profile, stats, runner):
+    machine = make_machine(config, faults, target, device, stats, runner)
     hypothesis_seed(seed)(machine)
     # Hypothesis's own shrinker re-runs hundreds of examples through the Triton
     # interpreter; our trace shrinker (harness/shrink.py) needs tens of replays.
@@ -71,24 +71,30 @@ def _search(config, seed, examples, faults, target, device, profile, stats):
     return None
 
 
-def fuzz(config: RunnerConfig, seed: int = 0, examples: int | None = 200,
+def fuzz(config: RunnerConfig | None, seed: int = 0, examples: int | None = 200,
          faults=(), target: str = "gpu_impl", device: str | None = None,
          time_budget_s: float | None = None, profile: str = "dev",
-         shrink_trace: bool = True, found_by: str = "blockfuzz fuzz") -> FuzzResult:
-    """Search for a violation; returns a :class:`FuzzResult` (never raises on one)."""
+         shrink_trace: bool = True, found_by: str = "blockfuzz fuzz",
+         runner: str | None = None) -> FuzzResult:
+    """Search for a violation; returns a :class:`FuzzResult` (never raises on one).
+
+    config None draws the geometry per example (``runner`` pins the runner);
+    the failing trace records the config it ran on.
+    """
     stats: dict = {}
     start = time.perf_counter()
     error, chunks = None, []
     if time_budget_s is None:
         chunks.append(seed)
-        error = _search(config, seed, examples, faults, target, device, profile, stats)
+        error = _search(config, seed, examples, faults, target, device, profile, stats, runner)
     else:
         for k in range(1_000_000):
             if time.perf_counter() - start >= time_budget_s:
                 break
             s = chunk_seed(seed, k)
             chunks.append(s)
-            error = _search(config, s, CHUNK_EXAMPLES, faults, target, device, profile, stats)
+            error = _search(config, s, CHUNK_EXAMPLES, faults, target, device, profile, stats,
+                            runner)
             if error is not None:
                 break
     result = FuzzResult(seed, stats.get("examples", 0), stats.get("steps", 0),
@@ -97,7 +103,7 @@ def fuzz(config: RunnerConfig, seed: int = 0, examples: int | None = 200,
         return result
     meta = {"seed": seed, "faults": sorted(faults), "found_by": found_by,
             "target": target}
-    trace = Trace(config, error.ops, meta=meta)
+    trace = Trace(error.config, error.ops, meta=meta)
     replays = 0
     verdict = replay(trace, faults, target, device)
     assert verdict.violation is not None, "a found violation must replay"

@@ -16,11 +16,12 @@ from __future__ import annotations
 import json
 
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from reference import RunnerConfig
 from reference.payload import POSITION_MAX, REQ_ID_MAX
 
+from .geometry import runner_configs
 from .invariants import Violation
 from .session import Session
 
@@ -30,11 +31,14 @@ MODES = ("FULL", "PIECEWISE", "NONE")  # FULL first: shrinking prefers it
 class InvariantViolationError(AssertionError):
     """Raised inside the machine; ``violation`` and the recorded ``ops``."""
 
-    def __init__(self, violation: Violation, ops: list[dict]):
+    def __init__(self, violation: Violation, ops: list[dict], config: RunnerConfig):
         listing = "\n".join(json.dumps(op, sort_keys=True) for op in ops)
-        super().__init__(f"{violation.line()}\nops ({len(ops)}):\n{listing}")
+        super().__init__(f"{violation.line()}\nconfig: "
+                         f"{json.dumps(config.to_json(), sort_keys=True)}\n"
+                         f"ops ({len(ops)}):\n{listing}")
         self.violation = violation
         self.ops = ops
+        self.config = config
 
 
 _ERROR_TYPES: dict[str, type] = {}
@@ -48,9 +52,14 @@ def _error_type(invariant: str) -> type:
 
 
 class BlockFuzzMachine(RuleBasedStateMachine):
-    """Subclassed per run by :func:`make_machine` with config / faults / target."""
+    """Subclassed per run by :func:`make_machine` with config / faults / target.
 
-    config: RunnerConfig = RunnerConfig()
+    ``config`` None: the geometry is drawn per example (``runner`` pins the
+    runner); a config pins it.
+    """
+
+    config: RunnerConfig | None = RunnerConfig()
+    runner: str | None = None
     faults: tuple = ()
     target: str = "gpu_impl"
     device: str | None = None
@@ -58,13 +67,19 @@ class BlockFuzzMachine(RuleBasedStateMachine):
 
     def __init__(self):
         super().__init__()
-        self.session = Session(self.config, self.faults, self.target, self.device)
+        self.session: Session | None = None
         self.ops: list[dict] = []
         self.next_req = 0
         self.stats["examples"] = self.stats.get("examples", 0) + 1
+
+    @initialize(data=st.data())
+    def start(self, data):
+        config = self.config or data.draw(runner_configs(self.runner), label="config")
+        self.cfg = config
+        self.session = Session(config, self.faults, self.target, self.device)
         if self.session.startup_violations:
             v = self.session.startup_violations[0]
-            raise _error_type(v.invariant)(v, [])
+            raise _error_type(v.invariant)(v, [], config)
 
     def teardown(self):
         if "traces" in self.stats:  # bench/ records the generated workloads
@@ -76,7 +91,7 @@ class BlockFuzzMachine(RuleBasedStateMachine):
         self.stats["steps"] = self.stats.get("steps", 0) + 1
         found = self.session.apply(op)
         if found:
-            raise _error_type(found[0].invariant)(found[0], list(self.ops))
+            raise _error_type(found[0].invariant)(found[0], list(self.ops), self.cfg)
 
     @property
     def _ledger(self):
@@ -87,18 +102,18 @@ class BlockFuzzMachine(RuleBasedStateMachine):
 
     def _room(self, req: int) -> int:
         r = self._ledger.requests[req]
-        return min(r.capacity_tokens(self.config), POSITION_MAX + 1) - r.num_computed_tokens
+        return min(r.capacity_tokens(self.cfg), POSITION_MAX + 1) - r.num_computed_tokens
 
     # -- rules -------------------------------------------------------------------
     def _can_add(self) -> bool:
-        cfg = self.config
+        cfg = self.cfg
         return (len(self._ledger.requests) < cfg.max_num_reqs and self.next_req <= REQ_ID_MAX
                 and all(self._free(g) for g in range(len(cfg.groups))))
 
     @precondition(_can_add)
     @rule(data=st.data())
     def add(self, data):
-        cfg = self.config
+        cfg = self.cfg
         blocks = []
         for g, spec in enumerate(cfg.groups):
             free = self._free(g)
@@ -119,9 +134,9 @@ class BlockFuzzMachine(RuleBasedStateMachine):
     def step(self, data):
         cands = self._steppable()
         reqs = data.draw(st.lists(st.sampled_from(cands), min_size=1,
-                                  max_size=min(len(cands), self.config.max_num_batched_tokens),
+                                  max_size=min(len(cands), self.cfg.max_num_batched_tokens),
                                   unique=True))
-        budget = self.config.max_num_batched_tokens - len(reqs)
+        budget = self.cfg.max_num_batched_tokens - len(reqs)
         decode_only = data.draw(st.booleans())  # one token each: FULL graphs apply
         scheduled = []
         for req in reqs:
@@ -138,13 +153,14 @@ class BlockFuzzMachine(RuleBasedStateMachine):
         req = data.draw(st.sampled_from(self._ledger.live()))
         self._do({"op": "remove", "req": req})
 
+    @precondition(lambda self: self.cfg.runner == "v1")
     @rule()
     def condense(self):
         self._do({"op": "condense"})
 
     @rule(data=st.data())
     def dummy_run(self, data):
-        cfg = self.config
+        cfg = self.cfg
         num_reqs = data.draw(st.integers(1, cfg.max_num_reqs))
         uniform = data.draw(st.booleans())  # num_tokens == num_reqs: FULL applies
         num_tokens = num_reqs if uniform else data.draw(
@@ -163,7 +179,7 @@ class BlockFuzzMachine(RuleBasedStateMachine):
         self._do({"op": "kv_load", "req": data.draw(st.sampled_from(self._loadable()))})
 
     def _appendable(self) -> list[int]:
-        cfg = self.config
+        cfg = self.cfg
         if not all(self._free(g) for g in cfg.attention_groups):
             return []
         return [r for r, s in sorted(self._ledger.requests.items())
@@ -174,15 +190,15 @@ class BlockFuzzMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def append(self, data):
         req = data.draw(st.sampled_from(self._appendable()))
-        blocks = [[] for _ in self.config.groups]
-        for g in self.config.attention_groups:
+        blocks = [[] for _ in self.cfg.groups]
+        for g in self.cfg.attention_groups:
             blocks[g] = [data.draw(st.sampled_from(self._free(g)))]
         self._do({"op": "append", "req": req, "blocks": blocks})
 
     def _occupied_rows(self) -> list[int]:
         return [int(i) for i, r in enumerate(self.session.reference.rows.req_ids) if r != -1]
 
-    @precondition(lambda self: len(self._occupied_rows()) >= 2)
+    @precondition(lambda self: self.cfg.runner == "v1" and len(self._occupied_rows()) >= 2)
     @rule(data=st.data())
     def swap(self, data):
         rows = self._occupied_rows()
@@ -190,9 +206,14 @@ class BlockFuzzMachine(RuleBasedStateMachine):
         self._do({"op": "swap", "i": i, "j": j})
 
 
-def make_machine(config: RunnerConfig, faults=(), target: str = "gpu_impl",
-                 device: str | None = None, stats: dict | None = None) -> type:
-    """A fresh machine class bound to one run's parameters (and stats dict)."""
+def make_machine(config: RunnerConfig | None, faults=(), target: str = "gpu_impl",
+                 device: str | None = None, stats: dict | None = None,
+                 runner: str | None = None) -> type:
+    """A fresh machine class bound to one run's parameters (and stats dict).
+
+    config None draws the geometry per example; runner pins its runner.
+    """
     return type("BlockFuzzMachine_run", (BlockFuzzMachine,),
-                {"config": config, "faults": tuple(faults), "target": target,
-                 "device": device, "stats": {} if stats is None else stats})
+                {"config": config, "runner": runner, "faults": tuple(faults),
+                 "target": target, "device": device,
+                 "stats": {} if stats is None else stats})

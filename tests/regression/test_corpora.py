@@ -62,3 +62,12 @@ def test_seed001_consequence_reaches_a_real_request():
     v = replay(trace, trace.faults,
                skip={"NULL_BLOCK_FINITE", "NO_STALE_WRITE", "MATCHES_REFERENCE"}).violation
     assert v.invariant == "ATTENTION_FINITE" and trace.ops[v.op_index]["op"] == "step"
+
+
+def test_seed000_v2_consequence_is_caught_downstream():
+    """V2 half of seed 000: without DUMMY_TABLES_ZERO (and the catch-all), the stale
+    input rows show up as NaN Mamba state written into request 2's loaded block."""
+    trace = load(CORPORA / "seeds" / "seed000-v2-dummy-tables-stale.json")
+    v = replay(trace, trace.faults, skip={"DUMMY_TABLES_ZERO", "MATCHES_REFERENCE"}).violation
+    assert (v.invariant, trace.ops[v.op_index]["op"]) == ("NO_STALE_WRITE", "dummy_run")
+    assert "owned by req 2" in v.detail

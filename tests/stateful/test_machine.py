@@ -27,3 +27,11 @@ NarrowConfig = RunnerConfig(num_blocks=6, max_num_reqs=2, max_num_blocks_per_req
                             max_num_batched_tokens=8, cudagraph_capture_sizes=(2,))
 TestFixedNarrow = make_machine(NarrowConfig).TestCase
 TestFixedNarrow.settings = settings(settings.default, phases=NO_SHRINK, max_examples=25)
+
+# Fixed V2 runner, geometry drawn per example (groups, kernel block sizes, limits).
+TestFixedV2Geometry = make_machine(None, runner="v2").TestCase
+TestFixedV2Geometry.settings = settings(settings.default, phases=NO_SHRINK, max_examples=40)
+
+# Fixed V1 runner, geometry drawn per example.
+TestFixedV1Geometry = make_machine(None, runner="v1").TestCase
+TestFixedV1Geometry.settings = settings(settings.default, phases=NO_SHRINK, max_examples=40)

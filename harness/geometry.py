@@ -1,0 +1,43 @@
+"""Runner configurations drawn by Hypothesis: the geometry is part of the input.
+
+Draws the runner (unless pinned), the KV-cache groups (an attention group whose
+kernel block size may split its allocation blocks, an optional Mamba group, an
+optional second attention group with its own block size), pool size, batch
+limits and CUDA-graph capture sizes, within bounds a 2-core CPU running the
+Triton interpreter can afford.  The simplest draw (what shrinking moves
+towards) is the default hybrid config: one attention group, one Mamba group.
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from reference import ATTENTION, MAMBA, GroupSpec, RunnerConfig
+
+
+@st.composite
+def runner_configs(draw, runner: str | None = None) -> RunnerConfig:
+    """A valid :class:`RunnerConfig`; ``runner`` pins ``v1`` / ``v2``."""
+    runner = runner or draw(st.sampled_from(["v1", "v2"]))
+    # Repeated entries weight the draw: most examples keep a Mamba group and
+    # graph capture sizes (the seeds' bugs need both); geometry varies around them.
+    block_size = draw(st.sampled_from([4, 8, 4, 2, 16]))
+    split = draw(st.sampled_from([1, 2, 1, 4]))
+    kernel_block_size = max(1, block_size // split)
+    groups = [GroupSpec(ATTENTION, block_size, kernel_block_size)]
+    if draw(st.sampled_from([True, True, True, False])):
+        groups.append(GroupSpec(MAMBA, 16, 16))
+    if draw(st.sampled_from([False, False, True])):
+        second = draw(st.sampled_from([8, 4]))
+        groups.append(GroupSpec(ATTENTION, second, second))
+    max_num_batched_tokens = draw(st.sampled_from([16, 8]))
+    sizes = draw(st.sampled_from([(1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4), (2, 8), (1,), ()]))
+    return RunnerConfig(
+        runner=runner,
+        groups=tuple(groups),
+        num_blocks=draw(st.sampled_from([12, 8, 16])),
+        max_num_reqs=draw(st.sampled_from([4, 4, 2, 3])),
+        max_num_blocks_per_req=draw(st.sampled_from([4, 2])),
+        max_num_batched_tokens=max_num_batched_tokens,
+        cudagraph_capture_sizes=tuple(s for s in sizes if s <= max_num_batched_tokens),
+    )
