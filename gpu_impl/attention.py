@@ -15,8 +15,7 @@ program at a time, ~1 ms each), launched through :func:`cuda_graph.launch`.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
+from ._triton import tl, triton
 
 from .cuda_graph import launch
 

@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import triton
-import triton.language as tl
+from ._triton import tl, triton
 
 from .cuda_graph import launch
 from .faults import FaultSet

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import triton
-import triton.language as tl
+from ._triton import tl, triton
 
 from .block_table import PAD_SLOT_ID, CpuGpuBuffer, compute_slot_mapping
 from .cuda_graph import launch

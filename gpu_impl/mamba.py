@@ -13,8 +13,7 @@ does not own (seed 000).  ``PAD_SLOT_ID`` (-1) rows are skipped.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
+from ._triton import tl, triton
 
 from .cuda_graph import launch
 

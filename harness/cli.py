@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import shlex
 import sys
+import tempfile
 from pathlib import Path
 
 EXIT_OK, EXIT_VIOLATION, EXIT_USAGE = 0, 1, 2
@@ -60,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("replay", help="replay traces against the implementation")
     p.add_argument("traces", nargs="+", metavar="TRACE")
     _add_fault_source(p)
+    p.add_argument("--check-expect", action="store_true",
+                   help="corpus check: use each trace's meta.faults; exit 0 iff every "
+                        "verdict matches the trace's `expect`, 1 otherwise")
     _add_common(p)
 
     p = sub.add_parser("faults", help="the fault catalogue")
@@ -69,11 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_fault_source(p) -> None:
     p.add_argument("--faults-from-trace", action="store_true",
-                   help="use each trace's meta.faults (and check its `expect`)")
+                   help="also switch on each trace's meta.faults")
 
 
 def _add_search(p, verb: str) -> None:
-    p.add_argument("--runner", default="v1", help="model runner: v1 (v2: not yet)")
+    p.add_argument("--runner", default=None, choices=["v1", "v2"],
+                   help="pin the model runner (default: drawn per example, or the one the "
+                        "--fault ids share)")
     p.add_argument("--seed", type=int, default=0)
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--examples", type=int, default=None,
@@ -84,7 +92,8 @@ def _add_search(p, verb: str) -> None:
     p.add_argument("--out", default=default_out, metavar="DIR",
                    help=f"where a shrunk failing trace is written (default {default_out})")
     p.add_argument("--config", default=None, metavar="FILE",
-                   help="JSON runner config (a trace's `config` object); default hybrid")
+                   help="pin the geometry: a JSON runner config, or a trace whose `config` is "
+                        "used (default: geometry drawn per example)")
     p.add_argument("--profile", default="dev", choices=["dev", "ci", "nightly"])
     if verb == "fuzz":
         p.add_argument("--no-shrink", action="store_true", help="skip trace shrinking")
@@ -92,32 +101,49 @@ def _add_search(p, verb: str) -> None:
 
 
 # -- verbs ---------------------------------------------------------------------
-def _load_config(path: str | None):
+def _load_config(path: str | None, runner: str | None):
     from reference import ConfigError, RunnerConfig
 
+    from .trace import read_json
+
     if path is None:
-        return RunnerConfig()
+        return None
+    obj = read_json(path)
+    if isinstance(obj, dict) and "config" in obj:
+        obj = obj["config"]
+    if isinstance(obj, dict) and runner:
+        obj = dict(obj, runner=runner)
     try:
-        obj = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as e:
-        raise UsageError(f"{path}: cannot read: {e.strerror or e}") from None
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{path}: line {e.lineno}: not JSON: {e.msg}") from None
-    try:
-        return RunnerConfig.from_json(obj.get("config", obj) if isinstance(obj, dict) else obj)
+        return RunnerConfig.from_json(obj)
     except ConfigError as e:
         raise UsageError(f"{path}: {e}") from None
 
 
-def _check_faults(ids: list[str], runner: str = "v1") -> list[str]:
+def _check_faults(ids: list[str], runner: str | None = None) -> list[str]:
+    """Validated fault ids, plus those of ``$BLOCKFUZZ_FAULTS`` (so they are reported)."""
     from gpu_impl.faults import CATALOGUE
 
-    for fid in ids:
+    env = [f for f in os.environ.get("BLOCKFUZZ_FAULTS", "").split(",") if f]
+    for fid in [*ids, *env]:
+        flag = "--fault" if fid in ids else "$BLOCKFUZZ_FAULTS"
         if fid not in CATALOGUE:
-            raise UsageError(f"--fault {fid}: unknown fault; known: {', '.join(sorted(CATALOGUE))}")
-        if runner not in CATALOGUE[fid].runners:
-            raise UsageError(f"--fault {fid}: applies to runner(s) {CATALOGUE[fid].runners}")
-    return sorted(set(ids))
+            raise UsageError(f"{flag} {fid}: unknown fault; known: {', '.join(sorted(CATALOGUE))}")
+        if runner and runner not in CATALOGUE[fid].runners:
+            raise UsageError(f"{flag} {fid}: applies to runner(s) "
+                             f"{', '.join(CATALOGUE[fid].runners)}, not {runner}")
+    return sorted(set(ids) | set(env))
+
+
+def _fault_runner(faults: list[str]) -> str | None:
+    """The one runner every fault applies to, if there is exactly one."""
+    from gpu_impl.faults import CATALOGUE
+
+    common = {"v1", "v2"}
+    for fid in faults:
+        common &= set(CATALOGUE[fid].runners)
+    if faults and not common:
+        raise UsageError("--fault: these faults share no runner; fuzz them separately")
+    return common.pop() if len(common) == 1 else None
 
 
 def _select_device(device: str, target: str) -> str:
@@ -128,7 +154,7 @@ def _select_device(device: str, target: str) -> str:
     try:
         return select_device(device).type
     except DeviceError as e:
-        raise UsageError(f"--device {device}: {e}") from None
+        raise UsageError(str(e)) from None
 
 
 def _replay_command(path: Path, faults: list[str], device: str) -> str:
@@ -137,23 +163,30 @@ def _replay_command(path: Path, faults: list[str], device: str) -> str:
 
 
 def cmd_fuzz(args) -> int:
-    if args.runner != "v1":
-        raise UsageError(f"--runner {args.runner}: only v1 is implemented in this version")
     if args.examples is not None and args.examples < 1:
         raise UsageError("--examples: must be >= 1")
-    if args.time_budget is not None and args.time_budget <= 0:
-        raise UsageError("--time-budget: must be > 0")
-    config = _load_config(args.config)
-    faults = _check_faults(args.fault)
+    if args.time_budget is not None and not (0 < args.time_budget < math.inf):
+        raise UsageError("--time-budget: must be a finite number of seconds > 0")
+    out_dir = Path(args.out)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"--out {args.out}: exists and is not a directory")
+    faults = _check_faults(args.fault, args.runner)
+    runner = args.runner or _fault_runner(faults)
+    config = _load_config(args.config, runner)
+    if config is not None:
+        runner = config.runner
+        _check_faults(args.fault, runner)
     if faults and args.target != "gpu_impl":
         raise UsageError("--fault: faults live in gpu_impl; use --target gpu_impl")
     device = _select_device(args.device, args.target)
     examples = args.examples if args.examples is not None else (
         None if args.time_budget else 200)
     budget = f"examples={examples}" if examples else f"time_budget={args.time_budget:g}s"
-    print(f"blockfuzz {args.verb}: seed={args.seed} runner={args.runner} target={args.target} "
-          f"device={device} faults={','.join(faults) or '-'} {budget} profile={args.profile}")
-    print("config: " + json.dumps(config.to_json(), sort_keys=True, separators=(",", ":")))
+    print(f"blockfuzz {args.verb}: seed={args.seed} runner={runner or 'drawn'} "
+          f"target={args.target} device={device} faults={','.join(faults) or '-'} {budget} "
+          f"profile={args.profile}")
+    print("config: " + (json.dumps(config.to_json(), sort_keys=True, separators=(",", ":"))
+                        if config else "drawn per example (recorded in any trace written)"))
     sys.stdout.flush()
     from .fuzz import fuzz, signature
     from .trace import write_atomic
@@ -161,15 +194,21 @@ def cmd_fuzz(args) -> int:
     result = fuzz(config, args.seed, examples, faults, args.target, device,
                   args.time_budget, args.profile,
                   shrink_trace=not getattr(args, "no_shrink", False),
-                  found_by=f"blockfuzz {args.verb}")
+                  found_by=f"blockfuzz {args.verb}", runner=runner)
+    if args.time_budget is not None:
+        print(f"chunk seeds run: {', '.join(map(str, result.chunk_seeds))}")
     rate = f"{result.steps} steps in {result.seconds:.1f} s ({result.steps_per_s:.0f} steps/s)"
     if result.violation is None:
         print(f"PASS: {result.examples} examples, {rate}; no invariant violated")
         return EXIT_OK
     trace = result.trace
-    path = Path(args.out) / f"{signature(trace)}.json"
-    write_atomic(path, trace.dumps())
+    path = out_dir / f"{signature(trace)}.json"
     print(f"FAIL: {result.violation.line()}")
+    try:
+        write_atomic(path, trace.dumps())
+    except OSError as e:  # never lose a finding: print it instead
+        print(f"cannot write {path}: {e.strerror or e}; the trace follows\n{trace.dumps()}")
+        return EXIT_VIOLATION
     print(f"found within {result.examples} examples, {rate}; shrunk {result.hypothesis_ops} "
           f"-> {len(trace.ops)} ops in {result.shrink_replays} replays")
     print(f"trace: {path}")
@@ -238,10 +277,12 @@ def cmd_replay(args) -> int:
     from .session import replay
     from .trace import load
 
+    if args.check_expect:
+        args.faults_from_trace = True
     traces = [(p, load(p)) for p in args.traces]  # all validated before anything runs
     per_trace = [_trace_faults(args, trace) for _, trace in traces]
     device = _select_device(args.device, args.target)
-    worst = EXIT_OK
+    violations = mismatches = 0
     for (path, trace), use in zip(traces, per_trace):
         verdict = replay(trace, use, args.target, device)
         tag = f" (faults: {','.join(use)})" if use else ""
@@ -249,12 +290,20 @@ def cmd_replay(args) -> int:
             print(f"PASS {path}: {verdict.ops_run} ops{tag}")
         else:
             print(f"FAIL {path}{tag}: {verdict.violation.line()}")
-            worst = EXIT_VIOLATION
-        if args.faults_from_trace and not verdict.matches(trace.expect):
-            print(f"  expected {json.dumps(trace.expect, sort_keys=True)}, "
-                  f"got {verdict.verdict}")
-            worst = EXIT_VIOLATION
-    return worst
+            violations += 1
+        if args.check_expect:
+            got = ("pass" if verdict.violation is None else
+                   f"fail {verdict.violation.invariant} at op {verdict.violation.op_index}")
+            e = trace.expect
+            want = e.get("verdict", "pass") + (f" {e['invariant']}" if e.get("invariant") else "") \
+                + (f" at op {e['op_index']}" if e.get("op_index") is not None else "")
+            ok = verdict.matches(e)
+            mismatches += not ok
+            print(f"  expect {want}: {'matches' if ok else 'MISMATCH, got ' + got}")
+    if args.check_expect:
+        print(f"{len(traces) - mismatches} matched, {mismatches} mismatched")
+        return EXIT_VIOLATION if mismatches else EXIT_OK
+    return EXIT_VIOLATION if violations else EXIT_OK
 
 
 def cmd_faults(args) -> int:
@@ -283,12 +332,17 @@ VERBS = {"fuzz": cmd_fuzz, "repro": cmd_fuzz, "shrink": cmd_shrink, "explain": c
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Hypothesis keeps a small cache of constants; keep it out of the user's tree.
+    os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY",
+                          os.path.join(tempfile.gettempdir(), "blockfuzz-hypothesis"))
+    from gpu_impl.device import DeviceError
+
     from .trace import TraceError
 
     try:
         args = build_parser().parse_args(argv)
         return VERBS[args.verb](args)
-    except (UsageError, TraceError) as e:
+    except (UsageError, TraceError, DeviceError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

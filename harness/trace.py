@@ -148,12 +148,14 @@ def parse(obj, source: str = "<trace>") -> Trace:
         raise TraceError(source, "version", f"trace version {version} is newer than this "
                          f"blockfuzz understands ({VERSION}); upgrade blockfuzz")
     _schema_check(obj, _TOP_SCHEMA, source, "")
+    _reject_floats({k: obj.get(k) for k in ("version", "config", "ops", "expect")}, source, "")
     if version != VERSION:
         raise TraceError(source, "version", f"unsupported version {version}; expected {VERSION}")
     try:
         config = RunnerConfig.from_json(obj["config"])
     except ConfigError as e:
-        raise TraceError(source, f"config.{e.field}", str(e).split(": ", 1)[1]) from None
+        where = f"config.{e.field}" if e.field else "config"
+        raise TraceError(source, where, str(e).split(": ", 1)[1]) from None
     ops = obj["ops"]
     for i, op in enumerate(ops):
         check_op_shape(op, f"ops[{i}]", source)
@@ -161,6 +163,18 @@ def parse(obj, source: str = "<trace>") -> Trace:
     _check_meta(trace, source)
     dry_run(trace, source)
     return trace
+
+
+def _reject_floats(obj, source: str, where: str) -> None:
+    """JSON Schema counts 1.0 as an integer; a trace must not (it would not round-trip)."""
+    if isinstance(obj, float):
+        raise TraceError(source, where or "(top level)", f"must be an integer, got {obj!r}")
+    if isinstance(obj, dict):
+        for k in sorted(obj, key=str):
+            _reject_floats(obj[k], source, f"{where}.{k}" if where else str(k))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            _reject_floats(v, source, f"{where}[{i}]")
 
 
 def _check_meta(trace: Trace, source: str) -> None:
@@ -172,6 +186,12 @@ def _check_meta(trace: Trace, source: str) -> None:
     for i, f in enumerate(faults):
         if not isinstance(f, str) or f not in CATALOGUE:
             raise TraceError(source, f"meta.faults[{i}]", f"unknown fault {f!r}")
+    from .invariants import IMPL_CRASH, ORDER
+
+    invariant = trace.expect.get("invariant")
+    if invariant is not None and invariant not in (*ORDER, IMPL_CRASH):
+        raise TraceError(source, "expect.invariant", f"unknown invariant {invariant!r}; "
+                         f"known: {', '.join(ORDER)}")
     op_index = trace.expect.get("op_index")
     if op_index is not None and not 0 <= op_index < len(trace.ops):
         raise TraceError(source, "expect.op_index", f"{op_index} is not an op index")
@@ -214,16 +234,27 @@ def apply_op(runner, op: dict) -> None:
 def load(path: str | Path) -> Trace:
     """Read and validate a trace file; raises :class:`TraceError` (one line)."""
     source = str(path)
+    return parse(read_json(path), source)
+
+
+def read_json(path: str | Path):
+    """JSON from ``path``; every way it can fail is a one-line :class:`TraceError`."""
+    source = str(path) or "''"
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as e:
         raise TraceError(source, "", f"cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise TraceError(source, f"byte {e.start}", "not UTF-8 text") from None
     try:
-        obj = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as e:
         raise TraceError(source, f"line {e.lineno} column {e.colno}",
                          f"not JSON: {e.msg}") from None
-    return parse(obj, source)
+    except RecursionError:
+        raise TraceError(source, "", "JSON nested too deeply") from None
+    except ValueError as e:  # e.g. integers beyond Python's digit limit
+        raise TraceError(source, "", f"not usable JSON: {e}") from None
 
 
 def write_atomic(path: Path, text: str) -> None:

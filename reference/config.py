@@ -43,7 +43,7 @@ class ConfigError(ValueError):
     """
 
     def __init__(self, field_path: str, message: str):
-        super().__init__(f"config.{field_path}: {message}")
+        super().__init__(f"config.{field_path}: {message}" if field_path else f"config: {message}")
         self.field = field_path
 
 

@@ -16,11 +16,12 @@ SEED_TRACE = ROOT / "corpora" / "seeds" / "full-replay-not-restaged.json"
 
 
 def test_fuzz_clean_run_prints_seed_first_and_exits_0(capsys, tmp_path):
-    rc = main(["fuzz", "--seed", "3", "--examples", "5", "--out", str(tmp_path / "o")])
+    rc = main(["fuzz", "--runner", "v1", "--seed", "3", "--examples", "5",
+               "--out", str(tmp_path / "o")])
     out = capsys.readouterr().out.splitlines()
     assert rc == 0
     assert out[0].startswith("blockfuzz fuzz: seed=3 runner=v1 target=gpu_impl")
-    assert out[1].startswith("config: {")
+    assert out[1].startswith("config: drawn per example")
     assert out[-1].startswith("PASS: ")
     assert not (tmp_path / "o").exists()
 
@@ -28,7 +29,7 @@ def test_fuzz_clean_run_prints_seed_first_and_exits_0(capsys, tmp_path):
 def test_fuzz_violation_writes_trace_and_ends_with_replay_command(capsys, tmp_path):
     out_dir = tmp_path / "o"
     rc = main(["fuzz", "--seed", "0", "--examples", "50", "--fault", "removed-row-not-cleared",
-               "--out", str(out_dir)])
+               "--out", str(out_dir)])  # a V1-only fault pins runner v1
     lines = capsys.readouterr().out.splitlines()
     assert rc == 1
     assert any(line.startswith("FAIL: VACATED_ROWS_ZERO") for line in lines)
@@ -44,13 +45,18 @@ def test_replay_exit_codes(capsys):
     assert main(["replay", str(SEED_TRACE), "--fault", "full-replay-not-restaged"]) == 1
     assert main(["replay", str(SEED_TRACE), "--faults-from-trace"]) == 1
     out = capsys.readouterr().out
-    assert "FAIL" in out and "NO_STALE_WRITE" in out and "expected" not in out
+    assert "FAIL" in out and "NO_STALE_WRITE" in out
+    seeds = sorted(str(p) for p in (ROOT / "corpora").rglob("*.json"))
+    assert main(["replay", "--check-expect", *seeds]) == 0  # every verdict matches its expect
+    assert capsys.readouterr().out.rstrip().endswith(f"{len(seeds)} matched, 0 mismatched")
 
 
 @pytest.mark.parametrize("argv, needle", [
     (["fuzz", "--fault", "nope"], "--fault nope: unknown fault"),
     (["fuzz", "--examples", "0"], "--examples"),
-    (["fuzz", "--runner", "v9"], "--runner v9"),
+    (["fuzz", "--runner", "v9"], "invalid choice: 'v9'"),
+    (["fuzz", "--time-budget", "nan"], "--time-budget"),
+    (["fuzz", "--fault", "dummy-tables-not-zeroed", "--runner", "v1"], "not v1"),
     (["fuzz", "--examples", "x"], "invalid int value"),
     (["replay"], "the following arguments are required"),
     (["frobnicate"], "invalid choice"),
@@ -88,8 +94,8 @@ def test_same_command_same_bytes_across_processes(tmp_path):
         out_dir = tmp_path / hash_seed
         env = dict(os.environ, PYTHONHASHSEED=hash_seed)
         proc = subprocess.run(
-            [sys.executable, "-m", "harness", "fuzz", "--seed", "0", "--examples", "200",
-             "--fault", "full-replay-not-restaged", "--out", str(out_dir)],
+            [sys.executable, "-m", "harness", "fuzz", "--runner", "v1", "--seed", "0",
+             "--examples", "200", "--fault", "full-replay-not-restaged", "--out", str(out_dir)],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 1, proc.stderr
         (path,) = out_dir.glob("*.json")
@@ -99,7 +105,7 @@ def test_same_command_same_bytes_across_processes(tmp_path):
 
 def test_repro_writes_trace_and_standalone_script(tmp_path, capsys):
     out_dir = tmp_path / "found"
-    rc = main(["repro", "--seed", "0", "--fault", "full-replay-not-restaged",
+    rc = main(["repro", "--runner", "v1", "--seed", "0", "--fault", "full-replay-not-restaged",
                "--out", str(out_dir)])
     assert rc == 1
     (trace_path,) = out_dir.glob("*.json")
@@ -141,3 +147,22 @@ def test_shrink_verb_on_a_hand_made_trace(tmp_path, capsys):
     small = json.loads((tmp_path / "long.shrunk.json").read_text())
     assert len(small["ops"]) < len(src["ops"]) and small["expect"]["verdict"] == "fail"
     assert main(["shrink", str(path)]) == 0  # passes without its fault: nothing to shrink
+
+
+def test_out_that_is_a_file_is_refused_before_searching(tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    assert main(["fuzz", "--examples", "5", "--out", str(afile)]) == 2
+    assert "not a directory" in capsys.readouterr().err
+
+
+def test_env_faults_are_reported_and_recorded(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("BLOCKFUZZ_FAULTS", "removed-row-not-cleared")
+    assert main(["fuzz", "--runner", "v1", "--examples", "50", "--out", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "faults=removed-row-not-cleared" in out.splitlines()[0]
+    (trace,) = tmp_path.glob("*.json")
+    assert json.loads(trace.read_text())["meta"]["faults"] == ["removed-row-not-cleared"]
+    monkeypatch.setenv("BLOCKFUZZ_FAULTS", "nope")
+    assert main(["replay", str(trace)]) == 2
+    assert capsys.readouterr().err.count("\n") == 1

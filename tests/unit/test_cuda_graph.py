@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-import gpu_impl  # noqa: F401
+import gpu_impl.device  # noqa: F401  (kernel modules select the device before triton)
 from gpu_impl.attention import reshape_and_cache
 from gpu_impl.cuda_graph import Graph
 

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import gpu_impl  # noqa: F401  (selects the device before triton is imported)
+import gpu_impl.device  # noqa: F401  (kernel modules select the device before triton)
 from gpu_impl.attention import paged_attention_read, reshape_and_cache
 from gpu_impl.block_table import PAD_SLOT_ID, BlockTable
 from gpu_impl.faults import FaultSet

@@ -77,6 +77,13 @@ MALFORMED = {
                                              "prompt_len": 1}]}),
     "config-bounds.json": json.dumps({"format": "blockfuzz-trace", "version": 1,
                                       "config": {"max_num_reqs": 999}, "ops": []}),
+    "float-version.json": json.dumps({"format": "blockfuzz-trace", "version": 1.0,
+                                      "config": {}, "ops": []}),
+    "unknown-invariant.json": json.dumps({"format": "blockfuzz-trace", "version": 1,
+                                          "config": {}, "ops": [],
+                                          "expect": {"verdict": "fail", "invariant": "NOPE"}}),
+    "deep.json": "[" * 100000 + "]" * 100000,
+    "huge-int.json": '{"format": "blockfuzz-trace", "version": ' + "9" * 5000 + "}",
 }
 
 
@@ -99,3 +106,10 @@ def test_a_directory_is_not_a_trace(tmp_path, capsys):
 
 def test_seeds_load():
     assert all(load(p).ops for p in SEEDS)
+
+
+def test_binary_file_is_not_a_trace(tmp_path, capsys):
+    path = tmp_path / "binary.bin"
+    path.write_bytes(bytes(range(256)) * 4)
+    assert main(["replay", str(path)]) == 2
+    assert "not UTF-8" in capsys.readouterr().err
