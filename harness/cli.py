@@ -68,6 +68,22 @@ def build_parser() -> argparse.ArgumentParser:
                         "verdict matches the trace's `expect`, 1 otherwise")
     _add_common(p)
 
+    p = sub.add_parser("nightly", help="time-budgeted, crash-isolated, sharded campaign "
+                                       "with report.json and JUnit XML")
+    p.add_argument("--time-budget", type=float, required=True, metavar="S")
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--shard", default="0/1", metavar="K/N",
+                   help="run seeds K, K+N, K+2N, ... (disjoint across a CI matrix)")
+    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--corpus", default="corpora/found", metavar="DIR",
+                   help="where findings are also written as corpus entries ('' for none)")
+    p.add_argument("--runner", default=None, choices=["v1", "v2"])
+    p.add_argument("--fault", action="append", default=[], metavar="ID")
+    p.add_argument("--seed-timeout", type=float, default=300.0, metavar="S",
+                   help="a seed running longer is killed and recorded as a crash")
+    p.add_argument("--examples-per-seed", type=int, default=25)
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+
     p = sub.add_parser("faults", help="the fault catalogue")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     return parser
@@ -327,8 +343,74 @@ def cmd_faults(args) -> int:
     return EXIT_OK
 
 
+def cmd_nightly(args) -> int:
+    from .nightly import Campaign, run
+
+    try:
+        k, n = (int(x) for x in args.shard.split("/"))
+    except ValueError:
+        raise UsageError(f"--shard {args.shard}: expected K/N, e.g. 0/4") from None
+    if not (n >= 1 and 0 <= k < n):
+        raise UsageError(f"--shard {args.shard}: need 0 <= K < N")
+    if not (0 < args.time_budget < math.inf) or args.workers < 1 or args.seed_timeout <= 0 \
+            or args.examples_per_seed < 1:
+        raise UsageError("--time-budget, --seed-timeout, --workers and --examples-per-seed "
+                         "must be positive (and finite)")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {args.out}: exists and is not a directory")
+    faults = _check_faults(args.fault, args.runner)
+    runner = args.runner or _fault_runner(faults)
+    device = _select_device(args.device, "gpu_impl")
+    c = Campaign(out, args.time_budget, args.workers, (k, n), device, runner, tuple(faults),
+                 Path(args.corpus) if args.corpus else None, args.seed_timeout,
+                 args.examples_per_seed)
+    print(f"blockfuzz nightly: shard={k}/{n} workers={args.workers} device={device} "
+          f"runner={runner or 'drawn'} faults={','.join(faults) or '-'} "
+          f"time_budget={args.time_budget:g}s out={out}")
+    sys.stdout.flush()
+    progress = run(c, tick=_nightly_ticker(args.time_budget))
+    print(f"{len(progress.seeds)} seeds, {progress.steps} steps in {progress.elapsed:.0f} s "
+          f"({progress.steps / max(progress.elapsed, 1e-9):.0f} steps/s), "
+          f"{len(progress.findings)} finding(s), {progress.crashes} crash(es)")
+    for sig in sorted(progress.findings):
+        f = progress.findings[sig]
+        print(f"FINDING {sig}: {f.get('violation', '')}")
+        if f.get("replay"):
+            print(f"  replay: {f['replay']}")
+    print(f"report: {out / 'report.json'}  junit: {out / 'junit.xml'}")
+    return EXIT_VIOLATION if progress.findings else EXIT_OK
+
+
+def _nightly_ticker(budget: float):
+    """A rich progress bar on a terminal; a plain line every 10 s when piped."""
+    if sys.stdout.isatty():
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        bar = Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                       transient=True)
+        task = bar.add_task("nightly", total=budget)
+        bar.start()
+
+        def tick(elapsed, p):
+            bar.update(task, completed=min(elapsed, budget),
+                       description=f"seeds {len(p.seeds)} steps {p.steps} "
+                                   f"findings {len(p.findings)}")
+            if elapsed >= budget and not bar.finished:
+                bar.stop()
+        return tick
+    last = [0.0]
+
+    def tick(elapsed, p):
+        if elapsed - last[0] >= 10:
+            last[0] = elapsed
+            print(f"[{elapsed:5.0f}s] seeds {len(p.seeds)} steps {p.steps} "
+                  f"findings {len(p.findings)}", flush=True)
+    return tick
+
+
 VERBS = {"fuzz": cmd_fuzz, "repro": cmd_fuzz, "shrink": cmd_shrink, "explain": cmd_explain,
-         "replay": cmd_replay, "faults": cmd_faults}
+         "replay": cmd_replay, "faults": cmd_faults, "nightly": cmd_nightly}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -339,6 +421,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from .trace import TraceError
 
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["_worker"]:  # a nightly worker subprocess
+        from .nightly import worker_main
+
+        return worker_main(argv[1:])
     try:
         args = build_parser().parse_args(argv)
         return VERBS[args.verb](args)

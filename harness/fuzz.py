@@ -121,8 +121,11 @@ def fuzz(config: RunnerConfig | None, seed: int = 0, examples: int | None = 200,
 
 
 def signature(trace: Trace) -> str:
-    """Dedup key of a finding: invariant, offending op kind, length, ops digest."""
+    """Dedup key of a finding: invariant, offending op, and the shape of the trace
+    (runner and the sequence of op kinds), so the same bug found with other ids
+    or another seed gets the same name."""
     e = trace.expect
     op = trace.ops[e["op_index"]]["op"] if e.get("op_index", -1) >= 0 else "start"
-    digest = hashlib.sha256(Trace(trace.config, trace.ops).dumps().encode()).hexdigest()[:8]
+    shape = trace.config.runner + ":" + ",".join(o["op"] for o in trace.ops)
+    digest = hashlib.sha256(shape.encode()).hexdigest()[:8]
     return f"{e.get('invariant', 'pass')}-{op}-{len(trace.ops)}ops-{digest}"
