@@ -57,36 +57,16 @@ def _timed_gpu_target(clock):
     return Timed
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--examples", type=int, default=40, help="fuzz examples for throughput")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--kill-examples", type=int, default=200)
-    args = ap.parse_args()
-
-    from gpu_impl.device import select_device
-
-    device = select_device(args.device).type
-    from gpu_impl.faults import CATALOGUE
-    from harness import targets
-    from harness.fuzz import fuzz
-    from harness.session import Session
-    from harness.trace import apply_op
-    from reference import RunnerConfig
-
-    config = RunnerConfig()
-    console = Console(width=None if Console().is_terminal else 150)
-    console.print(f"blockfuzz bench: seed={args.seed} device={device} examples={args.examples} "
-                  f"config=default hybrid (1 attention + 1 mamba group)")
-
-    # Workload: the op sequences the fuzz loop generates on the fixed implementation.
-    stats = {"traces": []}
-    from harness import machine as machine_mod
+def _throughput(config, args, device):
+    """(rows, share of fuzz wall time outside gpu_impl, fuzz-loop steps/s) for one config."""
     from hypothesis import Phase, seed, settings
     from hypothesis.stateful import run_state_machine_as_test
-    from harness import profiles
 
+    from harness import machine as machine_mod
+    from harness import profiles, targets
+    from harness.session import Session
+
+    stats = {"traces": []}
     clock = [0.0]
     original = targets.GpuImplTarget
     targets.GpuImplTarget = _timed_gpu_target(clock)
@@ -101,10 +81,8 @@ def main() -> None:
         targets.GpuImplTarget = original
     workload = stats["traces"]
     fuzz_steps = stats["steps"]
-
     ref_steps, ref_s = _time_apply(lambda: targets.ReferenceTarget(config), workload)
     gpu_steps, gpu_s = _time_apply(lambda: targets.GpuImplTarget(config, (), device), workload)
-
     start = time.perf_counter()
     sess_steps = 0
     for ops in workload:
@@ -113,21 +91,84 @@ def main() -> None:
             session.apply(op)
             sess_steps += 1
     sess_s = time.perf_counter() - start
-
-    t = Table(title="throughput (same workload; an op = a step)")
-    for col in ("layer", "steps", "seconds", "steps/s", "vs gpu_impl alone"):
-        t.add_column(col, justify="right" if col != "layer" else "left")
     rows = [("reference alone", ref_steps, ref_s), ("gpu_impl alone", gpu_steps, gpu_s),
             ("session (ref + gpu_impl + invariants)", sess_steps, sess_s),
             ("fuzz loop (Hypothesis + session)", fuzz_steps, fuzz_s)]
-    for name, steps, secs in rows:
-        t.add_row(name, str(steps), f"{secs:.2f}", f"{steps / secs:.0f}",
-                  f"{(steps / secs) / (gpu_steps / gpu_s):.2f}x")
-    console.print(t)
-    console.print(f"fuzz loop wall time outside gpu_impl: {(fuzz_s - clock[0]) / fuzz_s:.1%} "
-                  f"({fuzz_s - clock[0]:.2f} s of {fuzz_s:.2f} s; gpu_impl incl. runner start-up "
-                  f"and observations)")
+    return rows, (fuzz_s - clock[0]) / fuzz_s, fuzz_steps / fuzz_s
 
+
+def _nightly_scaling(args, device, fuzz_rate, console):
+    """Nightly steps/s with 1 and 2 workers, against the plain fuzz loop."""
+    import tempfile
+    from pathlib import Path
+
+    from harness.nightly import Campaign, run
+
+    t = Table(title=f"nightly throughput ({args.nightly:g} s budget each, runner v1, "
+                    "geometry drawn)")
+    for col in ("workers", "seeds", "steps", "seconds", "steps/s", "vs 1 worker",
+                "per worker vs fuzz loop"):
+        t.add_column(col)
+    base = None
+    for workers in (1, 2):
+        with tempfile.TemporaryDirectory() as d:
+            p = run(Campaign(Path(d), args.nightly, workers, (0, 1), device, "v1", (), None))
+        rate = p.steps / p.elapsed
+        base = base or rate
+        t.add_row(str(workers), str(len(p.seeds)), str(p.steps), f"{p.elapsed:.0f}",
+                  f"{rate:.0f}", f"{rate / base:.2f}x", f"{rate / workers / fuzz_rate:.2f}x")
+    console.print(t)
+    console.print(f"(fuzz loop reference rate: {fuzz_rate:.0f} steps/s, geometry drawn, v1)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--examples", type=int, default=40, help="fuzz examples for throughput")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--kill-examples", type=int, default=200)
+    ap.add_argument("--nightly", type=float, default=0, metavar="S",
+                    help="also time `nightly` with 1 and 2 workers for S seconds each")
+    ap.add_argument("--no-kills", action="store_true", help="skip the kill-rate table")
+    args = ap.parse_args()
+
+    from gpu_impl.device import select_device
+
+    device = select_device(args.device).type
+    from gpu_impl.faults import CATALOGUE
+    from harness.fuzz import fuzz
+    from reference import RunnerConfig
+
+    console = Console(width=None if Console().is_terminal else 150)
+    console.print(f"blockfuzz bench: seed={args.seed} device={device} examples={args.examples}")
+    t = Table(title="throughput (same workload per row group; an op = a step)")
+    for col in ("config", "layer", "steps", "seconds", "steps/s", "vs gpu_impl alone"):
+        t.add_column(col)
+    shares = []
+    drawn_rate = None
+    for label, config in (("v1 default hybrid", RunnerConfig()),
+                          ("v2 default hybrid", RunnerConfig(runner="v2")),
+                          ("v1 geometry drawn", None), ("v2 geometry drawn", None)):
+        if config is None:
+            r = fuzz(None, args.seed, args.examples, (), "gpu_impl", device, profile="dev",
+                     runner=label[:2])
+            t.add_row(label, "fuzz loop (Hypothesis + session)", str(r.steps),
+                      f"{r.seconds:.2f}", f"{r.steps_per_s:.0f}", "-")
+            drawn_rate = drawn_rate or r.steps_per_s
+            continue
+        rows, share, _ = _throughput(config, args, device)
+        gpu_rate = rows[1][1] / rows[1][2]
+        for name, steps, secs in rows:
+            t.add_row(label, name, str(steps), f"{secs:.2f}", f"{steps / secs:.0f}",
+                      f"{(steps / secs) / gpu_rate:.2f}x")
+        shares.append(f"{label}: {share:.1%}")
+    console.print(t)
+    console.print("fuzz loop wall time outside gpu_impl (runner start-up and observations "
+                  "count as gpu_impl): " + "; ".join(shares))
+    if args.nightly:
+        _nightly_scaling(args, device, drawn_rate, console)
+    if args.no_kills:
+        return
     k = Table(title=f"kill rate (seed {args.seed}, <= {args.kill_examples} examples, profile ci, "
                     "geometry drawn per example)")
     for col in ("fault", "runner", "invariant", "expected", "examples", "search s",
