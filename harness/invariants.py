@@ -1,6 +1,6 @@
 """Invariants: pure functions of observations, the ledger and the op.
 
-Ids and meaning are fixed by ``shared/DESIGN.md``.  Every check returns a list
+Ids and meaning are fixed (README.md, "Invariants"; the project design contract).  Every check returns a list
 of :class:`Violation` naming the invariant, the op index, and where (group,
 block, row).  ``NO_STALE_WRITE`` diffs the caches before and after the op
 against the ownership ledger: it never asks a kernel what it wrote.
