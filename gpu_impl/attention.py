@@ -34,17 +34,25 @@ def reshape_and_cache(hidden: torch.Tensor, slot_mapping: torch.Tensor, kv_cache
 
 
 def paged_attention_read(block_table: torch.Tensor, seq_lens: torch.Tensor,
-                         kv_cache: torch.Tensor, out: torch.Tensor, num_rows: int) -> None:
+                         kv_cache: torch.Tensor, out: torch.Tensor, num_rows: int,
+                         alloc_block_size: int | None = None,
+                         dcp: tuple[int, int, int] = (1, 0, 1)) -> None:
     """Masked sum over every block-table column of rows [0, num_rows).
 
-    block_table: int32 (max_num_reqs, width); seq_lens: int32 (max_num_reqs,);
-    kv_cache: float32 (num_blocks, block_size, head_size); out: float32
-    (max_num_reqs, head_size), rows [0, num_rows) written.
+    block_table: int32 (max_num_reqs, width) kernel block ids; seq_lens: int32
+    (max_num_reqs,); kv_cache: float32 (num_kernel_blocks, kernel_block_size,
+    head_size); out: float32 (max_num_reqs, head_size), rows [0, num_rows)
+    written.  A cell's weight is 1 when the position it holds on this rank
+    (decode context parallelism ``dcp`` = (world, rank, interleave), dealt in
+    allocation blocks of ``alloc_block_size``) is below the row's seq_len.
     """
     width = block_table.shape[1]
     block_size, head = kv_cache.shape[1], kv_cache.shape[2]
+    world, rank, interleave = dcp
     launch(_paged_attention_read_kernel, (1,), block_table, seq_lens, kv_cache, out, num_rows,
            WIDTH=width, BLOCK_SIZE=block_size, HEAD=head,
+           ALLOC_BLOCK_SIZE=alloc_block_size or block_size, WORLD=world, RANK=rank,
+           INTERLEAVE=interleave,
            BLOCK_R=triton.next_power_of_2(block_table.shape[0]),
            BLOCK_J=triton.next_power_of_2(width * block_size))
 
@@ -75,8 +83,12 @@ def _paged_attention_read_kernel(
     out_ptr,  # float32 [max_num_reqs, HEAD]: masked sums, rows [0, num_rows) written
     num_rows,
     WIDTH: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,  # kernel block size
     HEAD: tl.constexpr,
+    ALLOC_BLOCK_SIZE: tl.constexpr,  # allocation block size (DCP ownership unit)
+    WORLD: tl.constexpr,  # decode context parallel world size
+    RANK: tl.constexpr,
+    INTERLEAVE: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_J: tl.constexpr,
 ):
@@ -92,7 +104,14 @@ def _paged_attention_read_kernel(
     slot = block_id * BLOCK_SIZE + j[None, :] % BLOCK_SIZE
     vals = tl.load(kv_cache_ptr + slot[:, :, None] * HEAD + d[None, None, :],
                    mask=cell_ok[:, :, None], other=0.0)
+    # The position each cell holds on this rank: kernel column -> allocation column and
+    # offset, then the DCP dealing (world 1: the plain j).
+    kernels_per_block = ALLOC_BLOCK_SIZE // BLOCK_SIZE
+    alloc_column = (j // BLOCK_SIZE) // kernels_per_block
+    local = ((j // BLOCK_SIZE) % kernels_per_block) * BLOCK_SIZE + j % BLOCK_SIZE
+    held = (alloc_column * ALLOC_BLOCK_SIZE * WORLD + (local // INTERLEAVE) * WORLD * INTERLEAVE
+            + RANK * INTERLEAVE + local % INTERLEAVE)
     # Masked positions are loaded and weighted by 0, not skipped (whole-block reads).
-    weight = (j[None, :] < seq_len[:, None]).to(tl.float32)
+    weight = (held[None, :] < seq_len[:, None]).to(tl.float32)
     out = tl.sum(weight[:, :, None] * vals, axis=1)
     tl.store(out_ptr + r[:, None] * HEAD + d[None, :], out, mask=row_ok[:, None])

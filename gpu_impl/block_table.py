@@ -55,8 +55,10 @@ class BlockTable:
     """
 
     def __init__(self, block_size: int, kernel_block_size: int, max_num_reqs: int,
-                 max_num_blocks_per_req: int, device: torch.device, faults: FaultSet):
+                 max_num_blocks_per_req: int, device: torch.device, faults: FaultSet,
+                 dcp: tuple[int, int, int] = (1, 0, 1)):
         self.block_size = block_size
+        self.dcp = dcp  # (world size, rank, interleave) for attention groups
         self.kernel_block_size = kernel_block_size
         self.blocks_per_kv_block = block_size // kernel_block_size
         self.faults = faults
@@ -111,29 +113,34 @@ class BlockTable:
     def compute_slot_mapping(self, req_indices: torch.Tensor, positions: torch.Tensor,
                              slot_mapping: torch.Tensor, num_tokens_padded: int) -> None:
         """Slot mapping of this table's rows (see :func:`compute_slot_mapping`)."""
-        compute_slot_mapping(self.block_table.gpu, self.kernel_block_size, req_indices,
-                             positions, slot_mapping, num_tokens_padded,
-                             column_block_size=(self.block_size if "kernel-block-size-ignored"
-                                                in self.faults else None))
+        compute_slot_mapping(self.block_table.gpu, self.block_size, self.kernel_block_size,
+                             self.dcp, req_indices, positions, slot_mapping, num_tokens_padded,
+                             ignore_kernel_blocks="kernel-block-size-ignored" in self.faults)
 
 
-def compute_slot_mapping(block_table: torch.Tensor, block_size: int, req_indices: torch.Tensor,
+def compute_slot_mapping(block_table: torch.Tensor, block_size: int, kernel_block_size: int,
+                         dcp: tuple[int, int, int], req_indices: torch.Tensor,
                          positions: torch.Tensor, slot_mapping: torch.Tensor,
-                         num_tokens_padded: int, column_block_size: int | None = None) -> None:
-    """slot = block_table[row, pos // block_size] * block_size + pos % block_size.
+                         num_tokens_padded: int, ignore_kernel_blocks: bool = False) -> None:
+    """Slot of each token on this rank, through a table of kernel blocks.
 
-    block_table: int32 (max_num_reqs, width) device, the rows kernels read;
-    block_size: the size its ids are in (the kernel block size); req_indices:
-    int32 (max_num_batched_tokens,) batch row per token, -1 for padding tokens
-    (their slot becomes ``PAD_SLOT_ID``); positions: int64 (same shape);
-    slot_mapping: int64 persistent output, entries [0, num_tokens_padded)
-    written, the rest untouched.  column_block_size: only to re-introduce the
-    ``kernel-block-size-ignored`` fault (column picked with another size).
+    block_table: int32 (max_num_reqs, width) device, kernel block ids; block_size /
+    kernel_block_size: allocation and kernel block sizes; dcp: (world size, rank,
+    interleave) — a virtual block of ``block_size * world`` positions is dealt
+    to ranks in runs of ``interleave``, this rank keeps its runs packed, others
+    get ``PAD_SLOT_ID`` (world 1: every position is local); req_indices: int32
+    (max_num_batched_tokens,) batch row per token, -1 for padding tokens
+    (``PAD_SLOT_ID``); positions: int64; slot_mapping: int64 persistent output,
+    entries [0, num_tokens_padded) written, the rest untouched.
+    ignore_kernel_blocks: only to re-introduce the ``kernel-block-size-ignored``
+    fault (the allocation column used as the kernel column).
     """
+    world, rank, interleave = dcp
     block = triton.next_power_of_2(slot_mapping.shape[0])
     launch(_compute_slot_mapping_kernel, (1,), req_indices, positions, block_table,
-           block_table.stride(0), slot_mapping, num_tokens_padded, BLOCK_SIZE=block_size,
-           COLUMN_BLOCK_SIZE=column_block_size or block_size, PAD=PAD_SLOT_ID, BLOCK=block)
+           block_table.stride(0), slot_mapping, num_tokens_padded, ALLOC_BLOCK_SIZE=block_size,
+           BLOCK_SIZE=kernel_block_size, WORLD=world, RANK=rank, INTERLEAVE=interleave,
+           IGNORE_KERNEL_BLOCKS=ignore_kernel_blocks, PAD=PAD_SLOT_ID, BLOCK=block)
 
 
 class MultiGroupBlockTable:
@@ -144,9 +151,12 @@ class MultiGroupBlockTable:
     """
 
     def __init__(self, widths: list[int], block_sizes: list[int], kernel_block_sizes: list[int],
-                 max_num_reqs: int, device: torch.device, faults: FaultSet):
-        self.block_tables = [BlockTable(bs, kbs, max_num_reqs, w, device, faults)
-                             for w, bs, kbs in zip(widths, block_sizes, kernel_block_sizes)]
+                 max_num_reqs: int, device: torch.device, faults: FaultSet,
+                 dcps: list[tuple[int, int, int]] | None = None):
+        dcps = dcps or [(1, 0, 1)] * len(widths)
+        self.block_tables = [BlockTable(bs, kbs, max_num_reqs, w, device, faults, dcp)
+                             for w, bs, kbs, dcp in zip(widths, block_sizes, kernel_block_sizes,
+                                                        dcps)]
 
     def __getitem__(self, group: int) -> BlockTable:
         return self.block_tables[group]
@@ -180,12 +190,16 @@ class MultiGroupBlockTable:
 def _compute_slot_mapping_kernel(
     req_indices_ptr,  # int32 [max_num_batched_tokens]: batch row of each token, -1 = padding
     positions_ptr,  # int64 [max_num_batched_tokens]: token position in its request
-    block_table_ptr,  # int32 [max_num_reqs, max_num_blocks_per_req]: device block table
+    block_table_ptr,  # int32 [max_num_reqs, width]: device block table, kernel block ids
     block_table_stride,  # row stride of block_table, in elements
     slot_mapping_ptr,  # int64 [max_num_batched_tokens]: output, PAD for padding tokens
     num_tokens_padded,  # entries [0, num_tokens_padded) are written
-    BLOCK_SIZE: tl.constexpr,  # the size the table's block ids are in (kernel blocks)
-    COLUMN_BLOCK_SIZE: tl.constexpr,  # == BLOCK_SIZE except under a fault
+    ALLOC_BLOCK_SIZE: tl.constexpr,  # allocation block size (DCP ownership unit)
+    BLOCK_SIZE: tl.constexpr,  # kernel block size (the table's ids are in it)
+    WORLD: tl.constexpr,  # decode context parallel world size
+    RANK: tl.constexpr,  # this rank
+    INTERLEAVE: tl.constexpr,  # positions dealt to a rank in one run
+    IGNORE_KERNEL_BLOCKS: tl.constexpr,  # fault switch (kernel-block-size-ignored)
     PAD: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -193,9 +207,17 @@ def _compute_slot_mapping_kernel(
     in_range = offs < num_tokens_padded
     row = tl.load(req_indices_ptr + offs, mask=in_range, other=-1)
     pos = tl.load(positions_ptr + offs, mask=in_range, other=0)
-    real = in_range & (row >= 0)
-    block_id = tl.load(block_table_ptr + row * block_table_stride + pos // COLUMN_BLOCK_SIZE,
+    virtual = pos % (ALLOC_BLOCK_SIZE * WORLD)
+    column = pos // (ALLOC_BLOCK_SIZE * WORLD)
+    local = (virtual // INTERLEAVE) % WORLD == RANK
+    offset = (virtual // (WORLD * INTERLEAVE)) * INTERLEAVE + virtual % INTERLEAVE
+    if IGNORE_KERNEL_BLOCKS:
+        kernel_column = column
+    else:
+        kernel_column = column * (ALLOC_BLOCK_SIZE // BLOCK_SIZE) + offset // BLOCK_SIZE
+    real = in_range & (row >= 0) & local
+    block_id = tl.load(block_table_ptr + row * block_table_stride + kernel_column,
                        mask=real, other=0)
-    slot = block_id.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
+    slot = block_id.to(tl.int64) * BLOCK_SIZE + offset % BLOCK_SIZE
     slot = tl.where(real, slot, PAD)
     tl.store(slot_mapping_ptr + offs, slot, mask=in_range)

@@ -35,8 +35,9 @@ class BlockTables:
 
     def __init__(self, block_sizes: list[int], kernel_block_sizes: list[int],
                  max_blocks: list[int], max_num_reqs: int, device: torch.device,
-                 faults: FaultSet):
+                 faults: FaultSet, dcps: list[tuple[int, int, int]]):
         self.block_sizes = block_sizes
+        self.dcps = dcps
         self.kernel_block_sizes = kernel_block_sizes
         self.ks = [bs // kbs for bs, kbs in zip(block_sizes, kernel_block_sizes)]
         self.faults = faults
@@ -99,10 +100,10 @@ class BlockTables:
                               positions: torch.Tensor, slot_mapping: torch.Tensor,
                               num_tokens_padded: int) -> None:
         """Slot mapping of the batch's tokens through the input tables (batch rows)."""
-        ignored = "kernel-block-size-ignored" in self.faults
-        compute_slot_mapping(self.input_block_tables[group], self.kernel_block_sizes[group],
-                             req_indices, positions, slot_mapping, num_tokens_padded,
-                             column_block_size=self.block_sizes[group] if ignored else None)
+        compute_slot_mapping(self.input_block_tables[group], self.block_sizes[group],
+                             self.kernel_block_sizes[group], self.dcps[group], req_indices,
+                             positions, slot_mapping, num_tokens_padded,
+                             ignore_kernel_blocks="kernel-block-size-ignored" in self.faults)
 
 
 @triton.jit

@@ -28,13 +28,14 @@ class InputBatch:
     """
 
     def __init__(self, max_num_reqs: int, widths: list[int], block_sizes: list[int],
-                 kernel_block_sizes: list[int], device: torch.device, faults: FaultSet):
+                 kernel_block_sizes: list[int], device: torch.device, faults: FaultSet,
+                 dcps: list[tuple[int, int, int]] | None = None):
         self.faults = faults
         self.req_ids = np.full(max_num_reqs, EMPTY_ROW, np.int64)
         self.num_computed_tokens = np.zeros(max_num_reqs, np.int32)
         self.num_prompt_tokens = np.zeros(max_num_reqs, np.int32)
         self.block_table = MultiGroupBlockTable(widths, block_sizes, kernel_block_sizes,
-                                                max_num_reqs, device, faults)
+                                                max_num_reqs, device, faults, dcps)
 
     @property
     def num_reqs(self) -> int:

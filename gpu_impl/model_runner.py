@@ -29,7 +29,7 @@ class GPUModelRunnerV1(GPUModelRunnerBase):
         widths = [1 if s.kind == "mamba" else cfg.max_num_blocks_per_req for s in groups]
         self.input_batch = InputBatch(cfg.max_num_reqs, widths, [s.block_size for s in groups],
                                       [s.kernel_block_size for s in groups], self.device,
-                                      self.faults)
+                                      self.faults, [self.dcp(g) for g in range(len(groups))])
 
     def kernel_table(self, group: int) -> torch.Tensor:
         return self.input_batch.block_table[group].block_table.gpu

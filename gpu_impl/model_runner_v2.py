@@ -31,7 +31,8 @@ class GPUModelRunnerV2(GPUModelRunnerBase):
         max_blocks = [1 if s.kind == "mamba" else cfg.max_num_blocks_per_req for s in groups]
         self.block_tables = BlockTables([s.block_size for s in groups],
                                         [s.kernel_block_size for s in groups], max_blocks,
-                                        cfg.max_num_reqs, self.device, self.faults)
+                                        cfg.max_num_reqs, self.device, self.faults,
+                                        [self.dcp(g) for g in range(len(groups))])
         self.req_index: dict[int, int] = {}
         self.num_computed_tokens = np.zeros(cfg.max_num_reqs, np.int32)
         self.num_prompt_tokens = np.zeros(cfg.max_num_reqs, np.int32)

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from .attention import paged_attention_read, reshape_and_cache
-from .block_table import CpuGpuBuffer, compute_slot_mapping
+from .block_table import CpuGpuBuffer
 from .cuda_graph import Graph
 from .faults import FaultSet
 from .mamba import mamba_state_update
@@ -141,11 +141,26 @@ class GPUModelRunnerBase(abc.ABC):
     def _fill_dummy_slots(self, num_tokens: int, tokens_padded: int, warmup: bool) -> None:
         """PAD-fill the slot mappings a dummy run uses."""
 
+    def dcp(self, group: int) -> tuple[int, int, int]:
+        """(world size, rank, interleave) of ``group``: attention KV is sharded by decode
+        context parallelism, Mamba state is replicated."""
+        cfg = self.config
+        if cfg.groups[group].kind != "attention":
+            return (1, 0, 1)
+        return (cfg.dcp_world_size, cfg.dcp_rank, cfg.cp_kv_cache_interleave_size)
+
+    def _local_positions(self, group: int, pos: np.ndarray):
+        """(is_local, allocation column, offset in block) of positions on this rank."""
+        world, rank, interleave = self.dcp(group)
+        bs = self.config.groups[group].block_size
+        virtual = pos % (bs * world)
+        local = (virtual // interleave) % world == rank
+        return local, pos // (bs * world), (virtual // (world * interleave)) * interleave \
+            + virtual % interleave
+
+    @abc.abstractmethod
     def _compute_slot_mapping(self, group: int, tokens_padded: int) -> None:
         """Slot mapping of the batch's tokens into ``slot_mappings[group]``."""
-        compute_slot_mapping(self.kernel_table(group), self.kernel_block_size(group),
-                             self.req_indices.gpu, self.positions.gpu,
-                             self.slot_mappings[group], tokens_padded)
 
     @abc.abstractmethod
     def kernel_table(self, group: int) -> torch.Tensor:
@@ -180,9 +195,11 @@ class GPUModelRunnerBase(abc.ABC):
         pos = np.arange(state.prompt_len)
         values = torch.from_numpy(token_payload(req, pos, self.config.head_size)).to(self.device)
         for g in self.attn_groups:
-            bs = self.config.groups[g].block_size
-            blocks = torch.tensor(np.asarray(state.block_ids[g])[pos // bs], device=self.device)
-            self.kv_caches[g][blocks, torch.from_numpy(pos % bs).to(self.device)] = values
+            local, column, offset = self._local_positions(g, pos)  # DCP: this rank's share
+            blocks = torch.tensor(np.asarray(state.block_ids[g])[column[local]],
+                                  device=self.device)
+            self.kv_caches[g][blocks, torch.from_numpy(offset[local]).to(self.device)] = \
+                values[torch.from_numpy(local).to(self.device)]
         for g in self.mamba_groups:
             self.mamba_states[g][state.block_ids[g][0]] = values.sum(dim=0)
         state.num_computed_tokens = state.prompt_len
@@ -302,7 +319,8 @@ class GPUModelRunnerBase(abc.ABC):
                                self.has_initial_state.gpu, self.mamba_states[g], num_rows)
         for g in self.attn_groups:
             paged_attention_read(self.kernel_table(g), self.seq_lens.gpu, self._kv_view(g),
-                                 self.attn_out[g], num_rows)
+                                 self.attn_out[g], num_rows, self.config.groups[g].block_size,
+                                 self.dcp(g))
 
     def buffers(self) -> dict[str, torch.Tensor]:
         """Every persistent device buffer a FULL graph reads or writes, by name."""

@@ -32,8 +32,15 @@ def runner_configs(draw, runner: str | None = None) -> RunnerConfig:
         groups.append(GroupSpec(ATTENTION, second, second))
     max_num_batched_tokens = draw(st.sampled_from([16, 8]))
     sizes = draw(st.sampled_from([(1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4), (2, 8), (1,), ()]))
+    world = draw(st.sampled_from([1, 1, 2, 4]))
+    rank = draw(st.integers(0, world - 1))
+    interleave = draw(st.sampled_from([i for i in (1, 2, 4) if all(
+        g.block_size % i == 0 for g in groups if g.kind == ATTENTION)]))
     return RunnerConfig(
         runner=runner,
+        dcp_world_size=world,
+        dcp_rank=rank,
+        cp_kv_cache_interleave_size=interleave,
         groups=tuple(groups),
         num_blocks=draw(st.sampled_from([12, 8, 16])),
         max_num_reqs=draw(st.sampled_from([4, 4, 2, 3])),

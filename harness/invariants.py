@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from reference import NULL_BLOCK_ID, Ledger, RunnerConfig, payload, payload_sum
+from reference.dcp import global_position, local_slots
 from reference.ledger import FREE, RESERVED
 
 from .targets import Observation
@@ -78,13 +79,14 @@ def permit_for(config: RunnerConfig, ledger: Ledger, op: dict) -> WritePermit:
     if kind == "step":
         for req, n in op["scheduled"]:
             r = ledger.requests[req]
-            lo, hi = r.num_computed_tokens, r.num_computed_tokens + n
+            pos = np.arange(r.num_computed_tokens, r.num_computed_tokens + n)
             for g in config.attention_groups:
-                bs = config.groups[g].block_size
-                for k, b in enumerate(r.blocks[g]):
-                    first, end = max(lo, k * bs), min(hi, (k + 1) * bs)
-                    if first < end:
-                        cells[g][b] = (first - k * bs, end - k * bs)
+                local, col, off = local_slots(pos, config.groups[g].block_size,
+                                              config.dcp_world_size, config.dcp_rank,
+                                              config.cp_kv_cache_interleave_size)
+                for c in sorted(set(col[local].tolist())):
+                    offs = off[local & (col == c)]
+                    cells[g][r.blocks[g][c]] = (int(offs.min()), int(offs.max()) + 1)
             for g in config.mamba_groups:
                 cells[g][r.blocks[g][0]] = None
     elif kind in ("kv_load", "remove"):
@@ -203,17 +205,19 @@ def check_loaded_blocks(config: RunnerConfig, ledger: Ledger, obs: Observation,
         r = ledger.requests[req]
         if not r.loaded:
             continue
-        pos = np.arange(r.prompt_len)
-        want = payload(req, pos, config.head_size)
         for g in config.attention_groups:
-            bs = config.groups[g].block_size
-            blocks = np.asarray(r.blocks[g])[pos // bs]
-            got = obs.kv_cache[g][blocks, pos % bs]
+            local, col, off = local_slots(np.arange(r.prompt_len), config.groups[g].block_size,
+                                          config.dcp_world_size, config.dcp_rank,
+                                          config.cp_kv_cache_interleave_size)
+            pos = np.flatnonzero(local)  # this rank's share of the prompt
+            want = payload(req, pos, config.head_size)
+            blocks = np.asarray(r.blocks[g])[col[local]]
+            got = obs.kv_cache[g][blocks, off[local]]
             bad = np.flatnonzero(~(got == want).all(axis=1))
             if bad.size:
                 p = int(bad[0])
                 out.append(Violation("LOADED_BLOCKS_INTACT", op_index, op,
-                                     f"req {req}'s loaded KV at position {p} is "
+                                     f"req {req}'s loaded KV at position {int(pos[p])} is "
                                      f"{_fmt(got[p])}, loaded {_fmt(want[p])}",
                                      group=g, block=int(blocks[p])))
         for g in config.mamba_groups:
@@ -228,12 +232,15 @@ def check_loaded_blocks(config: RunnerConfig, ledger: Ledger, obs: Observation,
 
 def oracle_read(config: RunnerConfig, blocks: list[int], seq_len: int, kv: np.ndarray,
                 group: int) -> np.ndarray:
-    """The read a request should see: its own blocks, null block past them."""
+    """The read a request should see: its own blocks (this rank's DCP share of each),
+    null block past them."""
     bs = config.groups[group].block_size
     row = np.zeros(config.max_num_blocks_per_req, np.int64)
     row[:len(blocks)] = blocks
     j = np.arange(row.size * bs)
-    w = (j < seq_len).astype(np.float32)
+    held = global_position(j // bs, j % bs, bs, config.dcp_world_size, config.dcp_rank,
+                           config.cp_kv_cache_interleave_size)
+    w = (held < seq_len).astype(np.float32)
     return (w[:, None] * kv[row[j // bs], j % bs]).sum(axis=0, dtype=np.float32)
 
 

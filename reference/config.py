@@ -73,6 +73,12 @@ class RunnerConfig:
     cudagraph_capture_sizes: token counts graphs are captured for, ascending;
       FULL graphs exist only for sizes <= ``max_num_reqs`` (uniform decode).
     head_size: floats per KV cell / state slot.
+    dcp_world_size / dcp_rank / cp_kv_cache_interleave_size: decode context
+      parallelism as seen by one rank.  Attention KV is sharded: within a
+      *virtual block* of ``block_size * dcp_world_size`` positions, runs of
+      ``interleave`` positions go to ranks round-robin; this rank stores only
+      its own positions (others map to ``PAD_SLOT_ID``), packed into its
+      ``block_size`` slots.  Mamba groups are replicated (not sharded).
     """
 
     runner: str = "v1"
@@ -88,6 +94,9 @@ class RunnerConfig:
     max_num_batched_tokens: int = 16
     cudagraph_capture_sizes: tuple[int, ...] = (1, 2, 4, 8)
     head_size: int = 4
+    dcp_world_size: int = 1
+    dcp_rank: int = 0
+    cp_kv_cache_interleave_size: int = 1
 
     def __post_init__(self):
         self.validate()
@@ -104,6 +113,11 @@ class RunnerConfig:
     def blocks_per_req_max(self, group: int) -> int:
         """Columns of ``group``'s block table (1 for a mamba group)."""
         return 1 if self.groups[group].kind == MAMBA else self.max_num_blocks_per_req
+
+    def tokens_per_block(self, group: int) -> int:
+        """Positions one allocation block covers on this rank's view (x dcp_world_size)."""
+        spec = self.groups[group]
+        return spec.block_size * (self.dcp_world_size if spec.kind == ATTENTION else 1)
 
     def padded_num_tokens(self, num_tokens: int) -> int | None:
         """Smallest capture size >= ``num_tokens``, or None when none fits."""
@@ -131,6 +145,9 @@ class RunnerConfig:
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "cudagraph_capture_sizes": list(self.cudagraph_capture_sizes),
             "head_size": self.head_size,
+            "dcp_world_size": self.dcp_world_size,
+            "dcp_rank": self.dcp_rank,
+            "cp_kv_cache_interleave_size": self.cp_kv_cache_interleave_size,
         }
 
     @classmethod
@@ -140,7 +157,8 @@ class RunnerConfig:
             raise ConfigError("", "must be an object")
         known = {"runner", "groups", "num_blocks", "max_num_reqs",
                  "max_num_blocks_per_req", "max_num_batched_tokens",
-                 "cudagraph_capture_sizes", "head_size"}
+                 "cudagraph_capture_sizes", "head_size", "dcp_world_size", "dcp_rank",
+                 "cp_kv_cache_interleave_size"}
         for key in sorted(obj):
             if key not in known:
                 raise ConfigError(key, "unknown field")
@@ -210,6 +228,15 @@ class RunnerConfig:
             raise ConfigError("cudagraph_capture_sizes", "must be ascending and distinct")
         for i, s in enumerate(sizes):
             _bound(s, 1, self.max_num_batched_tokens, f"cudagraph_capture_sizes[{i}]")
+        if self.dcp_world_size not in (1, 2, 4):
+            raise ConfigError("dcp_world_size", f"{self.dcp_world_size} not one of [1, 2, 4]")
+        _bound(self.dcp_rank, 0, self.dcp_world_size - 1, "dcp_rank")
+        interleave = self.cp_kv_cache_interleave_size
+        _bound(interleave, 1, BLOCK_SIZE_MAX, "cp_kv_cache_interleave_size")
+        for g in self.attention_groups:
+            if self.groups[g].block_size % interleave:
+                raise ConfigError("cp_kv_cache_interleave_size",
+                                  f"{interleave} must divide every attention block_size")
         for g in self.attention_groups:
             if self.groups[g].block_size * self.max_num_blocks_per_req > 256:
                 raise ConfigError(f"groups[{g}].block_size",

@@ -48,7 +48,7 @@ class RequestLedger:
 
     def capacity_tokens(self, config: RunnerConfig) -> int:
         """Tokens the request's attention blocks can hold (min over groups)."""
-        return min(len(self.blocks[g]) * config.groups[g].block_size
+        return min(len(self.blocks[g]) * config.tokens_per_block(g)
                    for g in config.attention_groups)
 
 
@@ -101,7 +101,7 @@ class Ledger:
         for g in cfg.mamba_groups:
             if len(blocks[g]) != 1:
                 raise OpError(f"blocks[{g}]", "a mamba group takes exactly one block")
-        capacity = min(len(blocks[g]) * cfg.groups[g].block_size for g in cfg.attention_groups)
+        capacity = min(len(blocks[g]) * cfg.tokens_per_block(g) for g in cfg.attention_groups)
         if isinstance(prompt_len, bool) or not isinstance(prompt_len, int):
             raise OpError("prompt_len", f"must be an integer, got {prompt_len!r}")
         if not 1 <= prompt_len <= min(capacity, POSITION_MAX + 1):

@@ -24,6 +24,7 @@ import numpy as np
 
 from .block_table import EMPTY_ROW, PersistentBatchRows
 from .config import CUDAGRAPH_MODES, FULL, NONE, PIECEWISE, RunnerConfig
+from .dcp import global_position, local_slots
 from .ledger import Ledger, OpError
 from .payload import NULL_BLOCK_ID, PAD_SLOT_ID, SENTINEL, payload, payload_sum
 
@@ -126,11 +127,13 @@ class ReferenceRunnerBase(abc.ABC):
         """A P/D transfer fills ``req``'s prompt KV and its mamba state."""
         self.ledger.kv_load(req)
         r = self.ledger.requests[req]
+        cfg = self.config
         pos = np.arange(r.prompt_len)
-        for g in self.config.attention_groups:
-            bs = self.config.groups[g].block_size
-            blocks = np.asarray(r.blocks[g])[pos // bs]
-            self.kv_cache[g][blocks, pos % bs] = payload(req, pos, self.config.head_size)
+        for g in cfg.attention_groups:
+            is_local, col, off = local_slots(pos, cfg.groups[g].block_size, cfg.dcp_world_size,
+                                             cfg.dcp_rank, cfg.cp_kv_cache_interleave_size)
+            blocks = np.asarray(r.blocks[g])[col[is_local]]
+            self.kv_cache[g][blocks, off[is_local]] = payload(req, pos[is_local], cfg.head_size)
         for g in self.config.mamba_groups:
             self.mamba_state[g][r.blocks[g][0]] = payload_sum(req, 0, r.prompt_len,
                                                               self.config.head_size)
@@ -219,9 +222,14 @@ class ReferenceRunnerBase(abc.ABC):
         self.rows.add_row(row, req, r.blocks, r.num_computed_tokens, r.prompt_len)
 
     def _slots(self, group: int, row: int, pos: np.ndarray) -> np.ndarray:
-        kbs = self.config.groups[group].kernel_block_size
-        blocks = self.device_block_table[group][row, pos // kbs].astype(np.int64)
-        return blocks * kbs + pos % kbs
+        """Slots on this rank: DCP layout in allocation blocks, then kernel blocks."""
+        cfg = self.config
+        bs, kbs = cfg.groups[group].block_size, cfg.groups[group].kernel_block_size
+        is_local, col, off = local_slots(pos, bs, cfg.dcp_world_size, cfg.dcp_rank,
+                                         cfg.cp_kv_cache_interleave_size)
+        kcol = col * (bs // kbs) + off // kbs
+        blocks = self.device_block_table[group][row, kcol].astype(np.int64)
+        return np.where(is_local, blocks * kbs + off % kbs, PAD_SLOT_ID)
 
     def _stage_padding(self, num_reqs, reqs_padded, num_tokens, tokens_padded) -> None:
         """Padded rows (FULL): one token each, seq_len 0; padded tokens: NaN, PAD slot."""
@@ -258,14 +266,19 @@ class ReferenceRunnerBase(abc.ABC):
             self.mamba_state[g][idx] = old + x
 
     def _attention(self, g: int, num_rows: int) -> None:
-        kbs = self.config.groups[g].kernel_block_size
-        kv = self.kv_cache[g].reshape(-1, kbs, self.config.head_size)  # kernel blocks
+        cfg = self.config
+        bs, kbs = cfg.groups[g].block_size, cfg.groups[g].kernel_block_size
+        kv = self.kv_cache[g].reshape(-1, kbs, cfg.head_size)  # kernel blocks
         width = self.device_block_table[g].shape[1]
         j = np.arange(width * kbs)
+        # The position each cell holds on this rank (DCP: only this rank's share).
+        held = global_position((j // kbs) // (bs // kbs), (j // kbs) % (bs // kbs) * kbs + j % kbs,
+                               bs, cfg.dcp_world_size, cfg.dcp_rank,
+                               cfg.cp_kv_cache_interleave_size)
         for b in range(num_rows):
             blocks = self.device_block_table[g][b, j // kbs]
             vals = kv[blocks, j % kbs]
-            weight = (j < self.seq_lens[b]).astype(np.float32)
+            weight = (held < self.seq_lens[b]).astype(np.float32)
             self.attn_out[g][b] = (weight[:, None] * vals).sum(axis=0, dtype=np.float32)
 
     def _poison(self, g: int, ids: list[int]) -> None:
