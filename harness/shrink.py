@@ -5,7 +5,7 @@ Hypothesis shrinks the draws of its state machine; this works on traces, so it
 also serves traces from elsewhere.  Passes, repeated until none helps (bounded):
 
 1. drop one request with every op that mentions it;
-2. drop single ops, last first;
+2. drop single ops, last first, then runs of ops (halving sizes);
 3. narrow each step: drop scheduled requests, lower token counts;
 4. renumber requests and blocks to small ids in order of first use;
 5. lower config limits (pool size, batch limits, capture sizes) one at a time.
@@ -95,6 +95,11 @@ def _candidates(ops: list[dict]):
         yield _without_req(ops, req)
     for i in reversed(range(len(ops))):
         yield ops[:i] + ops[i + 1:]
+    size = len(ops) // 2  # then runs of ops (a pair of swaps only cancels out together)
+    while size >= 2:
+        for start in range(len(ops) - size, -1, -1):
+            yield ops[:start] + ops[start + size:]
+        size //= 2
     for i, op in enumerate(ops):
         if op["op"] == "step":
             sched = op["scheduled"]
