@@ -38,7 +38,11 @@ def select_device(requested: str | None = None) -> torch.device:
     :class:`DeviceError` when CUDA is requested but absent, or when Triton was
     already imported in the other mode.
     """
-    kind = _resolve(requested or os.environ.get("BLOCKFUZZ_DEVICE", "auto"))
+    if requested is None:
+        requested = os.environ.get("BLOCKFUZZ_DEVICE") or "auto"
+        if requested not in DEVICE_CHOICES:
+            raise DeviceError(f"$BLOCKFUZZ_DEVICE={requested!r} not one of {list(DEVICE_CHOICES)}")
+    kind = _resolve(requested)
     want_interp = kind == "cpu"
     if "triton" in sys.modules:
         have_interp = os.environ.get("TRITON_INTERPRET") == "1"

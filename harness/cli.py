@@ -31,8 +31,9 @@ def _add_common(p: argparse.ArgumentParser, faults: bool = True) -> None:
     if faults:
         p.add_argument("--fault", action="append", default=[], metavar="ID",
                        help="switch on a gpu_impl fault (repeatable; see `blockfuzz faults`)")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
-                   help="cpu runs Triton in interpreter mode with emulated graphs")
+    p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"],
+                   help="cpu runs Triton in interpreter mode with emulated graphs "
+                        "(default: $BLOCKFUZZ_DEVICE or auto)")
     p.add_argument("--target", default="gpu_impl", choices=["gpu_impl", "reference"],
                    help="implementation under test (reference = oracle self-check)")
 
@@ -82,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed-timeout", type=float, default=300.0, metavar="S",
                    help="a seed running longer is killed and recorded as a crash")
     p.add_argument("--examples-per-seed", type=int, default=25)
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"])
 
     p = sub.add_parser("faults", help="the fault catalogue")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -162,6 +163,32 @@ def _fault_runner(faults: list[str]) -> str | None:
     return common.pop() if len(common) == 1 else None
 
 
+def _check_out(path: str, flag: str, is_dir: bool = True) -> Path:
+    """Refuse an output path that cannot be written, before any work is done."""
+    if not path:
+        raise UsageError(f"{flag}: must not be empty")
+    out = Path(path)
+    if out.exists() and out.is_dir() != is_dir:
+        raise UsageError(f"{flag} {path}: exists and is {'not ' if is_dir else ''}a directory")
+    for parent in out.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise UsageError(f"{flag} {path}: {parent} is not a directory")
+            if not os.access(parent, os.W_OK):
+                raise UsageError(f"{flag} {path}: {parent} is not writable")
+            break
+    return out
+
+
+def _check_trace_faults(faults: list[str], runner: str, source: str) -> None:
+    from gpu_impl.faults import CATALOGUE
+
+    for fid in faults:
+        if runner not in CATALOGUE[fid].runners:
+            raise UsageError(f"{source}: fault {fid} applies to runner(s) "
+                             f"{', '.join(CATALOGUE[fid].runners)}, the trace is {runner}")
+
+
 def _select_device(device: str, target: str) -> str:
     if target != "gpu_impl":
         return "cpu"
@@ -183,14 +210,11 @@ def cmd_fuzz(args) -> int:
         raise UsageError("--examples: must be >= 1")
     if args.time_budget is not None and not (0 < args.time_budget < math.inf):
         raise UsageError("--time-budget: must be a finite number of seconds > 0")
-    out_dir = Path(args.out)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UsageError(f"--out {args.out}: exists and is not a directory")
+    out_dir = _check_out(args.out, "--out")
     faults = _check_faults(args.fault, args.runner)
-    runner = args.runner or _fault_runner(faults)
-    config = _load_config(args.config, runner)
+    config = _load_config(args.config, args.runner)
+    runner = config.runner if config is not None else (args.runner or _fault_runner(faults))
     if config is not None:
-        runner = config.runner
         _check_faults(args.fault, runner)
     if faults and args.target != "gpu_impl":
         raise UsageError("--fault: faults live in gpu_impl; use --target gpu_impl")
@@ -239,12 +263,13 @@ def cmd_fuzz(args) -> int:
     return EXIT_VIOLATION
 
 
-def _trace_faults(args, trace) -> list[str]:
+def _trace_faults(args, trace, source: str = "trace") -> list[str]:
     faults = _check_faults(args.fault)
     if args.faults_from_trace:
         faults = sorted(set(faults) | set(trace.faults))
     if faults and args.target != "gpu_impl":
         raise UsageError("--fault: faults live in gpu_impl; use --target gpu_impl")
+    _check_trace_faults(faults, trace.config.runner, source)
     return faults
 
 
@@ -254,7 +279,9 @@ def cmd_shrink(args) -> int:
     from .trace import load, write_atomic
 
     trace = load(args.trace)
-    faults = _trace_faults(args, trace)
+    faults = _trace_faults(args, trace, args.trace)
+    out = _check_out(args.out, "--out", is_dir=False) if args.out else \
+        Path(args.trace).with_suffix(".shrunk.json")
     device = _select_device(args.device, args.target)
     verdict = replay(trace, faults, args.target, device)
     if verdict.violation is None:
@@ -267,7 +294,6 @@ def cmd_shrink(args) -> int:
     small.expect = {"verdict": "fail", "invariant": invariant,
                     "op_index": final.violation.op_index}
     small.meta = dict(trace.meta, faults=faults, shrunk_from=str(args.trace))
-    out = Path(args.out) if args.out else Path(args.trace).with_suffix(".shrunk.json")
     write_atomic(out, small.dumps())
     print(f"FAIL: {final.violation.line()}")
     print(f"shrunk {len(trace.ops)} -> {len(small.ops)} ops in {replays} replays: {out}")
@@ -280,7 +306,7 @@ def cmd_explain(args) -> int:
     from .trace import load
 
     trace = load(args.trace)
-    faults = _trace_faults(args, trace)
+    faults = _trace_faults(args, trace, args.trace)
     device = _select_device(args.device, args.target)
     records = explain(trace, faults, device, stop_at_first=not args.all)
     text = render(records, args.format)
@@ -296,7 +322,7 @@ def cmd_replay(args) -> int:
     if args.check_expect:
         args.faults_from_trace = True
     traces = [(p, load(p)) for p in args.traces]  # all validated before anything runs
-    per_trace = [_trace_faults(args, trace) for _, trace in traces]
+    per_trace = [_trace_faults(args, trace, str(p)) for p, trace in traces]
     device = _select_device(args.device, args.target)
     violations = mismatches = 0
     for (path, trace), use in zip(traces, per_trace):
@@ -352,13 +378,13 @@ def cmd_nightly(args) -> int:
         raise UsageError(f"--shard {args.shard}: expected K/N, e.g. 0/4") from None
     if not (n >= 1 and 0 <= k < n):
         raise UsageError(f"--shard {args.shard}: need 0 <= K < N")
-    if not (0 < args.time_budget < math.inf) or args.workers < 1 or args.seed_timeout <= 0 \
-            or args.examples_per_seed < 1:
+    if not (0 < args.time_budget < math.inf) or not (0 < args.seed_timeout < math.inf) \
+            or args.workers < 1 or args.examples_per_seed < 1:
         raise UsageError("--time-budget, --seed-timeout, --workers and --examples-per-seed "
-                         "must be positive (and finite)")
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {args.out}: exists and is not a directory")
+                         "must be positive and finite")
+    out = _check_out(args.out, "--out")
+    if args.corpus:
+        _check_out(args.corpus, "--corpus")
     faults = _check_faults(args.fault, args.runner)
     runner = args.runner or _fault_runner(faults)
     device = _select_device(args.device, "gpu_impl")
@@ -369,7 +395,12 @@ def cmd_nightly(args) -> int:
           f"runner={runner or 'drawn'} faults={','.join(faults) or '-'} "
           f"time_budget={args.time_budget:g}s out={out}")
     sys.stdout.flush()
-    progress = run(c, tick=_nightly_ticker(args.time_budget))
+    from .nightly import CampaignMismatch
+
+    try:
+        progress = run(c, tick=_nightly_ticker(args.time_budget))
+    except CampaignMismatch as e:
+        raise UsageError(f"--out {out}: {e}") from None
     print(f"{len(progress.seeds)} seeds, {progress.steps} steps in {progress.elapsed:.0f} s "
           f"({progress.steps / max(progress.elapsed, 1e-9):.0f} steps/s), "
           f"{len(progress.findings)} finding(s), {progress.crashes} crash(es)")
@@ -435,6 +466,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. `blockfuzz explain ... | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
 
 
 if __name__ == "__main__":

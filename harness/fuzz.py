@@ -11,6 +11,7 @@ many chunks fit is what the budget decides, and the report says which ran).
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from dataclasses import dataclass, field
 
@@ -121,11 +122,13 @@ def fuzz(config: RunnerConfig | None, seed: int = 0, examples: int | None = 200,
 
 
 def signature(trace: Trace) -> str:
-    """Dedup key of a finding: invariant, offending op, and the shape of the trace
-    (runner and the sequence of op kinds), so the same bug found with other ids
-    or another seed gets the same name."""
+    """Dedup key of a finding: invariant, offending op, length, and a digest of the
+    trace's *shape* — runner config (geometry), faults and the sequence of op
+    kinds — so the same bug found with other block ids or from another seed gets
+    the same name, and different bugs (other faults or geometry) never share one."""
     e = trace.expect
     op = trace.ops[e["op_index"]]["op"] if e.get("op_index", -1) >= 0 else "start"
-    shape = trace.config.runner + ":" + ",".join(o["op"] for o in trace.ops)
+    shape = json.dumps({"config": trace.config.to_json(), "faults": sorted(trace.faults),
+                        "ops": [o["op"] for o in trace.ops]}, sort_keys=True)
     digest = hashlib.sha256(shape.encode()).hexdigest()[:8]
     return f"{e.get('invariant', 'pass')}-{op}-{len(trace.ops)}ops-{digest}"

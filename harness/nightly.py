@@ -89,6 +89,10 @@ def worker_main(argv: list[str]) -> int:
     return 0
 
 
+class CampaignMismatch(ValueError):
+    """An existing campaign directory was started with other settings."""
+
+
 class _Worker:
     def __init__(self, spec: dict, stderr_path: Path):
         with stderr_path.open("a", encoding="utf-8") as err:  # crash output lands here
@@ -139,6 +143,9 @@ def _record_finding(c: Campaign, progress: Progress, record: dict) -> None:
         return
     finding = {k: record[k] for k in ("signature", "violation") if k in record}
     finding["seeds"] = [record["seed"]]
+    written = c.out / "findings" / f"{sig}.json"
+    if "trace" not in record and written.exists():  # resumed: the trace is on disk
+        record = dict(record, trace=json.loads(written.read_text(encoding="utf-8")))
     if "trace" in record:
         from .trace import canonical_json
 
@@ -153,12 +160,27 @@ def _record_finding(c: Campaign, progress: Progress, record: dict) -> None:
     progress.findings[sig] = finding
 
 
+def _settings(c: Campaign) -> dict:
+    return {"shard": list(c.shard), "runner": c.runner, "faults": sorted(c.faults),
+            "examples_per_seed": c.examples_per_seed}
+
+
 def run(c: Campaign, tick=None) -> Progress:
     """Run the campaign; returns what it saw (also written to ``c.out``).
 
     tick(elapsed_s, progress) is called about once a second (progress display).
+    Raises :class:`CampaignMismatch` when ``c.out`` holds a campaign started with
+    other settings (resuming it would mix them).
     """
     c.out.mkdir(parents=True, exist_ok=True)
+    settings_path = c.out / "campaign.json"
+    if settings_path.exists():
+        before = json.loads(settings_path.read_text(encoding="utf-8"))
+        if before != _settings(c):
+            raise CampaignMismatch(f"was started with {json.dumps(before, sort_keys=True)}; "
+                                   "resume with the same settings or use a new directory")
+    else:
+        write_atomic(settings_path, json.dumps(_settings(c), sort_keys=True) + "\n")
     log = c.out / "seeds.log"
     progress = Progress()
     for rec in _read_log(log):  # resume: earlier findings and seeds count
@@ -281,10 +303,20 @@ def write_reports(c: Campaign, p: Progress) -> None:
     write_atomic(c.out / "junit.xml", ET.tostring(suite, encoding="unicode") + "\n")
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:
+        _append_summary(summary, p, elapsed)
+
+
+def _append_summary(summary: str, p: Progress, elapsed: float) -> None:
+    """Markdown for the GitHub job page; a failure to write it only warns."""
+    if True:
         lines = [f"## blockfuzz nightly: {len(p.findings)} finding(s)", "",
                  f"{len(p.seeds)} seeds, {p.steps} steps in {elapsed:.0f} s", "",
                  "| signature | violation | replay |", "|---|---|---|"]
         lines += [f"| {s} | {p.findings[s].get('violation', '')} | "
                   f"`{p.findings[s].get('replay', '')}` |" for s in sorted(p.findings)]
-        with open(summary, "a", encoding="utf-8") as fh:
-            fh.write("\n".join(lines) + "\n")
+        try:
+            with open(summary, "a", encoding="utf-8") as fh:
+                fh.write("\n".join(lines) + "\n")
+        except OSError as e:
+            print(f"warning: cannot append to $GITHUB_STEP_SUMMARY ({summary}): "
+                  f"{e.strerror or e}", file=sys.stderr)

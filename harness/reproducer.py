@@ -17,7 +17,8 @@ Found by: {found_by} (seed {seed}).  Expected with the bug present:
 
 Run:   python {name} [--fault ID ...] [--device auto|cpu|cuda]
        (the faults it was found with: {faults_flag})
-Exit:  1 while the violation reproduces, 0 once the implementation is fixed.
+Exit:  1 while the violation reproduces, 0 once the implementation is fixed,
+       2 on bad flags.
 Needs: the blockfuzz package (pip install -e <blockfuzz checkout>); not Hypothesis.
 """
 
@@ -33,14 +34,22 @@ TRACE = json.loads(r"""
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description="replay one blockfuzz trace")
-    ap.add_argument("--fault", action="append", default=[], help="gpu_impl fault to switch on")
-    ap.add_argument("--device", default="auto")
-    args = ap.parse_args()
-    from gpu_impl.device import select_device
+    from gpu_impl.device import DeviceError, select_device
+    from gpu_impl.faults import CATALOGUE
 
-    select_device(args.device)
+    ap = argparse.ArgumentParser(description="replay one blockfuzz trace")
+    ap.add_argument("--fault", action="append", default=[], choices=sorted(CATALOGUE),
+                    help="gpu_impl fault to switch on")
+    ap.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"])
+    args = ap.parse_args()  # bad flags: exit 2
     trace = parse(TRACE, "{name}")
+    for fault in args.fault:
+        if trace.config.runner not in CATALOGUE[fault].runners:
+            ap.error(f"fault {{fault}} does not apply to runner {{trace.config.runner}}")
+    try:
+        select_device(args.device)
+    except DeviceError as e:
+        ap.error(str(e))
     print(f"checking {{len(trace.ops)}} ops on runner {{trace.config.runner}} "
           f"(faults: {{','.join(args.fault) or 'none'}}); expecting with the bug: "
           f"{{trace.expect.get('invariant')}} at op {{trace.expect.get('op_index')}}")

@@ -25,6 +25,7 @@ anything runs or is written.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -177,9 +178,22 @@ def _reject_floats(obj, source: str, where: str) -> None:
             _reject_floats(v, source, f"{where}[{i}]")
 
 
+def _reject_nonfinite(obj, source: str, where: str) -> None:
+    """NaN / Infinity are not JSON: a trace that holds them could not be written back."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        raise TraceError(source, where, f"{obj!r} is not a JSON number")
+    if isinstance(obj, dict):
+        for k in sorted(obj, key=str):
+            _reject_nonfinite(obj[k], source, f"{where}.{k}")
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            _reject_nonfinite(v, source, f"{where}[{i}]")
+
+
 def _check_meta(trace: Trace, source: str) -> None:
     from gpu_impl.faults import CATALOGUE  # catalogue only; no kernels imported
 
+    _reject_nonfinite(trace.meta, source, "meta")
     faults = trace.meta.get("faults", [])
     if not isinstance(faults, list):
         raise TraceError(source, "meta.faults", "must be a list of fault ids")

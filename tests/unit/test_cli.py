@@ -166,3 +166,35 @@ def test_env_faults_are_reported_and_recorded(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("BLOCKFUZZ_FAULTS", "nope")
     assert main(["replay", str(trace)]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_output_paths_and_runner_mismatches_are_refused(tmp_path, capsys):
+    trace = str(ROOT / "corpora" / "seeds" / "vacated-row-not-cleared.json")  # a v1 trace
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    cases = [
+        (["shrink", trace, "--faults-from-trace", "--out", str(tmp_path)], "is a directory"),
+        (["shrink", trace, "--faults-from-trace", "--out", str(afile / "x.json")],
+         "is not a directory"),
+        (["nightly", "--time-budget", "1", "--out", str(afile / "sub")], "is not a directory"),
+        (["nightly", "--time-budget", "1", "--out", ""], "must not be empty"),
+        (["nightly", "--time-budget", "1", "--out", str(tmp_path / "n"),
+          "--seed-timeout", "nan"], "positive and finite"),
+        (["fuzz", "--out", str(afile / "sub")], "is not a directory"),
+        (["replay", trace, "--fault", "dummy-tables-not-zeroed"], "the trace is v1"),
+        (["explain", trace, "--fault", "dummy-tables-not-zeroed"], "the trace is v1"),
+    ]
+    for argv, needle in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert needle in err and err.count("\n") == 1, (argv, err)
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text('{"runner": "v1"}')
+    assert main(["fuzz", "--config", str(cfg), "--fault", "dummy-tables-not-zeroed"]) == 2
+    assert "not v1" in capsys.readouterr().err
+
+
+def test_blockfuzz_device_env_is_read(monkeypatch, capsys):
+    monkeypatch.setenv("BLOCKFUZZ_DEVICE", "bogus")
+    assert main(["replay", str(SEED_TRACE)]) == 2
+    assert "BLOCKFUZZ_DEVICE" in capsys.readouterr().err

@@ -55,3 +55,13 @@ def test_fault_finding_and_crash_switch(tmp_path, capsys, monkeypatch):
 def test_bad_shard_is_usage_error(tmp_path, capsys):
     assert main(["nightly", "--time-budget", "5", "--out", str(tmp_path), "--shard", "3/2"]) == 2
     assert "--shard" in capsys.readouterr().err
+
+
+def test_resume_with_other_settings_is_refused(tmp_path, capsys):
+    out = tmp_path / "n"
+    assert main(["nightly", "--time-budget", "2", "--out", str(out), "--corpus", "",
+                 "--runner", "v1", "--examples-per-seed", "2"]) == 0
+    capsys.readouterr()
+    assert main(["nightly", "--time-budget", "2", "--out", str(out), "--corpus", "",
+                 "--runner", "v2", "--examples-per-seed", "2"]) == 2
+    assert "was started with" in capsys.readouterr().err
