@@ -308,15 +308,14 @@ def write_reports(c: Campaign, p: Progress) -> None:
 
 def _append_summary(summary: str, p: Progress, elapsed: float) -> None:
     """Markdown for the GitHub job page; a failure to write it only warns."""
-    if True:
-        lines = [f"## blockfuzz nightly: {len(p.findings)} finding(s)", "",
-                 f"{len(p.seeds)} seeds, {p.steps} steps in {elapsed:.0f} s", "",
-                 "| signature | violation | replay |", "|---|---|---|"]
-        lines += [f"| {s} | {p.findings[s].get('violation', '')} | "
-                  f"`{p.findings[s].get('replay', '')}` |" for s in sorted(p.findings)]
-        try:
-            with open(summary, "a", encoding="utf-8") as fh:
-                fh.write("\n".join(lines) + "\n")
-        except OSError as e:
-            print(f"warning: cannot append to $GITHUB_STEP_SUMMARY ({summary}): "
-                  f"{e.strerror or e}", file=sys.stderr)
+    lines = [f"## blockfuzz nightly: {len(p.findings)} finding(s)", "",
+             f"{len(p.seeds)} seeds, {p.steps} steps in {elapsed:.0f} s", "",
+             "| signature | violation | replay |", "|---|---|---|"]
+    lines += [f"| {s} | {p.findings[s].get('violation', '')} | "
+              f"`{p.findings[s].get('replay', '')}` |" for s in sorted(p.findings)]
+    try:
+        with open(summary, "a", encoding="utf-8") as fh:
+            fh.write("\n".join(lines) + "\n")
+    except OSError as e:
+        print(f"warning: cannot append to $GITHUB_STEP_SUMMARY ({summary}): "
+              f"{e.strerror or e}", file=sys.stderr)

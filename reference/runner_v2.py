@@ -16,7 +16,8 @@ Models ``vllm/v1/worker/gpu/block_table.py`` (``BlockTables``) and the V2
   indices from the zeroed rows.
 
 ``device_block_table[g]`` is the input block table (what kernels read);
-``rows`` holds the staged per-request rows.
+``rows`` holds the staged per-request rows (``remove`` frees the state index and
+clears its staged row, as the shared base does).
 """
 
 from __future__ import annotations
@@ -33,10 +34,6 @@ class ReferenceV2Runner(ReferenceRunnerBase):
 
     def swap(self, i: int, j: int) -> None:
         raise OpError("op", "swap is a V1 persistent-batch op; runner v2 has none")
-
-    def remove(self, req: int) -> None:
-        """Free the state index with the blocks (the staged row is cleared too)."""
-        super().remove(req)
 
     def _batch(self, scheduled: list) -> list[tuple[int, int, int]]:
         return [(req, n, self.rows.row_of(req)) for req, n in scheduled]
