@@ -16,13 +16,19 @@ from reference import ATTENTION, MAMBA, GroupSpec, RunnerConfig
 
 
 @st.composite
-def runner_configs(draw, runner: str | None = None) -> RunnerConfig:
-    """A valid :class:`RunnerConfig`; ``runner`` pins ``v1`` / ``v2``."""
+def runner_configs(draw, runner: str | None = None,
+                   kernel_split: dict | None = None) -> RunnerConfig:
+    """A valid :class:`RunnerConfig`; ``runner`` pins ``v1`` / ``v2``.
+
+    kernel_split: {runner: bool} — False keeps ``kernel_block_size == block_size``
+    for that runner (a target whose block tables cannot split blocks, see
+    :func:`target_limits`).
+    """
     runner = runner or draw(st.sampled_from(["v1", "v2"]))
     # Repeated entries weight the draw: most examples keep a Mamba group and
     # graph capture sizes (the seeds' bugs need both); geometry varies around them.
     block_size = draw(st.sampled_from([4, 8, 4, 2, 16]))
-    split = draw(st.sampled_from([1, 2, 1, 4]))
+    split = draw(st.sampled_from([1, 2, 1, 4])) if (kernel_split or {}).get(runner, True) else 1
     kernel_block_size = max(1, block_size // split)
     groups = [GroupSpec(ATTENTION, block_size, kernel_block_size)]
     if draw(st.sampled_from([True, True, True, False])):
@@ -48,3 +54,13 @@ def runner_configs(draw, runner: str | None = None) -> RunnerConfig:
         max_num_batched_tokens=max_num_batched_tokens,
         cudagraph_capture_sizes=tuple(s for s in sizes if s <= max_num_batched_tokens),
     )
+
+
+def target_limits(target: str) -> dict:
+    """Keyword arguments for :func:`runner_configs` that keep the drawn geometry
+    within what ``target`` can express (the vllm target asks the installed release)."""
+    if target != "vllm":
+        return {}
+    from .vllm_target import geometry_limits
+
+    return geometry_limits(None)

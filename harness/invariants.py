@@ -287,19 +287,47 @@ def check_reads(config: RunnerConfig, ledger: Ledger, obs: Observation,
     return foreign + nonfinite
 
 
+def _live_part(obs: Observation) -> tuple[list, list]:
+    """V2 staged rows as the contract defines them: a live state index's first
+    ``num_blocks`` entries (a free index is overwritten on reuse, and nothing
+    reads past a row's count), zero elsewhere.  V1 rows are returned whole:
+    a vacated V1 row must be zero everywhere."""
+    if obs.runner != "v2":
+        return obs.block_table, obs.num_blocks
+    live = obs.req_ids != -1
+    tables, counts = [], []
+    for table, n in zip(obs.block_table, obs.num_blocks):
+        n = np.where(live, n, 0).astype(n.dtype)
+        cols = np.arange(table.shape[1])[None, :]
+        tables.append(np.where(cols < n[:, None], table, 0).astype(table.dtype))
+        counts.append(n)
+    return tables, counts
+
+
 def check_matches_reference(impl: Observation, ref: Observation, op_index: int,
                             op: str) -> list[Violation]:
+    """Compare what the last forward used: host rows (V2: their live part), the
+    device block-table rows it read ([0, num_reqs_padded)), slot mappings
+    ([0, num_tokens_padded)), counters, caches, outputs.  Buffer regions no
+    forward reads are the engine's business (vLLM PAD-fills slot mappings to the
+    end of the buffer; 0.33 zeroes device rows left by a larger batch)."""
+    lf = ref.last_forward
+    rows_used, tokens_used = (lf[3], lf[5]) if lf is not None else (0, 0)
+    impl_rows, impl_counts = _live_part(impl)
+    ref_rows, ref_counts = _live_part(ref)
     pairs = [("req_ids", impl.req_ids, ref.req_ids),
              ("num_computed_tokens", impl.num_computed_tokens, ref.num_computed_tokens),
              ("num_prompt_tokens", impl.num_prompt_tokens, ref.num_prompt_tokens),
              ("last_forward", np.array(impl.last_forward or (), object),
               np.array(ref.last_forward or (), object))]
     for g in range(len(impl.block_table)):
-        pairs += [(f"block_table[{g}]", impl.block_table[g], ref.block_table[g]),
-                  (f"num_blocks_per_row[{g}]", impl.num_blocks[g], ref.num_blocks[g]),
-                  (f"device_block_table[{g}]", impl.device_block_table[g],
-                   ref.device_block_table[g])]
-    for name in ("slot_mapping", "state_indices", "kv_cache", "attn_out"):
+        pairs += [(f"block_table[{g}]", impl_rows[g], ref_rows[g]),
+                  (f"num_blocks_per_row[{g}]", impl_counts[g], ref_counts[g]),
+                  (f"device_block_table[{g}]", impl.device_block_table[g][:rows_used],
+                   ref.device_block_table[g][:rows_used])]
+    for g, v in ref.slot_mapping.items():
+        pairs.append((f"slot_mapping[{g}]", impl.slot_mapping[g][:tokens_used], v[:tokens_used]))
+    for name in ("state_indices", "kv_cache", "attn_out"):
         for g, v in getattr(ref, name).items():
             pairs.append((f"{name}[{g}]", getattr(impl, name)[g], v))
     for g, v in ref.mamba_state.items():  # the null block is scratch: excluded

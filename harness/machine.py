@@ -21,7 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 from reference import RunnerConfig
 from reference.payload import POSITION_MAX, REQ_ID_MAX
 
-from .geometry import runner_configs
+from .geometry import runner_configs, target_limits
 from .invariants import Violation
 from .session import Session
 
@@ -74,7 +74,8 @@ class BlockFuzzMachine(RuleBasedStateMachine):
 
     @initialize(data=st.data())
     def start(self, data):
-        config = self.config or data.draw(runner_configs(self.runner), label="config")
+        config = self.config or data.draw(
+            runner_configs(self.runner, **target_limits(self.target)), label="config")
         self.cfg = config
         self.session = Session(config, self.faults, self.target, self.device)
         if self.session.startup_violations:

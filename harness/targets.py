@@ -150,36 +150,45 @@ class GpuImplTarget:
     def dummy_run(self, num_reqs, num_tokens, cudagraph_mode):
         self.runner.dummy_run(num_reqs, num_tokens, cudagraph_mode)
 
+    def _rows(self) -> dict:
+        """Host rows: V1 persistent batch, V2 staged tables by state index."""
+        r = self.runner
+        if self.config.runner == "v2":
+            bt = r.block_tables
+            return dict(block_table=[t.np.copy() for t in bt.block_tables],
+                        num_blocks=[n.np.copy() for n in bt.num_blocks],
+                        req_ids=r.state_rows(),
+                        num_computed_tokens=r.num_computed_tokens.copy(),
+                        num_prompt_tokens=r.num_prompt_tokens.copy())
+        batch = r.input_batch
+        return dict(block_table=[t.block_table.np.copy() for t in batch.block_table.block_tables],
+                    num_blocks=[t.num_blocks_per_row.copy() for t in batch.block_table.block_tables],
+                    req_ids=batch.req_ids.copy(),
+                    num_computed_tokens=batch.num_computed_tokens.copy(),
+                    num_prompt_tokens=batch.num_prompt_tokens.copy())
+
+    def _width(self, group: int) -> int | None:
+        """Block-table columns to report (None: all the runner has)."""
+        return None
+
     def observe(self) -> Observation:
         r = self.runner
 
         def host(t):
             return t.detach().cpu().numpy().copy()
 
-        if self.config.runner == "v2":
-            bt = r.block_tables
-            rows = dict(block_table=[t.np.copy() for t in bt.block_tables],
-                        num_blocks=[n.np.copy() for n in bt.num_blocks],
-                        req_ids=r.state_rows(),
-                        num_computed_tokens=r.num_computed_tokens.copy(),
-                        num_prompt_tokens=r.num_prompt_tokens.copy())
-            dummy = None
-            if r.last_forward is not None and r.last_forward[0] and r.dummy_tables is not None:
-                dummy = [(not bool(v.any()), v.data_ptr() == t.data_ptr())
-                         for v, t in zip(r.dummy_tables, bt.input_block_tables)]
-        else:
-            batch = r.input_batch
-            tables = batch.block_table.block_tables
-            rows = dict(block_table=[t.block_table.np.copy() for t in tables],
-                        num_blocks=[t.num_blocks_per_row.copy() for t in tables],
-                        req_ids=batch.req_ids.copy(),
-                        num_computed_tokens=batch.num_computed_tokens.copy(),
-                        num_prompt_tokens=batch.num_prompt_tokens.copy())
-            dummy = None
+        rows = self._rows()
+        dummy = None
+        if self.config.runner == "v2" and r.last_forward is not None and r.last_forward[0] \
+                and r.dummy_tables is not None:
+            dummy = [(not bool(v.any()), v.data_ptr() == t.data_ptr())
+                     for v, t in zip(r.dummy_tables, r.block_tables.input_block_tables)]
+        groups = range(len(self.config.groups))
+        rows["block_table"] = [t[:, :self._width(g)] for g, t in zip(groups, rows["block_table"])]
         current = r.buffers()
         return Observation(
             **rows,
-            device_block_table=[host(r.kernel_table(g)) for g in range(len(self.config.groups))],
+            device_block_table=[host(r.kernel_table(g))[:, :self._width(g)] for g in groups],
             kv_cache={g: host(v) for g, v in r.kv_caches.items()},
             mamba_state={g: host(v) for g, v in r.mamba_states.items()},
             slot_mapping={g: host(v) for g, v in r.slot_mappings.items()},
@@ -194,8 +203,46 @@ class GpuImplTarget:
         )
 
 
+class VllmTarget(GpuImplTarget):
+    """The installed vLLM's block-table classes as a target (:mod:`harness.vllm_target`).
+
+    Observations report the columns the reference has: vLLM V1 pads each row
+    to an alignment its attention backends need (columns nothing writes).
+    Raises ``TargetUnavailable`` / ``TargetRefused`` (both exit 2 in the CLI).
+    """
+
+    name = "vllm"
+
+    def __init__(self, config: RunnerConfig, device: str | None = None):
+        from .vllm_target import make_vllm_runner
+
+        self.config = config
+        self.runner = make_vllm_runner(config, device)
+
+    def _width(self, group: int) -> int:
+        cfg = self.config
+        spec = cfg.groups[group]
+        return cfg.blocks_per_req_max(group) * (spec.block_size // self.runner.kernel_block_size(
+            group) if spec.kind == "attention" else 1)
+
+    def _rows(self) -> dict:
+        if self.config.runner == "v1":
+            return super()._rows()
+        from .vllm_target import staged_rows
+
+        r = self.runner
+        tables, counts = staged_rows(r.block_tables, self.config.max_num_reqs)
+        return dict(block_table=tables, num_blocks=counts, req_ids=r.state_rows(),
+                    num_computed_tokens=r.num_computed_tokens.copy(),
+                    num_prompt_tokens=r.num_prompt_tokens.copy())
+
+
+TARGETS = ("gpu_impl", "reference", "vllm")
+
+
 def make_target(kind: str, config: RunnerConfig, faults=(), device: str | None = None):
-    """``kind``: ``gpu_impl`` or ``reference``. Raises ValueError for others.
+    """``kind``: ``gpu_impl``, ``reference`` or ``vllm``. Raises ValueError for others
+    (and the vllm target's ``TargetUnavailable`` / ``TargetRefused``).
 
     ``$BLOCKFUZZ_FAULTS`` (comma-separated ids) adds faults to every gpu_impl
     target of the process: the way to watch a regression test fail with its
@@ -209,4 +256,9 @@ def make_target(kind: str, config: RunnerConfig, faults=(), device: str | None =
         if faults:
             raise ValueError("the reference has no faults; use --target gpu_impl")
         return ReferenceTarget(config)
-    raise ValueError(f"unknown target {kind!r}; known: gpu_impl, reference")
+    if kind == "vllm":
+        if faults:
+            raise ValueError("faults live in gpu_impl; the vllm target runs the installed "
+                             "release as it is")
+        return VllmTarget(config, device)
+    raise ValueError(f"unknown target {kind!r}; known: {', '.join(TARGETS)}")

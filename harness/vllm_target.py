@@ -1,0 +1,347 @@
+"""Target ``vllm``: the installed vLLM's own block-table classes under test.
+
+The V1 target drives ``vllm.v1.worker.block_table.MultiGroupBlockTable`` (one
+``BlockTable`` per KV-cache group), the V2 target
+``vllm.v1.worker.gpu.block_table.BlockTables``, from the same model-runner code
+as gpu_impl (:mod:`gpu_impl.runner_base`): every block-table call a model
+runner makes goes to vLLM's class —
+
+- V1: ``add_row`` / ``append_row`` / ``clear_row`` (request removal) /
+  ``move_row`` (condense) / ``swap_row`` on the host rows,
+  ``commit_block_table`` before every forward (the V1 dummy run commits the
+  rows past the live requests it reads), ``compute_slot_mapping`` (vLLM's
+  Triton kernel, into vLLM's own slot-mapping buffer, PAD tail included);
+- V2: ``append_block_ids`` (add with ``overwrite``, append),
+  ``apply_staged_writes`` + ``gather_block_tables`` every step,
+  ``compute_slot_mappings``, ``get_dummy_block_tables`` and
+  ``get_dummy_slot_mappings`` on dummy runs;
+
+while the KV writes, Mamba state updates and the paged-attention read are
+gpu_impl's kernels, run on vLLM's tables and slot mappings, so the invariants
+see what a model would have written through them.
+
+Environment (set here, before vLLM is first imported): ``TRITON_INTERPRET=1``
+and ``CUDA_VISIBLE_DEVICES=`` (set, empty — otherwise vLLM decides Triton is
+unusable and swaps its kernels for placeholders).  Shims, ours: the
+module-level ``PIN_MEMORY`` flags are switched off (CPU torch refuses pinned
+memory), and V2's ``UvaBuffer`` gets a plain host tensor as its "device view"
+(vLLM's CUDA-only op cannot load without libcuda).
+
+Release differences are found by inspecting signatures, never by version
+numbers: whether ``BlockTable`` / ``BlockTables`` take kernel block sizes,
+``slot_mapping_modes`` (V1) and ``slot_mapping_enabled`` / ``dcp_sharded``
+(V2).  A geometry a release's classes cannot express is refused
+(:class:`TargetRefused`), never emulated: releases whose block tables do not
+split allocation blocks into kernel blocks refuse ``kernel_block_size !=
+block_size``.  README.md, "Writing a target", walks through this module.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import inspect
+import os
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from gpu_impl.faults import FaultSet
+
+
+class TargetUnavailable(RuntimeError):
+    """vLLM is not installed, or cannot be imported in this process."""
+
+
+class TargetRefused(ValueError):
+    """The installed release's classes cannot express this configuration.
+
+    ``field`` names the config field (``groups[0].kernel_block_size``).
+    """
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+def installed_version() -> str | None:
+    """The installed vLLM distribution's version, without importing it (None if absent)."""
+    try:
+        return importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+_LOADED: SimpleNamespace | None = None
+
+
+def load() -> SimpleNamespace:
+    """Import vLLM's block-table modules once per process, with the environment and
+    shims they need on a CPU-only machine.
+
+    Returns a namespace: ``version``, ``MultiGroupBlockTable``, ``BlockTables``,
+    ``SlotMappingMode`` (None where the release has none) and the capability
+    flags read off the signatures (``v1_kernel_blocks``, ``v2_kernel_blocks``,
+    ``v1_slot_mapping_modes``, ``v2_slot_mapping_enabled``, ``v2_dcp_sharded``).
+    Raises :class:`TargetUnavailable`.
+    """
+    global _LOADED
+    if _LOADED is not None:
+        return _LOADED
+    version = installed_version()
+    if version is None:
+        raise TargetUnavailable("vLLM is not installed; run scripts/install-vllm-target.sh "
+                                "RELEASE (e.g. 0.33.0) in this environment")
+    if "vllm" not in sys.modules:
+        if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+            raise TargetUnavailable("Triton was imported without TRITON_INTERPRET=1 before "
+                                    "the vllm target could set it; start a fresh process")
+        os.environ["TRITON_INTERPRET"] = "1"
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    from gpu_impl.device import DeviceError, select_device
+
+    try:
+        select_device("cpu")  # gpu_impl's kernels run beside vLLM's, in the interpreter
+    except DeviceError as e:
+        raise TargetUnavailable(str(e)) from None
+    try:
+        import vllm.utils.torch_utils as torch_utils
+        import vllm.v1.utils as v1_utils
+        from vllm.v1.worker import block_table as v1_block_table
+        from vllm.v1.worker.gpu import block_table as v2_block_table
+        from vllm.v1.worker.gpu import buffer_utils
+    except Exception as e:  # noqa: BLE001 - any import failure means "cannot use"
+        raise TargetUnavailable(f"vLLM {version} failed to import ({type(e).__name__}: {e}); "
+                                "reinstall with scripts/install-vllm-target.sh") from None
+    for module in (torch_utils, v1_utils, buffer_utils, v1_block_table):
+        if hasattr(module, "PIN_MEMORY"):
+            module.PIN_MEMORY = False
+    _shim_uva_buffer(buffer_utils.UvaBuffer)
+    v1_params = inspect.signature(v1_block_table.BlockTable.__init__).parameters
+    mg_params = inspect.signature(v1_block_table.MultiGroupBlockTable.__init__).parameters
+    v2_params = inspect.signature(v2_block_table.BlockTables.__init__).parameters
+    _LOADED = SimpleNamespace(
+        version=version,
+        MultiGroupBlockTable=v1_block_table.MultiGroupBlockTable,
+        BlockTables=v2_block_table.BlockTables,
+        SlotMappingMode=getattr(v1_block_table, "SlotMappingMode", None),
+        v1_kernel_blocks="kernel_block_size" in v1_params,
+        v1_slot_mapping_modes="slot_mapping_modes" in mg_params,
+        v2_kernel_blocks="kernel_block_sizes" in v2_params,
+        v2_slot_mapping_enabled="slot_mapping_enabled" in v2_params,
+        v2_dcp_sharded="dcp_sharded" in v2_params,
+        v2_gather_params=set(inspect.signature(
+            v2_block_table.BlockTables.gather_block_tables).parameters),
+    )
+    return _LOADED
+
+
+def _shim_uva_buffer(cls) -> None:
+    """UVA on a CPU: the host tensor is its own device view.
+
+    Older releases read the view as the attribute ``uva``; newer ones through a
+    method ``uva(n)`` that slices ``_uva`` — set whichever the class uses.
+    """
+    if getattr(cls, "_blockfuzz_shim", False):
+        return
+    has_method = callable(getattr(cls, "uva", None))
+
+    def __init__(self, size, dtype):  # noqa: N807 - replaces the class's initialiser
+        self.cpu = torch.zeros(size, dtype=dtype, device="cpu")
+        self.np = self.cpu.numpy()
+        self._uva = self.cpu
+        if not has_method:
+            self.uva = self.cpu
+
+    cls.__init__ = __init__
+    cls._blockfuzz_shim = True
+
+
+def max_model_len(config) -> int:
+    """Longest request the config admits, in tokens (Mamba groups' block size in vLLM:
+    one block holds a whole request's state)."""
+    return max(config.max_num_blocks_per_req * config.tokens_per_block(g)
+               for g in config.attention_groups)
+
+
+def refusal(config, vllm: SimpleNamespace | None = None) -> TargetRefused | None:
+    """Why the installed release cannot run ``config`` (None when it can)."""
+    vllm = vllm or load()
+    splits = vllm.v1_kernel_blocks if config.runner == "v1" else vllm.v2_kernel_blocks
+    if not splits:
+        for g, spec in enumerate(config.groups):
+            if spec.kernel_block_size != spec.block_size:
+                cls = "BlockTable" if config.runner == "v1" else "BlockTables"
+                return TargetRefused(
+                    f"groups[{g}].kernel_block_size",
+                    f"vLLM {vllm.version}'s {cls} takes no kernel block size (its attention "
+                    f"backends map kernel blocks themselves), so it cannot split "
+                    f"{spec.block_size}-token blocks into {spec.kernel_block_size}-token "
+                    "kernel blocks; use a trace or --config with kernel_block_size == "
+                    "block_size for this release")
+    return None
+
+
+def geometry_limits(runner: str | None) -> dict:
+    """What :func:`harness.geometry.runner_configs` may draw for this release."""
+    vllm = load()
+    return {"kernel_split": {"v1": vllm.v1_kernel_blocks, "v2": vllm.v2_kernel_blocks}}
+
+
+def _group_sizes(config) -> tuple[list[int], list[int]]:
+    """(block sizes, kernel block sizes) as vLLM is handed them per KV-cache group."""
+    long = max_model_len(config)
+    sizes = [s.block_size if s.kind == "attention" else long for s in config.groups]
+    kernel = [s.kernel_block_size if s.kind == "attention" else long for s in config.groups]
+    return sizes, kernel
+
+
+def _kwargs_for(fn, candidates: dict) -> dict:
+    params = inspect.signature(fn).parameters
+    return {k: v for k, v in candidates.items() if k in params}
+
+
+def _runner_classes():
+    from gpu_impl import GPUModelRunnerV1, GPUModelRunnerV2
+
+    class VllmV1Runner(GPUModelRunnerV1):
+        """gpu_impl's V1 runner with vLLM's ``MultiGroupBlockTable`` as its tables."""
+
+        def _init_tables(self) -> None:
+            super()._init_tables()  # our InputBatch: request rows and counters
+            vllm, cfg = load(), self.config
+            sizes, kernel = _group_sizes(cfg)
+            widths = [cfg.blocks_per_req_max(g) for g in range(len(cfg.groups))]
+            cand = dict(max_num_reqs=cfg.max_num_reqs,
+                        max_num_batched_tokens=cfg.max_num_batched_tokens, pin_memory=False,
+                        device=self.device, block_sizes=sizes, kernel_block_sizes=kernel,
+                        max_num_blocks=widths,
+                        cp_kv_cache_interleave_size=cfg.cp_kv_cache_interleave_size)
+            if vllm.v1_slot_mapping_modes and vllm.SlotMappingMode is not None:
+                modes = vllm.SlotMappingMode
+                cand["slot_mapping_modes"] = [
+                    modes.TOKEN_TO_KV_SLOT if s.kind == "attention" else modes.NONE
+                    for s in cfg.groups]
+            tables = vllm.MultiGroupBlockTable(
+                **_kwargs_for(vllm.MultiGroupBlockTable.__init__, cand))
+            for g in self.attn_groups:
+                # vLLM reads these from the decode-context-parallel group at
+                # construction; a single process has none, so set what it would give.
+                tables[g].dcp_world_size = cfg.dcp_world_size
+                tables[g].dcp_rank = cfg.dcp_rank
+                self.slot_mappings[g] = tables[g].slot_mapping.gpu
+            self.input_batch.block_table = tables
+            self._num_reqs = self._num_tokens = 0
+
+        def kernel_block_size(self, group: int) -> int:
+            return self.input_batch.block_table[group].block_size
+
+        def _stage_tables(self, batch, reqs_padded) -> None:
+            self._num_reqs = len(batch)
+            self._num_tokens = sum(n for _, n, _ in batch)
+            self.input_batch.block_table.commit_block_table(reqs_padded)
+
+        def _prepare_dummy(self, reqs_padded, warmup) -> None:
+            self._update_states({})  # an idle rank: every request leaves the batch
+            self.input_batch.block_table.commit_block_table(reqs_padded)
+
+        def _compute_slot_mapping(self, group: int, tokens_padded: int) -> None:
+            self.input_batch.block_table[group].compute_slot_mapping(
+                self._num_reqs, self.query_start_loc.gpu[:self._num_reqs + 1],
+                self.positions.gpu[:self._num_tokens])
+
+        def _fill_dummy_slots(self, num_tokens, tokens_padded, warmup) -> None:
+            for g in self.attn_groups:  # vLLM's _dummy_run: no real slots, all -1
+                self.slot_mappings[g][:tokens_padded].fill_(-1)
+
+    class VllmV2Runner(GPUModelRunnerV2):
+        """gpu_impl's V2 runner with vLLM's ``BlockTables`` as its tables."""
+
+        def _init_tables(self) -> None:
+            super()._init_tables()  # state indices, counters, idx_mapping
+            vllm, cfg = load(), self.config
+            sizes, kernel = _group_sizes(cfg)
+            attn = [s.kind == "attention" for s in cfg.groups]
+            cand = dict(block_sizes=sizes, max_num_reqs=cfg.max_num_reqs,
+                        max_num_batched_tokens=cfg.max_num_batched_tokens,
+                        max_num_blocks_per_group=[cfg.blocks_per_req_max(g)
+                                                  for g in range(len(cfg.groups))],
+                        device=self.device, kernel_block_sizes=kernel,
+                        slot_mapping_enabled=attn, dcp_sharded=attn,
+                        cp_size=cfg.dcp_world_size, cp_rank=cfg.dcp_rank,
+                        cp_interleave=cfg.cp_kv_cache_interleave_size)
+            self.block_tables = tables = vllm.BlockTables(
+                **_kwargs_for(vllm.BlockTables.__init__, cand))
+            self.kernel_sizes = kernel if vllm.v2_kernel_blocks else sizes
+            for g in self.attn_groups:
+                self.slot_mappings[g] = tables.slot_mappings[g]
+            self._num_reqs = 0
+
+        def kernel_block_size(self, group: int) -> int:
+            return self.kernel_sizes[group]
+
+        def _rows_remove(self, req) -> None:
+            # vLLM keeps a finished request's staged row; add overwrites it on reuse.
+            index = self.req_index.pop(req)
+            self.num_computed_tokens[index] = 0
+            self.num_prompt_tokens[index] = 0
+
+        def _stage_tables(self, batch, reqs_padded) -> None:
+            indices = [self.req_index[req] for req, _, _ in batch]
+            self._num_reqs = len(indices)
+            self.idx_mapping.np[:len(indices)] = indices
+            self.idx_mapping.copy_to_gpu()
+            self.block_tables.apply_staged_writes()
+            self.block_tables.gather_block_tables(self.idx_mapping.gpu[:len(indices)],
+                                                  reqs_padded)
+
+        def _compute_slot_mapping(self, group: int, tokens_padded: int) -> None:
+            if group != self.attn_groups[0]:
+                return  # one launch computes every group's slot mapping
+            n = self._num_reqs
+            num_tokens = int(self.query_start_loc.np[n])
+            self.block_tables.compute_slot_mappings(
+                self.idx_mapping.gpu[:n], self.query_start_loc.gpu[:n + 1],
+                self.positions.gpu[:num_tokens], tokens_padded)
+
+        def _prepare_dummy(self, reqs_padded, warmup) -> None:
+            self.dummy_tables = list(self.block_tables.get_dummy_block_tables(reqs_padded))
+
+        def _fill_dummy_slots(self, num_tokens, tokens_padded, warmup) -> None:
+            self.block_tables.get_dummy_slot_mappings(num_tokens)
+
+    return VllmV1Runner, VllmV2Runner
+
+
+def make_vllm_runner(config, device: str | None = None):
+    """A model runner over the installed vLLM's block tables for ``config``.
+
+    Raises :class:`TargetUnavailable` (no usable vLLM, or ``device`` cuda) and
+    :class:`TargetRefused` (geometry the release cannot express).
+    """
+    if device not in (None, "auto", "cpu"):
+        raise TargetUnavailable("the vllm target runs vLLM's classes on the CPU under the "
+                                "Triton interpreter; use --device cpu or auto")
+    vllm = load()
+    refused = refusal(config, vllm)
+    if refused is not None:
+        raise refused
+    v1, v2 = _runner_classes()
+    return (v2 if config.runner == "v2" else v1)(config, FaultSet(()), torch.device("cpu"))
+
+
+def staged_rows(tables, max_num_reqs: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """V2 staged rows and counts as they will be after ``apply_staged_writes``:
+    the device copy plus the writes still staged (read, not applied)."""
+    rows, counts = [], []
+    for g, t in enumerate(tables.block_tables):
+        host = t.gpu.detach().cpu().numpy().copy()
+        contents, start_of = t._staged_write_contents, 0
+        for index, start, end in zip(t._staged_write_indices, t._staged_write_starts,
+                                     t._staged_write_cu_lens):
+            host[index, start:start + end - start_of] = contents[start_of:end]
+            start_of = end
+        rows.append(host)
+        counts.append(np.asarray(tables.num_blocks.np[g, :max_num_reqs], np.int32).copy())
+    return rows, counts
