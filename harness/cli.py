@@ -34,8 +34,9 @@ def _add_common(p: argparse.ArgumentParser, faults: bool = True) -> None:
     p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"],
                    help="cpu runs Triton in interpreter mode with emulated graphs "
                         "(default: $BLOCKFUZZ_DEVICE or auto)")
-    p.add_argument("--target", default="gpu_impl", choices=["gpu_impl", "reference"],
-                   help="implementation under test (reference = oracle self-check)")
+    p.add_argument("--target", default="gpu_impl", choices=["gpu_impl", "reference", "vllm"],
+                   help="implementation under test: gpu_impl, the installed vLLM's own "
+                        "block-table classes (vllm), or the oracle itself (reference)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a seed running longer is killed and recorded as a crash")
     p.add_argument("--examples-per-seed", type=int, default=25)
     p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"])
+    p.add_argument("--target", default="gpu_impl", choices=["gpu_impl", "vllm"],
+                   help="implementation under test (vllm: the installed release's classes)")
 
     p = sub.add_parser("faults", help="the fault catalogue")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -190,6 +193,17 @@ def _check_trace_faults(faults: list[str], runner: str, source: str) -> None:
 
 
 def _select_device(device: str, target: str) -> str:
+    if target == "vllm":
+        from .vllm_target import TargetUnavailable, load
+
+        if device == "cuda":
+            raise UsageError("--device cuda: the vllm target runs vLLM's classes on the CPU "
+                             "under the Triton interpreter; use --device cpu or auto")
+        try:
+            load()  # sets its environment before Triton is imported; fails early
+        except TargetUnavailable as e:
+            raise UsageError(f"--target vllm: {e}") from None
+        return "cpu"
     if target != "gpu_impl":
         return "cpu"
     from gpu_impl.device import DeviceError, select_device
@@ -200,9 +214,23 @@ def _select_device(device: str, target: str) -> str:
         raise UsageError(str(e)) from None
 
 
-def _replay_command(path: Path, faults: list[str], device: str) -> str:
+def _replay_command(path: Path, faults: list[str], device: str,
+                    target: str = "gpu_impl") -> str:
     parts = ["blockfuzz", "replay", str(path)] + [a for f in faults for a in ("--fault", f)]
+    if target != "gpu_impl":
+        parts += ["--target", target]
     return shlex.join(parts + ["--device", device])
+
+
+def _check_target(config, target: str, source: str) -> None:
+    """A config the target cannot express: one line naming the source and field."""
+    if target != "vllm" or config is None:
+        return
+    from .vllm_target import refusal
+
+    refused = refusal(config)
+    if refused is not None:
+        raise UsageError(f"{source}: config.{refused}")
 
 
 def cmd_fuzz(args) -> int:
@@ -219,6 +247,7 @@ def cmd_fuzz(args) -> int:
     if faults and args.target != "gpu_impl":
         raise UsageError("--fault: faults live in gpu_impl; use --target gpu_impl")
     device = _select_device(args.device, args.target)
+    _check_target(config, args.target, args.config)
     examples = args.examples if args.examples is not None else (
         None if args.time_budget else 200)
     budget = f"examples={examples}" if examples else f"time_budget={args.time_budget:g}s"
@@ -259,7 +288,7 @@ def cmd_fuzz(args) -> int:
         write_atomic(script, reproducer_source(trace, script.name))
         print(f"reproducer: {script} (python {script}"
               f"{''.join(' --fault ' + f for f in faults)}; exits 1 while the bug is present)")
-    print(f"replay: {_replay_command(path, faults, device)}")
+    print(f"replay: {_replay_command(path, faults, device, args.target)}")
     return EXIT_VIOLATION
 
 
@@ -283,6 +312,7 @@ def cmd_shrink(args) -> int:
     out = _check_out(args.out, "--out", is_dir=False) if args.out else \
         Path(args.trace).with_suffix(".shrunk.json")
     device = _select_device(args.device, args.target)
+    _check_target(trace.config, args.target, args.trace)
     verdict = replay(trace, faults, args.target, device)
     if verdict.violation is None:
         print(f"PASS {args.trace}: nothing to shrink (no violation"
@@ -297,7 +327,7 @@ def cmd_shrink(args) -> int:
     write_atomic(out, small.dumps())
     print(f"FAIL: {final.violation.line()}")
     print(f"shrunk {len(trace.ops)} -> {len(small.ops)} ops in {replays} replays: {out}")
-    print(f"replay: {_replay_command(out, faults, device)}")
+    print(f"replay: {_replay_command(out, faults, device, args.target)}")
     return EXIT_VIOLATION
 
 
@@ -308,7 +338,8 @@ def cmd_explain(args) -> int:
     trace = load(args.trace)
     faults = _trace_faults(args, trace, args.trace)
     device = _select_device(args.device, args.target)
-    records = explain(trace, faults, device, stop_at_first=not args.all)
+    _check_target(trace.config, args.target, args.trace)
+    records = explain(trace, faults, device, args.target, stop_at_first=not args.all)
     text = render(records, args.format)
     if text is not None:
         print(text)
@@ -324,6 +355,8 @@ def cmd_replay(args) -> int:
     traces = [(p, load(p)) for p in args.traces]  # all validated before anything runs
     per_trace = [_trace_faults(args, trace, str(p)) for p, trace in traces]
     device = _select_device(args.device, args.target)
+    for path, trace in traces:
+        _check_target(trace.config, args.target, str(path))
     violations = mismatches = 0
     for (path, trace), use in zip(traces, per_trace):
         verdict = replay(trace, use, args.target, device)
@@ -387,11 +420,14 @@ def cmd_nightly(args) -> int:
         _check_out(args.corpus, "--corpus")
     faults = _check_faults(args.fault, args.runner)
     runner = args.runner or _fault_runner(faults)
-    device = _select_device(args.device, "gpu_impl")
+    if faults and args.target != "gpu_impl":
+        raise UsageError("--fault: faults live in gpu_impl; use --target gpu_impl")
+    device = _select_device(args.device, args.target)
     c = Campaign(out, args.time_budget, args.workers, (k, n), device, runner, tuple(faults),
                  Path(args.corpus) if args.corpus else None, args.seed_timeout,
-                 args.examples_per_seed)
+                 args.examples_per_seed, args.target)
     print(f"blockfuzz nightly: shard={k}/{n} workers={args.workers} device={device} "
+          f"target={args.target} "
           f"runner={runner or 'drawn'} faults={','.join(faults) or '-'} "
           f"time_budget={args.time_budget:g}s out={out}")
     sys.stdout.flush()

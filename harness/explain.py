@@ -71,14 +71,14 @@ def _rows(session: Session) -> list[dict]:
     return rows
 
 
-def explain(trace: Trace, faults=(), device: str | None = None,
+def explain(trace: Trace, faults=(), device: str | None = None, target: str = "gpu_impl",
             stop_at_first: bool = True) -> list[dict]:
     """One record per op run: op, rows, writes, violations.
 
     Stops after the first violating op unless ``stop_at_first`` is False (then
     the consequences further down the trace show too).
     """
-    session = Session(trace.config, faults, "gpu_impl", device)
+    session = Session(trace.config, faults, target, device)
     records = []
     for i, op in enumerate(trace.ops):
         found = session.apply(op)

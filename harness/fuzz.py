@@ -104,6 +104,10 @@ def fuzz(config: RunnerConfig | None, seed: int = 0, examples: int | None = 200,
         return result
     meta = {"seed": seed, "faults": sorted(faults), "found_by": found_by,
             "target": target}
+    if target == "vllm":
+        from .vllm_target import installed_version
+
+        meta["vllm_version"] = installed_version()
     trace = Trace(error.config, error.ops, meta=meta)
     replays = 0
     verdict = replay(trace, faults, target, device)

@@ -17,12 +17,12 @@ from reference import ATTENTION, MAMBA, GroupSpec, RunnerConfig
 
 @st.composite
 def runner_configs(draw, runner: str | None = None,
-                   kernel_split: dict | None = None) -> RunnerConfig:
+                   kernel_split: dict | None = None, dcp: dict | None = None) -> RunnerConfig:
     """A valid :class:`RunnerConfig`; ``runner`` pins ``v1`` / ``v2``.
 
     kernel_split: {runner: bool} — False keeps ``kernel_block_size == block_size``
     for that runner (a target whose block tables cannot split blocks, see
-    :func:`target_limits`).
+    :func:`target_limits`); dcp: {runner: bool} — False keeps one DCP rank.
     """
     runner = runner or draw(st.sampled_from(["v1", "v2"]))
     # Repeated entries weight the draw: most examples keep a Mamba group and
@@ -38,7 +38,7 @@ def runner_configs(draw, runner: str | None = None,
         groups.append(GroupSpec(ATTENTION, second, second))
     max_num_batched_tokens = draw(st.sampled_from([16, 8]))
     sizes = draw(st.sampled_from([(1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4), (2, 8), (1,), ()]))
-    world = draw(st.sampled_from([1, 1, 2, 4]))
+    world = draw(st.sampled_from([1, 1, 2, 4])) if (dcp or {}).get(runner, True) else 1
     rank = draw(st.integers(0, world - 1))
     interleave = draw(st.sampled_from([i for i in (1, 2, 4) if all(
         g.block_size % i == 0 for g in groups if g.kind == ATTENTION)]))

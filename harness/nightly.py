@@ -51,6 +51,7 @@ class Campaign:
     corpus: Path | None = None
     seed_timeout_s: float = SEED_TIMEOUT_S
     examples_per_seed: int = EXAMPLES_PER_SEED
+    target: str = "gpu_impl"
 
 
 @dataclass
@@ -67,9 +68,16 @@ class Progress:
 def worker_main(argv: list[str]) -> int:
     """Run seeds read from stdin (one JSON object a line); answer one JSON line each."""
     spec = json.loads(argv[0])
-    from gpu_impl.device import select_device
+    target = spec.get("target", "gpu_impl")
+    if target == "vllm":
+        from .vllm_target import load
 
-    device = select_device(spec["device"]).type
+        load()  # its environment must be set before Triton is imported
+        device = "cpu"
+    else:
+        from gpu_impl.device import select_device
+
+        device = select_device(spec["device"]).type
     from .fuzz import fuzz, signature
 
     crash_seed = os.environ.get(CRASH_SEED_ENV)
@@ -77,7 +85,7 @@ def worker_main(argv: list[str]) -> int:
         seed = json.loads(line)["seed"]
         if crash_seed is not None and int(crash_seed) == seed:
             os.abort()  # the test-only crash switch
-        result = fuzz(None, seed, spec["examples"], spec["faults"], "gpu_impl", device,
+        result = fuzz(None, seed, spec["examples"], spec["faults"], target, device,
                       profile="nightly", found_by=f"blockfuzz nightly seed {seed}",
                       runner=spec["runner"])
         record = {"seed": seed, "examples": result.examples, "steps": result.steps,
@@ -155,14 +163,16 @@ def _record_finding(c: Campaign, progress: Progress, record: dict) -> None:
         path = c.out / "findings" / f"{sig}.json"
         faults = record["trace"]["meta"].get("faults", [])
         finding["trace"] = str(path)
+        target = record["trace"]["meta"].get("target", "gpu_impl")
         finding["replay"] = " ".join(["blockfuzz", "replay", str(path)]
-                                     + [a for f in faults for a in ("--fault", f)])
+                                     + [a for f in faults for a in ("--fault", f)]
+                                     + (["--target", target] if target != "gpu_impl" else []))
     progress.findings[sig] = finding
 
 
 def _settings(c: Campaign) -> dict:
     return {"shard": list(c.shard), "runner": c.runner, "faults": sorted(c.faults),
-            "examples_per_seed": c.examples_per_seed}
+            "examples_per_seed": c.examples_per_seed, "target": c.target}
 
 
 def run(c: Campaign, tick=None) -> Progress:
@@ -176,6 +186,7 @@ def run(c: Campaign, tick=None) -> Progress:
     settings_path = c.out / "campaign.json"
     if settings_path.exists():
         before = json.loads(settings_path.read_text(encoding="utf-8"))
+        before.setdefault("target", "gpu_impl")  # campaigns from before targets were named
         if before != _settings(c):
             raise CampaignMismatch(f"was started with {json.dumps(before, sort_keys=True)}; "
                                    "resume with the same settings or use a new directory")
@@ -189,7 +200,7 @@ def run(c: Campaign, tick=None) -> Progress:
             _record_finding(c, progress, rec)
     schedule = _seed_schedule(c.shard, set(progress.seeds))
     spec = {"device": c.device, "examples": c.examples_per_seed, "faults": list(c.faults),
-            "runner": c.runner}
+            "runner": c.runner, "target": c.target}
     start = time.monotonic()
     sel = selectors.DefaultSelector()
     workers = []

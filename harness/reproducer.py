@@ -15,8 +15,8 @@ TEMPLATE = '''#!/usr/bin/env python3
 Found by: {found_by} (seed {seed}).  Expected with the bug present:
   {expect_line}
 
-Run:   python {name} [--fault ID ...] [--device auto|cpu|cuda]
-       (the faults it was found with: {faults_flag})
+Run:   python {name} [--fault ID ...] [--device auto|cpu|cuda] [--target T]
+       (the faults it was found with: {faults_flag}; target: {target})
 Exit:  1 while the violation reproduces, 0 once the implementation is fixed,
        2 on bad flags.
 Needs: the blockfuzz package (pip install -e <blockfuzz checkout>); not Hypothesis.
@@ -41,19 +41,36 @@ def main() -> int:
     ap.add_argument("--fault", action="append", default=[], choices=sorted(CATALOGUE),
                     help="gpu_impl fault to switch on")
     ap.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"])
+    ap.add_argument("--target", default="{target}", choices=["gpu_impl", "vllm"],
+                    help="implementation to check (default: the one it was found on)")
     args = ap.parse_args()  # bad flags: exit 2
+    if args.fault and args.target != "gpu_impl":
+        ap.error("--fault: faults live in gpu_impl; use --target gpu_impl")
     trace = parse(TRACE, "{name}")
     for fault in args.fault:
         if trace.config.runner not in CATALOGUE[fault].runners:
             ap.error(f"fault {{fault}} does not apply to runner {{trace.config.runner}}")
-    try:
-        select_device(args.device)
-    except DeviceError as e:
-        ap.error(str(e))
-    print(f"checking {{len(trace.ops)}} ops on runner {{trace.config.runner}} "
+    if args.target == "vllm":
+        from harness.vllm_target import TargetUnavailable, load, refusal
+
+        try:
+            load()
+        except TargetUnavailable as e:
+            ap.error(str(e))
+        refused = refusal(trace.config)
+        if refused is not None:
+            ap.error(f"config.{{refused}}")
+    else:
+        try:
+            select_device(args.device)
+        except DeviceError as e:
+            ap.error(str(e))
+    print(f"checking {{len(trace.ops)}} ops on runner {{trace.config.runner}}, target "
+          f"{{args.target}} "
           f"(faults: {{','.join(args.fault) or 'none'}}); expecting with the bug: "
           f"{{trace.expect.get('invariant')}} at op {{trace.expect.get('op_index')}}")
-    verdict = replay(trace, args.fault)
+    verdict = replay(trace, args.fault, args.target, "cpu" if args.target == "vllm" else
+                     args.device)
     if verdict.violation is None:
         print(f"PASS: all {{verdict.ops_run}} ops hold every invariant")
         return 0
@@ -76,6 +93,7 @@ def reproducer_source(trace: Trace, name: str) -> str:
         title=expect_line, found_by=trace.meta.get("found_by", "?"),
         seed=trace.meta.get("seed", "?"), expect_line=expect_line, name=name,
         faults_flag=" ".join(f"--fault {f}" for f in faults) or "none",
+        target=trace.meta.get("target", "gpu_impl"),
         trace_json=trace.dumps())
     assert '"""' not in trace.dumps()
     return text

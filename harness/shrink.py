@@ -143,8 +143,14 @@ def legalize(config, ops: list[dict]) -> list[dict]:
 
 
 def _fails(trace: Trace, invariant: str, faults, target, device) -> int | None:
-    """ops run until the violation when ``trace`` fails ``invariant``, else None."""
-    verdict = replay(trace, faults, target, device)
+    """ops run until the violation when ``trace`` fails ``invariant``, else None
+    (also when ``target`` cannot express the candidate's config)."""
+    try:
+        verdict = replay(trace, faults, target, device)
+    except ValueError as e:
+        if type(e).__name__ == "TargetRefused":
+            return None
+        raise
     if verdict.violation is not None and verdict.violation.invariant == invariant:
         return verdict.ops_run
     return None

@@ -165,9 +165,44 @@ def max_model_len(config) -> int:
                for g in config.attention_groups)
 
 
-def refusal(config, vllm: SimpleNamespace | None = None) -> TargetRefused | None:
-    """Why the installed release cannot run ``config`` (None when it can)."""
+def v2_dcp_runs(vllm: SimpleNamespace | None = None) -> str | None:
+    """None when the release's V2 slot-mapping kernel runs with decode context
+    parallelism under the Triton interpreter; else the error it raised.
+
+    Probed once, on a one-request table (some releases' DCP path masks with a
+    value loaded from a bool tensor, which Triton 3.9's interpreter rejects:
+    ``mask has unsupported dtype``; compiled on a GPU the same kernel runs).
+    """
     vllm = vllm or load()
+    if not hasattr(vllm, "v2_dcp_error"):
+        cand = dict(block_sizes=[4], max_num_reqs=1, max_num_batched_tokens=2,
+                    max_num_blocks_per_group=[1], device=torch.device("cpu"),
+                    kernel_block_sizes=[4], slot_mapping_enabled=[True], dcp_sharded=[True],
+                    cp_size=2, cp_rank=0, cp_interleave=1)
+        try:
+            tables = vllm.BlockTables(**_kwargs_for(vllm.BlockTables.__init__, cand))
+            tables.append_block_ids(0, ([1],), overwrite=True)
+            tables.apply_staged_writes()
+            idx = torch.zeros(1, dtype=torch.int32)
+            tables.compute_slot_mappings(idx, torch.tensor([0, 2], dtype=torch.int32),
+                                         torch.arange(2, dtype=torch.int64), 2)
+            vllm.v2_dcp_error = None
+        except Exception as e:  # noqa: BLE001 - any failure means "cannot run here"
+            vllm.v2_dcp_error = f"{type(e).__name__}: {e}"
+    return vllm.v2_dcp_error
+
+
+def refusal(config, vllm: SimpleNamespace | None = None) -> TargetRefused | None:
+    """Why the installed release cannot run ``config`` here (None when it can)."""
+    vllm = vllm or load()
+    if config.runner == "v2" and config.dcp_world_size > 1:
+        error = v2_dcp_runs(vllm)
+        if error is not None:
+            return TargetRefused(
+                "dcp_world_size",
+                f"vLLM {vllm.version}'s V2 compute_slot_mappings fails with decode context "
+                f"parallelism under the Triton interpreter ({error}); a limit of the "
+                "interpreter, not of the engine: use dcp_world_size 1 on a CPU")
     splits = vllm.v1_kernel_blocks if config.runner == "v1" else vllm.v2_kernel_blocks
     if not splits:
         for g, spec in enumerate(config.groups):
@@ -186,7 +221,8 @@ def refusal(config, vllm: SimpleNamespace | None = None) -> TargetRefused | None
 def geometry_limits(runner: str | None) -> dict:
     """What :func:`harness.geometry.runner_configs` may draw for this release."""
     vllm = load()
-    return {"kernel_split": {"v1": vllm.v1_kernel_blocks, "v2": vllm.v2_kernel_blocks}}
+    return {"kernel_split": {"v1": vllm.v1_kernel_blocks, "v2": vllm.v2_kernel_blocks},
+            "dcp": {"v1": True, "v2": v2_dcp_runs(vllm) is None}}
 
 
 def _group_sizes(config) -> tuple[list[int], list[int]]:
