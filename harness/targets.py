@@ -52,6 +52,9 @@ class Observation:
     graph_ptrs: dict | None = None
     runner: str = "v1"
     dummy_tables: list | None = None  # V2: per group (all zero, same data_ptr) of the last dummy
+    # Reference V2 only: entries of each input-table row the last gather defined;
+    # past them a row holds whatever the engine left (compared up to here only).
+    device_row_counts: list | None = None
 
 
 class Target(Protocol):
@@ -95,6 +98,7 @@ class _ObserveReference:
                                                   lf.num_reqs_padded, lf.num_tokens,
                                                   lf.num_tokens_padded),
             runner=self.config.runner,
+            device_row_counts=getattr(self, "device_row_counts", None),
         )
 
 

@@ -22,12 +22,21 @@ clears its staged row, as the shared base does).
 
 from __future__ import annotations
 
+import numpy as np
+
 from .ledger import OpError
 from .runner import ReferenceRunnerBase
 
 
 class ReferenceV2Runner(ReferenceRunnerBase):
-    """Fixed V2 semantics (see module docstring)."""
+    """Fixed V2 semantics (see module docstring).
+
+    device_row_counts[g]: int32 (max_num_reqs,) — entries of each input-table
+    row the last gather defined (a real row: its request's ``num_blocks``; padded
+    and dummy rows: all of them); None before the first forward.
+    """
+
+    device_row_counts: list | None = None
 
     def condense(self) -> None:
         raise OpError("op", "condense is a V1 persistent-batch op; runner v2 has none")
@@ -39,14 +48,20 @@ class ReferenceV2Runner(ReferenceRunnerBase):
         return [(req, n, self.rows.row_of(req)) for req, n in scheduled]
 
     def _stage_tables(self, rows: list[int], reqs_padded: int) -> None:
+        self.device_row_counts = []
         for g, table in enumerate(self.rows.block_table):
             inputs = self.device_block_table[g]
+            counts = np.full(inputs.shape[0], inputs.shape[1], np.int32)
             for b, row in enumerate(rows):
                 n = int(self.rows.num_blocks_per_row[g][row])
                 inputs[b, :n] = table[row, :n]
+                counts[b] = n
             inputs[len(rows):reqs_padded] = 0
+            self.device_row_counts.append(counts)
 
     def _prepare_dummy(self, reqs_padded: int) -> None:
+        self.device_row_counts = [np.full(t.shape[0], t.shape[1], np.int32)
+                                  for t in self.device_block_table]
         for inputs in self.device_block_table:
             inputs[:reqs_padded] = 0
 

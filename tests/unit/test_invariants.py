@@ -75,7 +75,10 @@ def test_reads_foreign_and_nonfinite(ref):
 
 
 def test_matches_reference_names_field_and_index(ref):
+    ref.step([[0, 5]], "NONE")  # a forward of 5 tokens: slot mapping [0, 5) is compared
     a, b = ref.observe(), ref.observe()
+    assert inv.check_matches_reference(a, b, 0, "x") == []
+    a.slot_mapping[0][7] = 77  # past the forward's tokens: the engine's business
     assert inv.check_matches_reference(a, b, 0, "x") == []
     a.slot_mapping[0][3] = 77
     (v,) = inv.check_matches_reference(a, b, 0, "step")
@@ -92,3 +95,26 @@ def test_graph_addresses(ref):
     obs.graph_ptrs = {2: {"state_indices[1]": (0x1000, 0x2000)}}
     (v,) = inv.check_graph_addresses(obs, 0, "x")
     assert v.invariant == "GRAPH_ADDRESSES_STABLE"
+
+
+def test_matches_reference_v2_compares_defined_entries_only():
+    """V2: a free state index's staged row and device entries past a row's
+    num_blocks are undefined by the contract; entries inside are compared."""
+    r = ReferenceTarget(RunnerConfig(runner="v2"))
+    r.add(0, [[1, 2], [3]], 5)
+    r.add(1, [[4], [5]], 2)
+    r.step([[1, 1], [0, 1]], "NONE")  # batch row 0 = req 1 (one block), row 1 = req 0
+    r.remove(1)
+    a, b = r.observe(), r.observe()
+    assert inv.check_matches_reference(a, b, 0, "x") == []
+    a.block_table[0][1, :] = 9  # req 1's freed state index: overwritten on reuse
+    a.block_table[0][0, 3] = 9  # past req 0's two blocks
+    a.device_block_table[0][0, 1] = 9  # batch row 0 holds req 1's one block only
+    assert inv.check_matches_reference(a, b, 0, "x") == []
+    a.device_block_table[0][1, 1] = 9  # req 0's second block: defined
+    (v,) = inv.check_matches_reference(a, b, 0, "step")
+    assert v.detail.startswith("device_block_table[0][1, 1]")
+    a, b = r.observe(), r.observe()
+    a.block_table[0][0, 1] = 9  # a live row's block: defined
+    (v,) = inv.check_matches_reference(a, b, 0, "step")
+    assert v.detail.startswith("block_table[0][0, 1]")
