@@ -8,7 +8,8 @@ also serves traces from elsewhere.  Passes, repeated until none helps (bounded):
 2. drop single ops, last first, then runs of ops (halving sizes);
 3. narrow each step: drop scheduled requests, lower token counts;
 4. renumber requests and blocks to small ids in order of first use;
-5. lower config limits (pool size, batch limits, capture sizes) one at a time.
+5. simplify the geometry (one DCP rank, no kernel-block split), then lower
+   config limits (pool size, batch limits, capture sizes) one at a time.
 
 Each candidate is repaired before it is replayed: ops that became illegal
 (a step of a request no longer added, a block no longer free) are dropped, by
@@ -77,8 +78,18 @@ def renumber(ops: list[dict]) -> list[dict]:
 
 
 def _smaller_configs(config):
-    """Configs with one limit lowered (validity checked by the caller)."""
+    """Simpler geometry first (one DCP rank, no kernel-block split), then configs
+    with one limit lowered (validity checked by the caller)."""
     fields = config.to_json()
+    if fields.get("dcp_world_size", 1) > 1:
+        yield dict(fields, dcp_world_size=1, dcp_rank=0, cp_kv_cache_interleave_size=1)
+    if fields.get("cp_kv_cache_interleave_size", 1) > 1:
+        yield dict(fields, cp_kv_cache_interleave_size=1)
+    for g, spec in enumerate(fields["groups"]):
+        if spec.get("kernel_block_size", spec["block_size"]) != spec["block_size"]:
+            groups = copy.deepcopy(fields["groups"])
+            groups[g]["kernel_block_size"] = spec["block_size"]
+            yield dict(fields, groups=groups)
     yield dict(fields, num_blocks=2)  # the smallest pool first, then one at a time
     for name in ("num_blocks", "max_num_reqs", "max_num_blocks_per_req",
                  "max_num_batched_tokens"):

@@ -1,0 +1,159 @@
+"""The ``vllm`` target: the installed vLLM's own block-table classes under test.
+
+Tests that need vLLM skip with one line when it is not installed (install a
+release with ``scripts/install-vllm-target.sh RELEASE``).  Verdicts that
+depend on the release come from the corpus traces' ``meta.expect_by_release``
+(what was measured on that release); a release with none recorded is skipped
+there, not guessed.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness import vllm_target
+from harness.cli import main
+from harness.trace import load
+from reference import GroupSpec, RunnerConfig
+from tests.conftest import CORPORA
+
+VLLM_TRACES = sorted((CORPORA / "vllm").glob("*.json"))
+
+
+@pytest.fixture(scope="module")
+def vllm():
+    if vllm_target.installed_version() is None:
+        pytest.skip("vLLM not installed (scripts/install-vllm-target.sh RELEASE)")
+    try:
+        return vllm_target.load()
+    except vllm_target.TargetUnavailable as e:
+        pytest.skip(f"vLLM cannot be used in this process: {e}")
+
+
+def _expected(trace, version: str) -> dict:
+    by_release = trace.meta.get("expect_by_release", {})
+    if version not in by_release:
+        pytest.skip(f"no verdict recorded for vLLM {version} in this trace")
+    return by_release[version]
+
+
+def test_missing_vllm_is_one_line_exit_2(monkeypatch, capsys):
+    """Without vLLM, --target vllm fails before any work: one line, exit 2."""
+    monkeypatch.setattr(vllm_target, "installed_version", lambda: None)
+    monkeypatch.setattr(vllm_target, "_LOADED", None)
+    trace = str(CORPORA / "seeds" / "vacated-row-not-cleared.json")
+    assert main(["replay", trace, "--target", "vllm"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "install-vllm-target.sh" in err, err
+
+
+def test_cuda_device_refused_for_vllm_target(capsys):
+    trace = str(CORPORA / "seeds" / "vacated-row-not-cleared.json")
+    assert main(["replay", trace, "--target", "vllm", "--device", "cuda"]) == 2
+    assert "--device cuda" in capsys.readouterr().err
+
+
+def test_faults_refused_for_vllm_target(capsys):
+    trace = str(CORPORA / "seeds" / "vacated-row-not-cleared.json")
+    assert main(["replay", trace, "--target", "vllm", "--fault",
+                 "vacated-row-not-cleared"]) == 2
+    assert "faults live in gpu_impl" in capsys.readouterr().err
+
+
+def test_kernel_split_refused_only_where_the_release_cannot_express_it(vllm):
+    for runner, can in (("v1", vllm.v1_kernel_blocks), ("v2", vllm.v2_kernel_blocks)):
+        config = RunnerConfig(runner=runner, groups=(GroupSpec("attention", 8, 4),))
+        refused = vllm_target.refusal(config, vllm)
+        if can:
+            assert refused is None
+            vllm_target.make_vllm_runner(config)  # constructs
+        else:
+            assert refused is not None and refused.field == "groups[0].kernel_block_size"
+            with pytest.raises(vllm_target.TargetRefused):
+                vllm_target.make_vllm_runner(config)
+
+
+def test_refused_trace_is_one_line_exit_2(vllm, tmp_path, capsys):
+    trace = json.loads((CORPORA / "seeds" / "kernel-block-size-ignored.json").read_text())
+    if vllm.v1_kernel_blocks if trace["config"]["runner"] == "v1" else vllm.v2_kernel_blocks:
+        pytest.skip(f"vLLM {vllm.version} splits kernel blocks: nothing to refuse")
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(trace))
+    assert main(["replay", str(path), "--target", "vllm"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert str(path) in err and "kernel_block_size" in err and "\n" not in err
+
+
+@pytest.mark.parametrize("path", VLLM_TRACES, ids=lambda p: p.stem)
+def test_corpus_verdict_on_installed_release(vllm, path):
+    """Each vllm corpus trace gives the verdict recorded for this release."""
+    from harness.session import replay
+
+    trace = load(path)
+    want = _expected(trace, vllm.version)
+    verdict = replay(trace, (), "vllm")
+    assert verdict.matches(want), (verdict.violation and verdict.violation.line(), want)
+
+
+@pytest.mark.parametrize("path", sorted((CORPORA / "seeds").glob("seed000*.json")),
+                         ids=lambda p: p.stem)
+def test_seed_traces_agree_with_the_release_behaviour(vllm, path):
+    """The hand-written seed traces fail on vLLM exactly when the release keeps
+    stale rows (measured directly on its classes), and pass otherwise."""
+    from harness.session import replay
+
+    trace = load(path)
+    if vllm_target.refusal(trace.config, vllm) is not None:
+        pytest.skip("geometry this release cannot express")
+    stale = _keeps_stale_rows(vllm, trace.config.runner)
+    verdict = replay(trace, (), "vllm")
+    if stale:
+        assert verdict.violation is not None
+        assert verdict.violation.invariant in ("VACATED_ROWS_ZERO", "NO_STALE_WRITE",
+                                               "DUMMY_TABLES_ZERO")
+    else:
+        assert verdict.violation is None, verdict.violation.line()
+
+
+def _keeps_stale_rows(vllm, runner: str) -> bool:
+    """Ask the release's classes directly (no harness in between)."""
+    import torch
+
+    if runner == "v1":
+        t = vllm.MultiGroupBlockTable(**vllm_target._kwargs_for(
+            vllm.MultiGroupBlockTable.__init__,
+            dict(max_num_reqs=2, max_num_batched_tokens=4, pin_memory=False,
+                 device=torch.device("cpu"), block_sizes=[4], kernel_block_sizes=[4],
+                 max_num_blocks=[2])))
+        t.add_row(([1, 2],), 0)
+        t.add_row(([3],), 1)
+        t.move_row(1, 0)
+        return bool(t[0].block_table.np[1].any())
+    t = vllm.BlockTables(**vllm_target._kwargs_for(
+        vllm.BlockTables.__init__,
+        dict(block_sizes=[4], max_num_reqs=2, max_num_batched_tokens=4,
+             max_num_blocks_per_group=[2], device=torch.device("cpu"), kernel_block_sizes=[4])))
+    t.append_block_ids(0, ([1, 2],), overwrite=True)
+    t.apply_staged_writes()
+    t.gather_block_tables(torch.zeros(1, dtype=torch.int32), 1)
+    return bool(t.get_dummy_block_tables(1)[0].any())
+
+
+@pytest.mark.parametrize("runner", ["v1", "v2"])
+def test_fuzz_from_seed_0_finds_the_stale_row_bug_or_passes(vllm, runner):
+    """The issue's acceptance check, per runner: seed 0 finds the stale-row bug
+    within 200 examples on a release that has it (shrunk to a short trace), and
+    a bounded search finds nothing on a release without it."""
+    from harness.fuzz import fuzz
+
+    if _keeps_stale_rows(vllm, runner):
+        result = fuzz(None, 0, 200, (), "vllm", "cpu", runner=runner)  # the CLI default
+        assert result.violation is not None, "the pre-fix release was not caught"
+        want = {"v1": ("VACATED_ROWS_ZERO", "NO_STALE_WRITE"), "v2": ("DUMMY_TABLES_ZERO",)}
+        assert result.violation.invariant in want[runner]
+        assert len(result.trace.ops) <= 6
+    else:
+        result = fuzz(None, 0, 25, (), "vllm", "cpu", profile="ci", runner=runner)
+        assert result.violation is None, result.violation.line()
