@@ -33,7 +33,7 @@ numbers: whether ``BlockTable`` / ``BlockTables`` take kernel block sizes,
 (V2).  A geometry a release's classes cannot express is refused
 (:class:`TargetRefused`), never emulated: releases whose block tables do not
 split allocation blocks into kernel blocks refuse ``kernel_block_size !=
-block_size``.  README.md, "Writing a target", walks through this module.
+block_size``.  docs/writing-a-target.md walks through this module.
 """
 
 from __future__ import annotations
