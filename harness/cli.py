@@ -67,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_fault_source(p)
     p.add_argument("--check-expect", action="store_true",
                    help="corpus check: use each trace's meta.faults; exit 0 iff every "
-                        "verdict matches the trace's `expect`, 1 otherwise")
+                        "verdict matches the trace's `expect`, 1 otherwise (--target vllm: "
+                        "meta.expect_by_release of the installed release, no faults)")
     _add_common(p)
 
     p = sub.add_parser("nightly", help="time-budgeted, crash-isolated, sharded campaign "
@@ -350,15 +351,29 @@ def cmd_replay(args) -> int:
     from .session import replay
     from .trace import load
 
-    if args.check_expect:
+    by_release = args.check_expect and args.target == "vllm"
+    if args.check_expect and not by_release:
         args.faults_from_trace = True
     traces = [(p, load(p)) for p in args.traces]  # all validated before anything runs
     per_trace = [_trace_faults(args, trace, str(p)) for p, trace in traces]
     device = _select_device(args.device, args.target)
+    version = None
+    if by_release:
+        from .vllm_target import installed_version
+
+        version = installed_version()
     for path, trace in traces:
         _check_target(trace.config, args.target, str(path))
-    violations = mismatches = 0
+    violations = mismatches = unchecked = 0
     for (path, trace), use in zip(traces, per_trace):
+        expect = trace.expect
+        if by_release:  # the engine's verdict for the installed release, no faults
+            expect = trace.meta.get("expect_by_release", {}).get(version)
+            if expect is None:
+                print(f"SKIP {path}: no verdict recorded for vLLM {version} "
+                      "(meta.expect_by_release)")
+                unchecked += 1
+                continue
         verdict = replay(trace, use, args.target, device)
         tag = f" (faults: {','.join(use)})" if use else ""
         if verdict.violation is None:
@@ -369,14 +384,15 @@ def cmd_replay(args) -> int:
         if args.check_expect:
             got = ("pass" if verdict.violation is None else
                    f"fail {verdict.violation.invariant} at op {verdict.violation.op_index}")
-            e = trace.expect
+            e = expect
             want = e.get("verdict", "pass") + (f" {e['invariant']}" if e.get("invariant") else "") \
                 + (f" at op {e['op_index']}" if e.get("op_index") is not None else "")
             ok = verdict.matches(e)
             mismatches += not ok
             print(f"  expect {want}: {'matches' if ok else 'MISMATCH, got ' + got}")
     if args.check_expect:
-        print(f"{len(traces) - mismatches} matched, {mismatches} mismatched")
+        print(f"{len(traces) - mismatches - unchecked} matched, {mismatches} mismatched"
+              + (f", {unchecked} with no verdict for vLLM {version}" if unchecked else ""))
         return EXIT_VIOLATION if mismatches else EXIT_OK
     return EXIT_VIOLATION if violations else EXIT_OK
 

@@ -119,6 +119,8 @@ def fuzz(config: RunnerConfig | None, seed: int = 0, examples: int | None = 200,
         result.shrink_seconds = time.perf_counter() - shrink_start
     trace.expect = {"verdict": "fail", "invariant": verdict.violation.invariant,
                     "op_index": verdict.violation.op_index}
+    if target == "vllm":  # what `replay --check-expect --target vllm` checks
+        trace.meta["expect_by_release"] = {trace.meta["vllm_version"]: dict(trace.expect)}
     result.violation, result.trace = verdict.violation, trace
     result.hypothesis_ops, result.shrink_replays = len(error.ops), replays
     result.seconds = time.perf_counter() - start

@@ -161,3 +161,16 @@ def test_fuzz_from_seed_0_finds_the_stale_row_bug_or_passes(vllm, runner):
     else:
         result = fuzz(None, 0, 25, (), "vllm", "cpu", profile="ci", runner=runner)
         assert result.violation is None, result.violation.line()
+
+
+def test_check_expect_uses_the_installed_release_verdicts(vllm, capsys):
+    """`replay --check-expect --target vllm` checks meta.expect_by_release of the
+    installed release (no faults), and lists traces with none as SKIP."""
+    paths = [str(p) for p in VLLM_TRACES] + [
+        str(CORPORA / "seeds" / "vacated-row-not-cleared.json")]  # nothing recorded
+    recorded = [load(p).meta.get("expect_by_release", {}).get(vllm.version) for p in paths]
+    rc = main(["replay", "--check-expect", "--target", "vllm", *paths])
+    out = capsys.readouterr().out
+    assert f"SKIP {paths[-1]}" in out
+    if any(recorded):
+        assert rc == 0 and "0 mismatched" in out, out
