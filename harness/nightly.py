@@ -271,7 +271,7 @@ def _versions() -> dict:
     from importlib import metadata
 
     out = {"python": platform.python_version()}
-    for pkg in ("blockfuzz", "torch", "triton", "hypothesis", "numpy"):
+    for pkg in ("blockfuzz", "torch", "triton", "hypothesis", "numpy", "vllm"):
         try:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
@@ -294,7 +294,7 @@ def write_reports(c: Campaign, p: Progress) -> None:
         "campaign": {"time_budget_s": c.time_budget_s, "workers": c.workers,
                      "shard": f"{c.shard[0]}/{c.shard[1]}", "device": c.device,
                      "runner": c.runner or "drawn", "faults": list(c.faults),
-                     "examples_per_seed": c.examples_per_seed},
+                     "examples_per_seed": c.examples_per_seed, "target": c.target},
         "versions": _versions(), "git_commit": _git_commit(),
         "seeds_run": sorted(p.seeds), "steps": p.steps, "examples": p.examples,
         "seconds": round(elapsed, 3), "steps_per_s": round(p.steps / elapsed, 2) if elapsed else 0,

@@ -373,6 +373,9 @@ def staged_rows(tables, max_num_reqs: int) -> tuple[list[np.ndarray], list[np.nd
     rows, counts = [], []
     for g, t in enumerate(tables.block_tables):
         host = t.gpu.detach().cpu().numpy().copy()
+        if not hasattr(t, "_staged_write_contents"):
+            raise TargetUnavailable("this vLLM release's StagedWriteTensor keeps its staged "
+                                    "writes elsewhere; the V2 observation must learn it")
         contents, start_of = t._staged_write_contents, 0
         for index, start, end in zip(t._staged_write_indices, t._staged_write_starts,
                                      t._staged_write_cu_lens):
