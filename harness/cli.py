@@ -140,6 +140,15 @@ def _load_config(path: str | None, runner: str | None):
         raise UsageError(f"{path}: {e}") from None
 
 
+def _fault_source(ids: list[str]) -> str:
+    """The flag or variable that switched faults on, for error messages."""
+    if ids:
+        return "--fault"
+    if os.environ.get("BLOCKFUZZ_FAULTS"):
+        return "$BLOCKFUZZ_FAULTS"
+    return "--faults-from-trace (the trace's meta.faults)"
+
+
 def _check_faults(ids: list[str], runner: str | None = None) -> list[str]:
     """Validated fault ids, plus those of ``$BLOCKFUZZ_FAULTS`` (so they are reported)."""
     from gpu_impl.faults import CATALOGUE
@@ -246,7 +255,8 @@ def cmd_fuzz(args) -> int:
     if config is not None:
         _check_faults(args.fault, runner)
     if faults and args.target != "gpu_impl":
-        raise UsageError("--fault: faults live in gpu_impl; use --target gpu_impl")
+        raise UsageError(f"{_fault_source(args.fault)}: faults live in gpu_impl; use --target "
+                         "gpu_impl")
     device = _select_device(args.device, args.target)
     _check_target(config, args.target, args.config)
     examples = args.examples if args.examples is not None else (
@@ -298,7 +308,8 @@ def _trace_faults(args, trace, source: str = "trace") -> list[str]:
     if args.faults_from_trace:
         faults = sorted(set(faults) | set(trace.faults))
     if faults and args.target != "gpu_impl":
-        raise UsageError("--fault: faults live in gpu_impl; use --target gpu_impl")
+        raise UsageError(f"{_fault_source(args.fault)}: faults live in gpu_impl; use --target "
+                         "gpu_impl")
     _check_trace_faults(faults, trace.config.runner, source)
     return faults
 
@@ -362,11 +373,25 @@ def cmd_replay(args) -> int:
         from .vllm_target import installed_version
 
         version = installed_version()
+    refused = {}
     for path, trace in traces:
-        _check_target(trace.config, args.target, str(path))
+        try:
+            _check_target(trace.config, args.target, str(path))
+        except UsageError as e:
+            refused[str(path)] = str(e)
+    if refused and len(refused) == len(traces):
+        raise UsageError(next(iter(refused.values())))  # nothing could run
     violations = mismatches = unchecked = 0
     for (path, trace), use in zip(traces, per_trace):
+        if str(path) in refused:  # one of several: the rest still run
+            print(f"SKIP {refused[str(path)]}")
+            unchecked += 1
+            continue
         expect = trace.expect
+        found_on = trace.meta.get("target", "gpu_impl")
+        if found_on != args.target and not args.check_expect:
+            print(f"note: {path} was found on target {found_on}; replaying on {args.target} "
+                  f"(--target {found_on} replays it there)")
         if by_release:  # the engine's verdict for the installed release, no faults
             expect = trace.meta.get("expect_by_release", {}).get(version)
             if expect is None:
@@ -390,9 +415,11 @@ def cmd_replay(args) -> int:
             ok = verdict.matches(e)
             mismatches += not ok
             print(f"  expect {want}: {'matches' if ok else 'MISMATCH, got ' + got}")
+            if not ok and not by_release and found_on != args.target:
+                print(f"  (expect is its verdict on target {found_on}: add --target {found_on})")
     if args.check_expect:
         print(f"{len(traces) - mismatches - unchecked} matched, {mismatches} mismatched"
-              + (f", {unchecked} with no verdict for vLLM {version}" if unchecked else ""))
+              + (f", {unchecked} not checked (SKIP)" if unchecked else ""))
         return EXIT_VIOLATION if mismatches else EXIT_OK
     return EXIT_VIOLATION if violations else EXIT_OK
 
@@ -437,7 +464,8 @@ def cmd_nightly(args) -> int:
     faults = _check_faults(args.fault, args.runner)
     runner = args.runner or _fault_runner(faults)
     if faults and args.target != "gpu_impl":
-        raise UsageError("--fault: faults live in gpu_impl; use --target gpu_impl")
+        raise UsageError(f"{_fault_source(args.fault)}: faults live in gpu_impl; use --target "
+                         "gpu_impl")
     device = _select_device(args.device, args.target)
     c = Campaign(out, args.time_budget, args.workers, (k, n), device, runner, tuple(faults),
                  Path(args.corpus) if args.corpus else None, args.seed_timeout,

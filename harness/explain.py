@@ -113,7 +113,9 @@ def _writes_text(writes: list[dict]) -> str:
 def _verdict_text(rec: dict) -> str:
     if not rec["violations"]:
         return "ok"
-    return "\n".join(f"{v['invariant']}: {v['detail']}" for v in rec["violations"])
+    return "\n".join(f"{v['invariant']}"
+                     + (f" (group {v['group']})" if v.get("group") is not None else "")
+                     + f": {v['detail']}" for v in rec["violations"])
 
 
 def render(records: list[dict], fmt: str, console=None) -> str | None:

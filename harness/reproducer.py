@@ -33,11 +33,17 @@ TRACE = json.loads(r"""
 {trace_json}""")
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line on stderr, exit 2
+        print(f"error: {{message}}", file=sys.stderr)
+        sys.exit(2)
+
+
 def main() -> int:
     from gpu_impl.device import DeviceError, select_device
     from gpu_impl.faults import CATALOGUE
 
-    ap = argparse.ArgumentParser(description="replay one blockfuzz trace")
+    ap = _Parser(description="replay one blockfuzz trace")
     ap.add_argument("--fault", action="append", default=[], choices=sorted(CATALOGUE),
                     help="gpu_impl fault to switch on")
     ap.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"])
@@ -53,6 +59,8 @@ def main() -> int:
     if args.target == "vllm":
         from harness.vllm_target import TargetUnavailable, load, refusal
 
+        if args.device == "cuda":
+            ap.error("--device cuda: the vllm target runs on the CPU (Triton interpreter)")
         try:
             load()
         except TargetUnavailable as e:

@@ -317,6 +317,19 @@ def _runner_classes():
         def kernel_block_size(self, group: int) -> int:
             return self.kernel_sizes[group]
 
+        # Each add / append is its own scheduler output: vLLM's runner stages at
+        # most one write per request between two steps (a new request arrives with
+        # all its blocks), and 0.26's fused writer is sized for exactly that; a
+        # trace's add-then-append of one request would overflow it.  Applying per
+        # op gives the gather the same rows.
+        def _rows_add(self, req, state) -> None:
+            super()._rows_add(req, state)
+            self.block_tables.apply_staged_writes()
+
+        def _rows_append(self, req, block_ids) -> None:
+            super()._rows_append(req, block_ids)
+            self.block_tables.apply_staged_writes()
+
         def _rows_remove(self, req) -> None:
             # vLLM keeps a finished request's staged row; add overwrites it on reuse.
             index = self.req_index.pop(req)

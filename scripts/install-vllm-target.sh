@@ -15,13 +15,10 @@ RELEASE="$1"
 PY="${PYTHON:-python}"
 "$PY" -m pip install --quiet "torch==2.13.0" triton numpy
 "$PY" -m pip install --quiet --no-deps "vllm==$RELEASE"
-# Import chain of vllm.v1.worker.block_table and vllm.v1.worker.gpu.block_table
-# (0.26 needs the first line; later releases also the second).
-"$PY" -m pip install --quiet \
-  packaging regex psutil pyzmq urllib3 pydantic cbor2 transformers aiohttp requests \
-  openai-harmony openai uvloop py-cpuinfo \
-  pillow pybase64 cachetools msgspec cloudpickle prometheus-client xgrammar fastapi \
-  partial-json-parser llguidance
+# Import chain of vllm.v1.worker.block_table and vllm.v1.worker.gpu.block_table,
+# pinned (scripts/vllm-target-requirements.txt). pip then lists vLLM's own pins
+# it did not follow ("vllm X requires ..."): expected with --no-deps.
+"$PY" -m pip install --quiet -r "$(dirname "$0")/vllm-target-requirements.txt"
 "$PY" - <<'PY'
 import torch
 assert not torch.version.cuda, "a CUDA torch was installed; reinstall torch==2.13.0"

@@ -10,6 +10,7 @@ there, not guessed.
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -24,12 +25,15 @@ VLLM_TRACES = sorted((CORPORA / "vllm").glob("*.json"))
 
 @pytest.fixture(scope="module")
 def vllm():
+    """The loaded vLLM; skips without one, fails instead when
+    ``$BLOCKFUZZ_REQUIRE_VLLM=1`` (CI installs it: a broken install must not pass)."""
+    give_up = pytest.fail if os.environ.get("BLOCKFUZZ_REQUIRE_VLLM") == "1" else pytest.skip
     if vllm_target.installed_version() is None:
-        pytest.skip("vLLM not installed (scripts/install-vllm-target.sh RELEASE)")
+        give_up("vLLM not installed (scripts/install-vllm-target.sh RELEASE)")
     try:
         return vllm_target.load()
     except vllm_target.TargetUnavailable as e:
-        pytest.skip(f"vLLM cannot be used in this process: {e}")
+        give_up(f"vLLM cannot be used in this process: {e}")
 
 
 def _expected(trace, version: str) -> dict:
