@@ -49,15 +49,19 @@ def _alone(target, config, workload) -> tuple[int, float]:
 
 
 def _session(target, config, workload) -> tuple[int, float]:
+    """Violations (a pre-fix release has some) are counted, and the trace goes on."""
     from harness.session import Session
 
     steps, start = 0, time.perf_counter()
     for ops in workload:
         s = Session(config, (), target, "cpu")
         for op in ops:
-            assert not s.apply(op), (target, op)
+            VIOLATING[target] = VIOLATING.get(target, 0) + bool(s.apply(op))
             steps += 1
     return steps, time.perf_counter() - start
+
+
+VIOLATING: dict = {}
 
 
 def main() -> None:
@@ -87,6 +91,7 @@ def main() -> None:
             table.add_row(runner, name, str(g_steps), f"{g_steps / g_s:.0f}",
                           f"{v_steps / v_s:.0f}", f"{v_s / g_s:.2f}x")
     console.print(table)
+    print(f"ops with a violation in the session runs: {VIOLATING}")
 
 
 if __name__ == "__main__":
