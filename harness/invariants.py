@@ -62,6 +62,7 @@ class WritePermit:
 
     cells: dict
     owners: list
+    runs: frozenset = frozenset()  # requests the op writes for (a step's scheduled ones)
 
     def describe(self, group: int, block: int) -> str:
         o = int(self.owners[group][block])
@@ -93,7 +94,9 @@ def permit_for(config: RunnerConfig, ledger: Ledger, op: dict) -> WritePermit:
         for g, ids in enumerate(ledger.requests[op["req"]].blocks):
             for b in ids:
                 cells[g][b] = None
-    return WritePermit(cells, [o.copy() for o in ledger.owner])
+    runs = frozenset(req for req, _ in op["scheduled"]) if kind == "step" else frozenset(
+        [op["req"]] if kind in ("kv_load", "remove") else [])
+    return WritePermit(cells, [o.copy() for o in ledger.owner], runs)
 
 
 def _changed(before: np.ndarray, after: np.ndarray) -> np.ndarray:
@@ -189,8 +192,11 @@ def check_no_stale_write(before: Observation, after: Observation, permit: WriteP
                 continue
             where = f"offset {int(cell[1])} " if not mamba else "state "
             value = _fmt(a_cache[tuple(cell)])
-            why = ("no row of this op owns it" if allowed is False
-                   else f"the owner wrote offsets [{allowed[0]}, {allowed[1]}) only")
+            owner = int(permit.owners[g][block])
+            why = (f"the op writes offsets [{allowed[0]}, {allowed[1]}) of it only"
+                   if allowed is not False else
+                   f"req {owner} runs in this op but writes nothing there"
+                   if owner >= 0 and owner in permit.runs else "no row of this op owns it")
             out.append(Violation("NO_STALE_WRITE", op_index, op,
                                  f"{where}of block {block} ({permit.describe(g, block)}) "
                                  f"changed to {value}; {why}", group=g, block=block))

@@ -18,7 +18,7 @@ Found by: {found_by} (seed {seed}).  Expected with the bug present:
 Run:   python {name} [--fault ID ...] [--device auto|cpu|cuda] [--target T]
        (the faults it was found with: {faults_flag}; target: {target})
 Exit:  1 while the violation reproduces, 0 once the implementation is fixed,
-       2 on bad flags.
+       2 on bad flags, 3 when a different invariant fails (not this bug: look).
 Needs: the blockfuzz package (pip install -e <blockfuzz checkout>); not Hypothesis.
 """
 
@@ -73,8 +73,13 @@ def main() -> int:
             select_device(args.device)
         except DeviceError as e:
             ap.error(str(e))
+    engine = ""
+    if args.target == "vllm":
+        from harness.vllm_target import installed_version
+
+        engine = f" (vLLM {{installed_version()}})"
     print(f"checking {{len(trace.ops)}} ops on runner {{trace.config.runner}}, target "
-          f"{{args.target}} "
+          f"{{args.target}}{{engine}} "
           f"(faults: {{','.join(args.fault) or 'none'}}); expecting with the bug: "
           f"{{trace.expect.get('invariant')}} at op {{trace.expect.get('op_index')}}")
     verdict = replay(trace, args.fault, args.target, "cpu" if args.target == "vllm" else
@@ -83,6 +88,10 @@ def main() -> int:
         print(f"PASS: all {{verdict.ops_run}} ops hold every invariant")
         return 0
     print(f"FAIL: {{verdict.violation.line()}}")
+    want = trace.expect.get("invariant")
+    if want is not None and verdict.violation.invariant != want:
+        print(f"DIFFERENT: expected {{want}}; this is another failure, not this bug")
+        return 3
     return 1
 
 

@@ -317,18 +317,27 @@ def _runner_classes():
         def kernel_block_size(self, group: int) -> int:
             return self.kernel_sizes[group]
 
-        # Each add / append is its own scheduler output: vLLM's runner stages at
+        # Staged writes are applied once per step, as vLLM's runner does (all the
+        # adds / appends of one scheduler output in one launch).  vLLM stages at
         # most one write per request between two steps (a new request arrives with
         # all its blocks), and 0.26's fused writer is sized for exactly that; a
-        # trace's add-then-append of one request would overflow it.  Applying per
-        # op gives the gather the same rows.
+        # trace can stage a second write to the same state index (add then append,
+        # or remove and re-add) — that starts a new scheduler output: flush first.
+        def _stage_write(self, index: int) -> None:
+            pending = self.__dict__.setdefault("_pending", set())
+            if index in pending:
+                self.block_tables.apply_staged_writes()
+                pending.clear()
+            pending.add(index)
+
         def _rows_add(self, req, state) -> None:
+            used = set(self.req_index.values())
+            self._stage_write(next(i for i in range(self.config.max_num_reqs) if i not in used))
             super()._rows_add(req, state)
-            self.block_tables.apply_staged_writes()
 
         def _rows_append(self, req, block_ids) -> None:
+            self._stage_write(self.req_index[req])
             super()._rows_append(req, block_ids)
-            self.block_tables.apply_staged_writes()
 
         def _rows_remove(self, req) -> None:
             # vLLM keeps a finished request's staged row; add overwrites it on reuse.
@@ -342,6 +351,7 @@ def _runner_classes():
             self.idx_mapping.np[:len(indices)] = indices
             self.idx_mapping.copy_to_gpu()
             self.block_tables.apply_staged_writes()
+            self.__dict__.setdefault("_pending", set()).clear()
             self.block_tables.gather_block_tables(self.idx_mapping.gpu[:len(indices)],
                                                   reqs_padded)
 
