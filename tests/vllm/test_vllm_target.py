@@ -167,11 +167,13 @@ def test_fuzz_from_seed_0_finds_the_stale_row_bug_or_passes(vllm, runner):
         assert result.violation is None, result.violation.line()
 
 
-def test_check_expect_uses_the_installed_release_verdicts(vllm, capsys):
+def test_check_expect_uses_the_installed_release_verdicts(vllm, capsys, tmp_path):
     """`replay --check-expect --target vllm` checks meta.expect_by_release of the
     installed release (no faults), and lists traces with none as SKIP."""
-    paths = [str(p) for p in VLLM_TRACES] + [
-        str(CORPORA / "seeds" / "vacated-row-not-cleared.json")]  # nothing recorded
+    bare = json.loads((CORPORA / "seeds" / "vacated-row-not-cleared.json").read_text())
+    del bare["meta"]["expect_by_release"]
+    (tmp_path / "bare.json").write_text(json.dumps(bare))
+    paths = [str(p) for p in VLLM_TRACES] + [str(tmp_path / "bare.json")]  # nothing recorded
     recorded = [load(p).meta.get("expect_by_release", {}).get(vllm.version) for p in paths]
     rc = main(["replay", "--check-expect", "--target", "vllm", *paths])
     out = capsys.readouterr().out
