@@ -50,9 +50,13 @@ class GPUModelRunnerV2(GPUModelRunnerBase):
                                                 self.slot_mappings[group], tokens_padded)
 
     # -- hooks -------------------------------------------------------------------
-    def _rows_add(self, req, state) -> None:
+    def free_index(self) -> int:
+        """The state index the next added request gets: the lowest free one."""
         used = set(self.req_index.values())
-        index = next(i for i in range(self.config.max_num_reqs) if i not in used)
+        return next(i for i in range(self.config.max_num_reqs) if i not in used)
+
+    def _rows_add(self, req, state) -> None:
+        index = self.free_index()
         self.req_index[req] = index
         self.block_tables.append_block_ids(index, state.block_ids, overwrite=True)
         self.num_computed_tokens[index] = 0

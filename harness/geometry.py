@@ -63,4 +63,4 @@ def target_limits(target: str) -> dict:
         return {}
     from .vllm_target import geometry_limits
 
-    return geometry_limits(None)
+    return geometry_limits()

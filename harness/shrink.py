@@ -156,12 +156,12 @@ def legalize(config, ops: list[dict]) -> list[dict]:
 def _fails(trace: Trace, invariant: str, faults, target, device) -> int | None:
     """ops run until the violation when ``trace`` fails ``invariant``, else None
     (also when ``target`` cannot express the candidate's config)."""
+    from .vllm_target import TargetRefused
+
     try:
         verdict = replay(trace, faults, target, device)
-    except ValueError as e:
-        if type(e).__name__ == "TargetRefused":
-            return None
-        raise
+    except TargetRefused:
+        return None
     if verdict.violation is not None and verdict.violation.invariant == invariant:
         return verdict.ops_run
     return None

@@ -218,7 +218,7 @@ def refusal(config, vllm: SimpleNamespace | None = None) -> TargetRefused | None
     return None
 
 
-def geometry_limits(runner: str | None) -> dict:
+def geometry_limits() -> dict:
     """What :func:`harness.geometry.runner_configs` may draw for this release."""
     vllm = load()
     return {"kernel_split": {"v1": vllm.v1_kernel_blocks, "v2": vllm.v2_kernel_blocks},
@@ -313,6 +313,7 @@ def _runner_classes():
             for g in self.attn_groups:
                 self.slot_mappings[g] = tables.slot_mappings[g]
             self._num_reqs = 0
+            self._pending: set[int] = set()  # state indices with a staged write
 
         def kernel_block_size(self, group: int) -> int:
             return self.kernel_sizes[group]
@@ -324,15 +325,13 @@ def _runner_classes():
         # trace can stage a second write to the same state index (add then append,
         # or remove and re-add) — that starts a new scheduler output: flush first.
         def _stage_write(self, index: int) -> None:
-            pending = self.__dict__.setdefault("_pending", set())
-            if index in pending:
+            if index in self._pending:
                 self.block_tables.apply_staged_writes()
-                pending.clear()
-            pending.add(index)
+                self._pending.clear()
+            self._pending.add(index)
 
         def _rows_add(self, req, state) -> None:
-            used = set(self.req_index.values())
-            self._stage_write(next(i for i in range(self.config.max_num_reqs) if i not in used))
+            self._stage_write(self.free_index())
             super()._rows_add(req, state)
 
         def _rows_append(self, req, block_ids) -> None:
@@ -351,7 +350,7 @@ def _runner_classes():
             self.idx_mapping.np[:len(indices)] = indices
             self.idx_mapping.copy_to_gpu()
             self.block_tables.apply_staged_writes()
-            self.__dict__.setdefault("_pending", set()).clear()
+            self._pending.clear()
             self.block_tables.gather_block_tables(self.idx_mapping.gpu[:len(indices)],
                                                   reqs_padded)
 
