@@ -21,7 +21,7 @@ from rich.table import Table
 
 
 def _time_apply(target_factory, workload):
-    from harness.trace import apply_op
+    from harness.core.trace import apply_op
 
     start = time.perf_counter()
     steps = 0
@@ -62,9 +62,10 @@ def _throughput(config, args, device):
     from hypothesis import Phase, seed, settings
     from hypothesis.stateful import run_state_machine_as_test
 
-    from harness import machine as machine_mod
-    from harness import profiles, targets
-    from harness.session import Session
+    from harness.search import machine as machine_mod
+    from harness.search import profiles
+    from harness import targets
+    from harness.core.session import Session
 
     stats = {"traces": []}
     clock = [0.0]
@@ -102,7 +103,7 @@ def _nightly_scaling(args, device, fuzz_rate, console):
     import tempfile
     from pathlib import Path
 
-    from harness.nightly import Campaign, run
+    from harness.search.nightly import Campaign, run
 
     t = Table(title=f"nightly throughput ({args.nightly:g} s budget each, runner v1, "
                     "geometry drawn)")
@@ -136,7 +137,7 @@ def main() -> None:
 
     device = select_device(args.device).type
     from gpu_impl.faults import CATALOGUE
-    from harness.fuzz import fuzz
+    from harness.search.fuzz import fuzz
     from reference import RunnerConfig
 
     console = Console(width=None if Console().is_terminal else 150)

@@ -25,7 +25,9 @@ def _workload(config, examples: int, seed_: int) -> list[list[dict]]:
     from hypothesis import Phase, seed, settings
     from hypothesis.stateful import run_state_machine_as_test
 
-    from harness import machine, profiles
+    from harness.search import machine
+
+    from harness.search import profiles
 
     stats = {"traces": []}
     m = machine.make_machine(config, (), "reference", None, stats)
@@ -37,7 +39,7 @@ def _workload(config, examples: int, seed_: int) -> list[list[dict]]:
 
 def _alone(target, config, workload) -> tuple[int, float]:
     from harness.targets import make_target
-    from harness.trace import apply_op
+    from harness.core.trace import apply_op
 
     steps, start = 0, time.perf_counter()
     for ops in workload:
@@ -51,7 +53,7 @@ def _alone(target, config, workload) -> tuple[int, float]:
 def _session(target, config, workload, violating: dict) -> tuple[int, float]:
     """Ops with a violation (a pre-fix release has some) are counted in
     ``violating[target]``; the trace goes on."""
-    from harness.session import Session
+    from harness.core.session import Session
 
     steps, start = 0, time.perf_counter()
     for ops in workload:
@@ -67,7 +69,7 @@ def main() -> None:
     ap.add_argument("--examples", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    from harness import vllm_target
+    from harness.targets import vllm as vllm_target
 
     t = time.perf_counter()
     vllm = vllm_target.load()  # import, environment and shims: not timed below

@@ -125,7 +125,7 @@ def _add_search(p, verb: str) -> None:
 def _load_config(path: str | None, runner: str | None):
     from reference import ConfigError, RunnerConfig
 
-    from .trace import read_json
+    from harness.core.trace import read_json
 
     if path is None:
         return None
@@ -149,7 +149,7 @@ def _print_consequence(trace, invariant: str, faults, target: str, device: str) 
     maintainer asks first."""
     if invariant not in STRUCTURAL:
         return
-    from .session import replay
+    from harness.core.session import replay
 
     seen = replay(trace, faults, target, device, skip={invariant, "MATCHES_REFERENCE"})
     if seen.violation is None:
@@ -223,7 +223,7 @@ def _check_trace_faults(faults: list[str], runner: str, source: str) -> None:
 
 def _select_device(device: str, target: str) -> str:
     if target == "vllm":
-        from .vllm_target import TargetUnavailable, load
+        from harness.targets.vllm import TargetUnavailable, load
 
         if device == "cuda":
             raise UsageError("--device cuda: the vllm target runs vLLM's classes on the CPU "
@@ -255,7 +255,7 @@ def _check_target(config, target: str, source: str) -> None:
     """A config the target cannot express: one line naming the source and field."""
     if target != "vllm" or config is None:
         return
-    from .vllm_target import refusal
+    from harness.targets.vllm import refusal
 
     refused = refusal(config)
     if refused is not None:
@@ -287,8 +287,8 @@ def cmd_fuzz(args) -> int:
     print("config: " + (json.dumps(config.to_json(), sort_keys=True, separators=(",", ":"))
                         if config else "drawn per example (recorded in any trace written)"))
     sys.stdout.flush()
-    from .fuzz import fuzz, signature
-    from .trace import write_atomic
+    from harness.search.fuzz import fuzz, signature
+    from harness.core.trace import write_atomic
 
     result = fuzz(config, args.seed, examples, faults, args.target, device,
                   args.time_budget, args.profile,
@@ -313,7 +313,7 @@ def cmd_fuzz(args) -> int:
     _print_consequence(trace, result.violation.invariant, faults, args.target, device)
     print(f"trace: {path}")
     if args.verb == "repro":
-        from .reproducer import reproducer_source
+        from harness.tools.reproducer import reproducer_source
 
         script = path.with_suffix(".py")
         write_atomic(script, reproducer_source(trace, script.name))
@@ -335,9 +335,9 @@ def _trace_faults(args, trace, source: str = "trace") -> list[str]:
 
 
 def cmd_shrink(args) -> int:
-    from .session import replay
-    from .shrink import shrink
-    from .trace import load, write_atomic
+    from harness.core.session import replay
+    from harness.search.shrink import shrink
+    from harness.core.trace import load, write_atomic
 
     trace = load(args.trace)
     faults = _trace_faults(args, trace, args.trace)
@@ -365,8 +365,8 @@ def cmd_shrink(args) -> int:
 
 
 def cmd_explain(args) -> int:
-    from .explain import explain, render
-    from .trace import load
+    from harness.tools.explain import explain, render
+    from harness.core.trace import load
 
     trace = load(args.trace)
     faults = _trace_faults(args, trace, args.trace)
@@ -380,8 +380,8 @@ def cmd_explain(args) -> int:
 
 
 def cmd_replay(args) -> int:
-    from .session import replay
-    from .trace import load
+    from harness.core.session import replay
+    from harness.core.trace import load
 
     by_release = args.check_expect and args.target == "vllm"
     if args.check_expect and not by_release:
@@ -391,7 +391,7 @@ def cmd_replay(args) -> int:
     device = _select_device(args.device, args.target)
     version = None
     if by_release:
-        from .vllm_target import installed_version
+        from harness.targets.vllm import installed_version
 
         version = installed_version()
     refused = {}
@@ -467,7 +467,7 @@ def cmd_faults(args) -> int:
 
 
 def cmd_nightly(args) -> int:
-    from .nightly import Campaign, run
+    from harness.search.nightly import Campaign, run
 
     try:
         k, n = (int(x) for x in args.shard.split("/"))
@@ -496,7 +496,7 @@ def cmd_nightly(args) -> int:
           f"runner={runner or 'drawn'} faults={','.join(faults) or '-'} "
           f"time_budget={args.time_budget:g}s out={out}")
     sys.stdout.flush()
-    from .nightly import CampaignMismatch
+    from harness.search.nightly import CampaignMismatch
 
     try:
         progress = run(c, tick=_nightly_ticker(args.time_budget))
@@ -551,11 +551,11 @@ def main(argv: list[str] | None = None) -> int:
                           os.path.join(tempfile.gettempdir(), "blockfuzz-hypothesis"))
     from gpu_impl.device import DeviceError
 
-    from .trace import TraceError
+    from harness.core.trace import TraceError
 
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["_worker"]:  # a nightly worker subprocess
-        from .nightly import worker_main
+        from harness.search.nightly import worker_main
 
         return worker_main(argv[1:])
     try:

@@ -23,7 +23,7 @@ PY="${PYTHON:-python}"
 import torch
 assert not torch.version.cuda, "a CUDA torch was installed; reinstall torch==2.13.0"
 try:
-    from harness.vllm_target import load
+    from harness.targets.vllm import load
 except ImportError:
     raise SystemExit("vllm installed; now install blockfuzz here too: pip install -e .")
 v = load()

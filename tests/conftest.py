@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-import harness.profiles  # noqa: F401  (registers the profiles)
+import harness.search.profiles  # noqa: F401  (registers the profiles)
 
 settings.load_profile("ci")
 

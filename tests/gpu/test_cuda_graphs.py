@@ -13,8 +13,8 @@ CORPORA = Path(__file__).resolve().parents[2] / "corpora"
 
 @pytest.mark.parametrize("path", sorted(CORPORA.rglob("*.json")), ids=lambda p: p.name)
 def test_corpora_on_cuda(path):
-    from harness.session import replay
-    from harness.trace import load
+    from harness.core.session import replay
+    from harness.core.trace import load
 
     trace = load(path)
     assert replay(trace, (), device="cuda").violation is None

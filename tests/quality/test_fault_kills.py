@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from gpu_impl.faults import CATALOGUE
-from harness.fuzz import fuzz
-from harness.session import replay
-from harness.trace import load
+from harness.search.fuzz import fuzz
+from harness.core.session import replay
+from harness.core.trace import load
 from reference import RunnerConfig
 
 SEEDS = Path(__file__).resolve().parents[2] / "corpora" / "seeds"

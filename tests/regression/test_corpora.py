@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.session import replay
-from harness.trace import load
+from harness.core.session import replay
+from harness.core.trace import load
 
 CORPORA = Path(__file__).resolve().parents[2] / "corpora"
 TRACES = sorted(p for p in CORPORA.rglob("*.json"))

@@ -8,7 +8,7 @@ a failure prints the violation and the ops of the failing example, and
 
 from hypothesis import Phase, settings
 
-from harness.machine import make_machine
+from harness.search.machine import make_machine
 from reference import RunnerConfig
 
 NO_SHRINK = [Phase.explicit, Phase.reuse, Phase.generate]

@@ -4,7 +4,7 @@ stays quiet on the fixed state (positive and negative space)."""
 import numpy as np
 import pytest
 
-from harness import invariants as inv
+from harness.core import invariants as inv
 from harness.targets import ReferenceTarget
 from reference import RunnerConfig
 

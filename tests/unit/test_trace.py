@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from harness.trace import Trace, TraceError, canonical_json, load, parse
+from harness.core.trace import Trace, TraceError, canonical_json, load, parse
 from reference import RunnerConfig
 
 GOOD_OPS = [

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.cli import main
-from harness.trace import TraceError, load, parse
+from harness.core.trace import TraceError, load, parse
 
 SEEDS = sorted((Path(__file__).resolve().parents[2] / "corpora" / "seeds").glob("*.json"))
 VALID = [json.loads(p.read_text()) for p in SEEDS]

@@ -14,9 +14,9 @@ import os
 
 import pytest
 
-from harness import vllm_target
+from harness.targets import vllm as vllm_target
 from harness.cli import main
-from harness.trace import load
+from harness.core.trace import load
 from reference import GroupSpec, RunnerConfig
 from tests.conftest import CORPORA
 
@@ -93,7 +93,7 @@ def test_refused_trace_is_one_line_exit_2(vllm, tmp_path, capsys):
 @pytest.mark.parametrize("path", VLLM_TRACES, ids=lambda p: p.stem)
 def test_corpus_verdict_on_installed_release(vllm, path):
     """Each vllm corpus trace gives the verdict recorded for this release."""
-    from harness.session import replay
+    from harness.core.session import replay
 
     trace = load(path)
     want = _expected(trace, vllm.version)
@@ -106,7 +106,7 @@ def test_corpus_verdict_on_installed_release(vllm, path):
 def test_seed_traces_agree_with_the_release_behaviour(vllm, path):
     """The hand-written seed traces fail on vLLM exactly when the release keeps
     stale rows (measured directly on its classes), and pass otherwise."""
-    from harness.session import replay
+    from harness.core.session import replay
 
     trace = load(path)
     if vllm_target.refusal(trace.config, vllm) is not None:
@@ -154,7 +154,7 @@ def test_fuzz_from_seed_0_finds_the_stale_row_bug_or_passes(vllm, runner):
     """The issue's acceptance check, per runner: seed 0 finds the stale-row bug
     within 200 examples on a release that has it (shrunk to a short trace), and
     a bounded search finds nothing on a release without it."""
-    from harness.fuzz import fuzz
+    from harness.search.fuzz import fuzz
 
     if _keeps_stale_rows(vllm, runner):
         result = fuzz(None, 0, 200, (), "vllm", "cpu", runner=runner)  # the CLI default

@@ -21,9 +21,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 from reference import RunnerConfig
 from reference.payload import POSITION_MAX, REQ_ID_MAX
 
-from .geometry import runner_configs, target_limits
-from .invariants import Violation
-from .session import Session
+from harness.search.geometry import runner_configs, target_limits
+from harness.core.invariants import Violation
+from harness.core.session import Session
 
 MODES = ("FULL", "PIECEWISE", "NONE")  # FULL first: shrinking prefers it
 

@@ -200,7 +200,7 @@ def _check_meta(trace: Trace, source: str) -> None:
     for i, f in enumerate(faults):
         if not isinstance(f, str) or f not in CATALOGUE:
             raise TraceError(source, f"meta.faults[{i}]", f"unknown fault {f!r}")
-    from .invariants import IMPL_CRASH, ORDER
+    from harness.core.invariants import IMPL_CRASH, ORDER
 
     invariant = trace.expect.get("invariant")
     if invariant is not None and invariant not in (*ORDER, IMPL_CRASH):

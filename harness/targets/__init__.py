@@ -218,7 +218,7 @@ class VllmTarget(GpuImplTarget):
     name = "vllm"
 
     def __init__(self, config: RunnerConfig, device: str | None = None):
-        from .vllm_target import make_vllm_runner
+        from harness.targets.vllm import make_vllm_runner
 
         self.config = config
         self.runner = make_vllm_runner(config, device)
@@ -232,7 +232,7 @@ class VllmTarget(GpuImplTarget):
     def _rows(self) -> dict:
         if self.config.runner == "v1":
             return super()._rows()
-        from .vllm_target import staged_rows
+        from harness.targets.vllm import staged_rows
 
         r = self.runner
         tables, counts = staged_rows(r.block_tables, self.config.max_num_reqs)

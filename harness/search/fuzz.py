@@ -21,12 +21,12 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from reference import RunnerConfig
 
-from . import profiles
-from .invariants import Violation
-from .machine import InvariantViolationError, make_machine
-from .session import replay
-from .shrink import shrink
-from .trace import Trace
+from harness.search import profiles
+from harness.core.invariants import Violation
+from harness.search.machine import InvariantViolationError, make_machine
+from harness.core.session import replay
+from harness.search.shrink import shrink
+from harness.core.trace import Trace
 
 CHUNK_EXAMPLES = 25
 
@@ -105,7 +105,7 @@ def fuzz(config: RunnerConfig | None, seed: int = 0, examples: int | None = 200,
     meta = {"seed": seed, "faults": sorted(faults), "found_by": found_by,
             "target": target}
     if target == "vllm":
-        from .vllm_target import installed_version
+        from harness.targets.vllm import installed_version
 
         meta["vllm_version"] = installed_version()
     trace = Trace(error.config, error.ops, meta=meta)

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 from reference import OpError, RunnerConfig
 
-from . import invariants as inv
-from .targets import ReferenceTarget, make_target
-from .trace import Trace, apply_op
+from harness.core import invariants as inv
+from harness.targets import ReferenceTarget, make_target
+from harness.core.trace import Trace, apply_op
 
 
 @dataclass

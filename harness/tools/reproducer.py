@@ -7,7 +7,7 @@ is present, 0 once it is gone — something to paste into an upstream bug report
 
 from __future__ import annotations
 
-from .trace import Trace
+from harness.core.trace import Trace
 
 TEMPLATE = '''#!/usr/bin/env python3
 """blockfuzz reproducer: {title}
@@ -26,8 +26,8 @@ import argparse
 import json
 import sys
 
-from harness.session import replay
-from harness.trace import parse
+from harness.core.session import replay
+from harness.core.trace import parse
 
 TRACE = json.loads(r"""
 {trace_json}""")
@@ -57,7 +57,7 @@ def main() -> int:
         if trace.config.runner not in CATALOGUE[fault].runners:
             ap.error(f"fault {{fault}} does not apply to runner {{trace.config.runner}}")
     if args.target == "vllm":
-        from harness.vllm_target import TargetUnavailable, load, refusal
+        from harness.targets.vllm import TargetUnavailable, load, refusal
 
         if args.device == "cuda":
             ap.error("--device cuda: the vllm target runs on the CPU (Triton interpreter)")
@@ -75,7 +75,7 @@ def main() -> int:
             ap.error(str(e))
     engine = ""
     if args.target == "vllm":
-        from harness.vllm_target import installed_version
+        from harness.targets.vllm import installed_version
 
         engine = f" (vLLM {{installed_version()}})"
     print(f"checking {{len(trace.ops)}} ops on runner {{trace.config.runner}}, target "

@@ -23,8 +23,8 @@ import copy
 
 from reference import ConfigError, OpError, RunnerConfig, reference_runner
 
-from .session import replay
-from .trace import Trace, apply_op
+from harness.core.session import replay
+from harness.core.trace import Trace, apply_op
 
 MAX_PASSES = 200  # accepted improvements; each restarts the candidate list
 MAX_REPLAYS = 400
@@ -156,7 +156,7 @@ def legalize(config, ops: list[dict]) -> list[dict]:
 def _fails(trace: Trace, invariant: str, faults, target, device) -> int | None:
     """ops run until the violation when ``trace`` fails ``invariant``, else None
     (also when ``target`` cannot express the candidate's config)."""
-    from .vllm_target import TargetRefused
+    from harness.targets.vllm import TargetRefused
 
     try:
         verdict = replay(trace, faults, target, device)

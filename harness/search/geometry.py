@@ -61,6 +61,6 @@ def target_limits(target: str) -> dict:
     within what ``target`` can express (the vllm target asks the installed release)."""
     if target != "vllm":
         return {}
-    from .vllm_target import geometry_limits
+    from harness.targets.vllm import geometry_limits
 
     return geometry_limits()

@@ -30,7 +30,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .trace import write_atomic
+from harness.core.trace import write_atomic
 
 EXAMPLES_PER_SEED = 25
 SEED_TIMEOUT_S = 300.0
@@ -70,7 +70,7 @@ def worker_main(argv: list[str]) -> int:
     spec = json.loads(argv[0])
     target = spec.get("target", "gpu_impl")
     if target == "vllm":
-        from .vllm_target import load
+        from harness.targets.vllm import load
 
         load()  # its environment must be set before Triton is imported
         device = "cpu"
@@ -78,7 +78,7 @@ def worker_main(argv: list[str]) -> int:
         from gpu_impl.device import select_device
 
         device = select_device(spec["device"]).type
-    from .fuzz import fuzz, signature
+    from harness.search.fuzz import fuzz, signature
 
     crash_seed = os.environ.get(CRASH_SEED_ENV)
     for line in sys.stdin:
@@ -155,7 +155,7 @@ def _record_finding(c: Campaign, progress: Progress, record: dict) -> None:
     if "trace" not in record and written.exists():  # resumed: the trace is on disk
         record = dict(record, trace=json.loads(written.read_text(encoding="utf-8")))
     if "trace" in record:
-        from .trace import canonical_json
+        from harness.core.trace import canonical_json
 
         text = canonical_json(record["trace"])
         for d in filter(None, (c.out / "findings", c.corpus)):

@@ -16,9 +16,9 @@ import numpy as np
 
 from reference import SENTINEL
 
-from .invariants import _changed
-from .session import Session
-from .trace import Trace
+from harness.core.invariants import _changed
+from harness.core.session import Session
+from harness.core.trace import Trace
 
 
 def _value_class(values: np.ndarray) -> str:

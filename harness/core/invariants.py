@@ -18,7 +18,7 @@ from reference import NULL_BLOCK_ID, Ledger, RunnerConfig, payload, payload_sum
 from reference.dcp import global_position, local_slots
 from reference.ledger import FREE, RESERVED
 
-from .targets import Observation
+from harness.targets import Observation
 
 ORDER = ("VACATED_ROWS_ZERO", "DUMMY_TABLES_ZERO", "GRAPH_ADDRESSES_STABLE", "NULL_BLOCK_FINITE",
          "NO_STALE_WRITE", "LOADED_BLOCKS_INTACT", "NO_FOREIGN_READ", "ATTENTION_FINITE",
