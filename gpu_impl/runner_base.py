@@ -27,6 +27,8 @@ import abc
 import numpy as np
 import torch
 
+from reference.runner import ForwardInfo  # the record type every runner reports; no oracle logic
+
 from .attention import paged_attention_read, reshape_and_cache
 from .block_table import CpuGpuBuffer
 from .cuda_graph import Graph
@@ -96,7 +98,7 @@ class GPUModelRunnerBase(abc.ABC):
         self.attn_out = {g: torch.zeros((rows, heads), dtype=torch.float32, device=device)
                          for g in self.attn_groups}
         self.graphs: dict[int, Graph] = {}
-        self.last_forward: tuple | None = None
+        self.last_forward: ForwardInfo | None = None
         self._init_tables()
         self._capture_model()
 
@@ -236,7 +238,8 @@ class GPUModelRunnerBase(abc.ABC):
         self._advance(batch)
         for req, n, start in batch:
             self.requests[req].num_computed_tokens = start + n
-        self.last_forward = (False, mode, num_reqs, reqs_padded, num_tokens, tokens_padded)
+        self.last_forward = ForwardInfo(False, mode, num_reqs, reqs_padded, num_tokens,
+                                        tokens_padded, tuple(req for req, _, _ in batch))
 
     def dummy_run(self, num_reqs: int, num_tokens: int, cudagraph_mode: str,
                   _warmup: bool = False) -> None:
@@ -271,7 +274,8 @@ class GPUModelRunnerBase(abc.ABC):
             # interpreter there is nothing to compile, and a warm-up's only
             # effect would be garbage in the mamba null block (scratch).
             self._forward(num_rows, tokens_padded)
-        self.last_forward = (True, mode, num_reqs, reqs_padded, num_tokens, tokens_padded)
+        self.last_forward = ForwardInfo(True, mode, num_reqs, reqs_padded, num_tokens,
+                                        tokens_padded)
 
     # -- internals -------------------------------------------------------------
     def _dispatch(self, num_reqs: int, num_tokens: int, uniform_decode: bool, requested: str):

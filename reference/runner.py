@@ -31,7 +31,11 @@ from .payload import NULL_BLOCK_ID, PAD_SLOT_ID, SENTINEL, payload, payload_sum
 
 @dataclass(frozen=True)
 class ForwardInfo:
-    """What the last forward was: its dispatched mode and sizes."""
+    """What the last forward was: its dispatched mode, its sizes (requests and
+    tokens, before and after padding to a capture size) and the request of each
+    real batch row.  Shared by every runner: the reference, gpu_impl and the
+    targets' adapters report their last forward with it (vLLM has no one
+    record for this; ``BatchDescriptor`` + ``num_reqs`` come closest)."""
 
     dummy: bool
     cudagraph_mode: str  # dispatched (after fallback)
@@ -39,6 +43,7 @@ class ForwardInfo:
     num_reqs_padded: int
     num_tokens: int
     num_tokens_padded: int
+    req_ids: tuple = ()  # request of each real batch row, in batch order (empty: dummy run)
 
 
 def dispatch(config: RunnerConfig, num_reqs: int, num_tokens: int, uniform_decode: bool,
@@ -174,7 +179,7 @@ class ReferenceRunnerBase(abc.ABC):
             self.rows.num_computed_tokens[row] += n
         self.ledger.step(scheduled)
         self.last_forward = ForwardInfo(False, mode, num_reqs, reqs_padded, num_tokens,
-                                        tokens_padded)
+                                        tokens_padded, tuple(req for req, _, _ in batch))
 
     def dummy_run(self, num_reqs: int, num_tokens: int, cudagraph_mode: str) -> None:
         """An idle rank's padded fake batch (DP lockstep): NaN payload, no real rows."""

@@ -18,7 +18,7 @@ from reference import NULL_BLOCK_ID, Ledger, RunnerConfig, payload, payload_sum
 from reference.dcp import global_position, local_slots
 from reference.ledger import FREE, RESERVED
 
-from harness.targets import Observation
+from harness.core.observation import Observation
 
 ORDER = ("VACATED_ROWS_ZERO", "DUMMY_TABLES_ZERO", "GRAPH_ADDRESSES_STABLE", "NULL_BLOCK_FINITE",
          "NO_STALE_WRITE", "LOADED_BLOCKS_INTACT", "NO_FOREIGN_READ", "ATTENTION_FINITE",
@@ -120,13 +120,13 @@ def check_vacated_rows_zero(obs: Observation, op_index: int, op: str) -> list[Vi
     out = []
     if obs.runner != "v1":
         return out
-    for row in np.flatnonzero(obs.req_ids == -1):
-        for g, table in enumerate(obs.block_table):
-            if table[row].any() or obs.num_blocks[g][row]:
+    for row in np.flatnonzero(obs.host_req_ids == -1):
+        for g, table in enumerate(obs.host_block_table):
+            if table[row].any() or obs.host_num_blocks_per_row[g][row]:
                 ids = [int(x) for x in table[row] if x]
                 out.append(Violation("VACATED_ROWS_ZERO", op_index, op,
                                      f"row {row} holds no request but keeps block ids {ids} "
-                                     f"(num_blocks={int(obs.num_blocks[g][row])})",
+                                     f"(num_blocks={int(obs.host_num_blocks_per_row[g][row])})",
                                      group=g, block=ids[0] if ids else None, row=int(row)))
     return out
 
@@ -136,7 +136,7 @@ def check_dummy_tables_zero(obs: Observation, op_index: int, op: str) -> list[Vi
     out = []
     for g, (zero, same_ptr) in enumerate(obs.dummy_tables or []):
         if not zero:
-            rows = obs.last_forward[3]
+            rows = obs.last_forward.num_reqs_padded
             ids = sorted({int(x) for x in obs.device_block_table[g][:rows].ravel() if x})
             out.append(Violation("DUMMY_TABLES_ZERO", op_index, op,
                                  f"dummy block table rows [0, {rows}) hold block ids {ids} "
@@ -257,11 +257,11 @@ def check_reads(config: RunnerConfig, ledger: Ledger, obs: Observation,
     batch_reqs: the request of each batch row (V2: the step's scheduling order);
     V1 batch rows are the persistent rows, read from the observation.
     """
-    if obs.last_forward is None or obs.last_forward[0] or op != "step":
+    if obs.last_forward is None or obs.last_forward.dummy or op != "step":
         return []
-    num_reqs = obs.last_forward[2]
+    num_reqs = obs.last_forward.num_reqs
     if batch_reqs is None:
-        batch_reqs = [int(obs.req_ids[row]) for row in range(num_reqs)]
+        batch_reqs = [int(obs.host_req_ids[row]) for row in range(num_reqs)]
     foreign, nonfinite = [], []
     for row in range(num_reqs):
         req = batch_reqs[row]
@@ -299,10 +299,10 @@ def _live_part(obs: Observation) -> tuple[list, list]:
     reads past a row's count), zero elsewhere.  V1 rows are returned whole:
     a vacated V1 row must be zero everywhere."""
     if obs.runner != "v2":
-        return obs.block_table, obs.num_blocks
-    live = obs.req_ids != -1
+        return obs.host_block_table, obs.host_num_blocks_per_row
+    live = obs.host_req_ids != -1
     tables, counts = [], []
-    for table, n in zip(obs.block_table, obs.num_blocks):
+    for table, n in zip(obs.host_block_table, obs.host_num_blocks_per_row):
         n = np.where(live, n, 0).astype(n.dtype)
         cols = np.arange(table.shape[1])[None, :]
         tables.append(np.where(cols < n[:, None], table, 0).astype(table.dtype))
@@ -328,15 +328,14 @@ def check_matches_reference(impl: Observation, ref: Observation, op_index: int,
     forward reads are the engine's business (vLLM PAD-fills slot mappings to the
     end of the buffer; 0.33 zeroes device rows left by a larger batch)."""
     lf = ref.last_forward
-    rows_used, tokens_used = (lf[3], lf[5]) if lf is not None else (0, 0)
+    rows_used, tokens_used = (lf.num_reqs_padded, lf.num_tokens_padded) if lf else (0, 0)
     impl_rows, impl_counts = _live_part(impl)
     ref_rows, ref_counts = _live_part(ref)
-    pairs = [("req_ids", impl.req_ids, ref.req_ids),
+    pairs = [("req_ids", impl.host_req_ids, ref.host_req_ids),
              ("num_computed_tokens", impl.num_computed_tokens, ref.num_computed_tokens),
              ("num_prompt_tokens", impl.num_prompt_tokens, ref.num_prompt_tokens),
-             ("last_forward", np.array(impl.last_forward or (), object),
-              np.array(ref.last_forward or (), object))]
-    for g in range(len(impl.block_table)):
+             ("last_forward", _forward_fields(impl.last_forward), _forward_fields(ref.last_forward))]
+    for g in range(len(impl.host_block_table)):
         pairs += [(f"block_table[{g}]", impl_rows[g], ref_rows[g]),
                   (f"num_blocks_per_row[{g}]", impl_counts[g], ref_counts[g]),
                   (f"device_block_table[{g}]", *_defined(impl.device_block_table[g],
@@ -361,3 +360,11 @@ def check_matches_reference(impl: Observation, ref: Observation, op_index: int,
                               f"{name}{list(idx)} is {_item(a[idx])}, reference has "
                               f"{_item(b[idx])}")]
     return []
+
+
+def _forward_fields(info) -> np.ndarray:
+    """A ForwardInfo as a comparable object array (empty before the first forward)."""
+    if info is None:
+        return np.array((), object)
+    return np.array([info.dummy, info.cudagraph_mode, info.num_reqs, info.num_reqs_padded,
+                     info.num_tokens, info.num_tokens_padded, tuple(info.req_ids)], object)

@@ -13,48 +13,11 @@ same observation fields (``None`` where the engine has no such buffer).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Protocol
-
-import numpy as np
 
 from reference import ReferenceV1Runner, ReferenceV2Runner, RunnerConfig
 
-
-@dataclass
-class Observation:
-    """A target's observable state after an op (NumPy copies).
-
-    rows_*: host persistent-batch rows — block_table[g] int32 (max_num_reqs, width_g),
-    num_blocks[g] int32, req_ids int64 (-1 free), num_computed_tokens / num_prompt_tokens
-    int32; device_block_table[g]: the copy kernels read; kv_cache[g] float32 (num_blocks,
-    block_size, head_size); mamba_state[g] float32 (num_blocks, head_size); slot_mapping[g]
-    int64; state_indices[g] int32; attn_out[g] float32 (max_num_reqs, head_size);
-    last_forward: (dummy, mode, num_reqs, num_reqs_padded, num_tokens, num_tokens_padded) or
-    None; graph_ptrs: {graph: {buffer: (captured data_ptr, current data_ptr)}} or None.
-    For runner v2 the rows are the staged tables by state index and
-    device_block_table the input block tables (batch-ordered); dummy_tables
-    describes the views the last dummy run was handed.
-    """
-
-    block_table: list
-    num_blocks: list
-    req_ids: np.ndarray
-    num_computed_tokens: np.ndarray
-    num_prompt_tokens: np.ndarray
-    device_block_table: list
-    kv_cache: dict
-    mamba_state: dict
-    slot_mapping: dict
-    state_indices: dict
-    attn_out: dict
-    last_forward: tuple | None
-    graph_ptrs: dict | None = None
-    runner: str = "v1"
-    dummy_tables: list | None = None  # V2: per group (all zero, same data_ptr) of the last dummy
-    # Reference V2 only: entries of each input-table row the last gather defined;
-    # past them a row holds whatever the engine left (compared up to here only).
-    device_row_counts: list | None = None
+from harness.core.observation import Observation, rows_indexed_by
 
 
 class Target(Protocol):
@@ -81,11 +44,12 @@ class _ObserveReference:
     name = "reference"
 
     def observe(self) -> Observation:
-        lf = self.last_forward
         return Observation(
-            block_table=[t.copy() for t in self.rows.block_table],
-            num_blocks=[n.copy() for n in self.rows.num_blocks_per_row],
-            req_ids=self.rows.req_ids.copy(),
+            runner=self.config.runner,
+            rows_indexed_by=rows_indexed_by(self.config.runner),
+            host_block_table=[t.copy() for t in self.rows.block_table],
+            host_num_blocks_per_row=[n.copy() for n in self.rows.num_blocks_per_row],
+            host_req_ids=self.rows.req_ids.copy(),
             num_computed_tokens=self.rows.num_computed_tokens.copy(),
             num_prompt_tokens=self.rows.num_prompt_tokens.copy(),
             device_block_table=[t.copy() for t in self.device_block_table],
@@ -94,10 +58,7 @@ class _ObserveReference:
             slot_mapping={g: v.copy() for g, v in self.slot_mapping.items()},
             state_indices={g: v.copy() for g, v in self.state_indices.items()},
             attn_out={g: v.copy() for g, v in self.attn_out.items()},
-            last_forward=None if lf is None else (lf.dummy, lf.cudagraph_mode, lf.num_reqs,
-                                                  lf.num_reqs_padded, lf.num_tokens,
-                                                  lf.num_tokens_padded),
-            runner=self.config.runner,
+            last_forward=self.last_forward,
             device_row_counts=getattr(self, "device_row_counts", None),
         )
 
@@ -159,15 +120,16 @@ class GpuImplTarget:
         r = self.runner
         if self.config.runner == "v2":
             bt = r.block_tables
-            return dict(block_table=[t.np.copy() for t in bt.block_tables],
-                        num_blocks=[n.np.copy() for n in bt.num_blocks],
-                        req_ids=r.state_rows(),
+            return dict(host_block_table=[t.np.copy() for t in bt.block_tables],
+                        host_num_blocks_per_row=[n.np.copy() for n in bt.num_blocks],
+                        host_req_ids=r.state_rows(),
                         num_computed_tokens=r.num_computed_tokens.copy(),
                         num_prompt_tokens=r.num_prompt_tokens.copy())
         batch = r.input_batch
-        return dict(block_table=[t.block_table.np.copy() for t in batch.block_table.block_tables],
-                    num_blocks=[t.num_blocks_per_row.copy() for t in batch.block_table.block_tables],
-                    req_ids=batch.req_ids.copy(),
+        tables = batch.block_table.block_tables
+        return dict(host_block_table=[t.block_table.np.copy() for t in tables],
+                    host_num_blocks_per_row=[t.num_blocks_per_row.copy() for t in tables],
+                    host_req_ids=batch.req_ids.copy(),
                     num_computed_tokens=batch.num_computed_tokens.copy(),
                     num_prompt_tokens=batch.num_prompt_tokens.copy())
 
@@ -183,14 +145,17 @@ class GpuImplTarget:
 
         rows = self._rows()
         dummy = None
-        if self.config.runner == "v2" and r.last_forward is not None and r.last_forward[0] \
+        if self.config.runner == "v2" and r.last_forward is not None and r.last_forward.dummy \
                 and r.dummy_tables is not None:
             dummy = [(not bool(v.any()), v.data_ptr() == t.data_ptr())
                      for v, t in zip(r.dummy_tables, r.block_tables.input_block_tables)]
         groups = range(len(self.config.groups))
-        rows["block_table"] = [t[:, :self._width(g)] for g, t in zip(groups, rows["block_table"])]
+        rows["host_block_table"] = [t[:, :self._width(g)]
+                                    for g, t in zip(groups, rows["host_block_table"])]
         current = r.buffers()
         return Observation(
+            runner=self.config.runner,
+            rows_indexed_by=rows_indexed_by(self.config.runner),
             **rows,
             device_block_table=[host(r.kernel_table(g))[:, :self._width(g)] for g in groups],
             kv_cache={g: host(v) for g, v in r.kv_caches.items()},
@@ -202,7 +167,6 @@ class GpuImplTarget:
             graph_ptrs={size: {name: (ptr, current[name].data_ptr())
                                for name, ptr in g.captured_ptrs.items()}
                         for size, g in sorted(r.graphs.items())},
-            runner=self.config.runner,
             dummy_tables=dummy,
         )
 
@@ -236,7 +200,8 @@ class VllmTarget(GpuImplTarget):
 
         r = self.runner
         tables, counts = staged_rows(r.block_tables, self.config.max_num_reqs)
-        return dict(block_table=tables, num_blocks=counts, req_ids=r.state_rows(),
+        return dict(host_block_table=tables, host_num_blocks_per_row=counts,
+                    host_req_ids=r.state_rows(),
                     num_computed_tokens=r.num_computed_tokens.copy(),
                     num_prompt_tokens=r.num_prompt_tokens.copy())
 

@@ -60,14 +60,14 @@ def _writes(session: Session) -> list[dict]:
 def _rows(session: Session) -> list[dict]:
     obs = session.last[1]
     rows = []
-    for row, req in enumerate(obs.req_ids.tolist()):
-        ids = [obs.block_table[g][row][: max(int(obs.num_blocks[g][row]), 0)].tolist()
-               for g in range(len(obs.block_table))]
-        stale = req == -1 and any(t[row].any() for t in obs.block_table)
+    for row, req in enumerate(obs.host_req_ids.tolist()):
+        ids = [obs.host_block_table[g][row][: max(int(obs.host_num_blocks_per_row[g][row]), 0)].tolist()
+               for g in range(len(obs.host_block_table))]
+        stale = req == -1 and any(t[row].any() for t in obs.host_block_table)
         if req == -1 and not stale:
             continue
         rows.append({"row": row, "req": None if req == -1 else req, "blocks": ids,
-                     "stale": [t[row].tolist() for t in obs.block_table] if stale else None})
+                     "stale": [t[row].tolist() for t in obs.host_block_table] if stale else None})
     return rows
 
 

@@ -20,7 +20,7 @@ def ref():
 def test_vacated_rows_zero(ref):
     obs = ref.observe()
     assert inv.check_vacated_rows_zero(obs, 0, "x") == []
-    obs.req_ids[1] = -1  # row 1 vacated but still holds ids
+    obs.host_req_ids[1] = -1  # row 1 vacated but still holds ids
     (v,) = inv.check_vacated_rows_zero(obs, 3, "condense")[:1]
     assert (v.invariant, v.row, v.block, v.op_index) == ("VACATED_ROWS_ZERO", 1, 4, 3)
 
@@ -107,14 +107,14 @@ def test_matches_reference_v2_compares_defined_entries_only():
     r.remove(1)
     a, b = r.observe(), r.observe()
     assert inv.check_matches_reference(a, b, 0, "x") == []
-    a.block_table[0][1, :] = 9  # req 1's freed state index: overwritten on reuse
-    a.block_table[0][0, 3] = 9  # past req 0's two blocks
+    a.host_block_table[0][1, :] = 9  # req 1's freed state index: overwritten on reuse
+    a.host_block_table[0][0, 3] = 9  # past req 0's two blocks
     a.device_block_table[0][0, 1] = 9  # batch row 0 holds req 1's one block only
     assert inv.check_matches_reference(a, b, 0, "x") == []
     a.device_block_table[0][1, 1] = 9  # req 0's second block: defined
     (v,) = inv.check_matches_reference(a, b, 0, "step")
     assert v.detail.startswith("device_block_table[0][1, 1]")
     a, b = r.observe(), r.observe()
-    a.block_table[0][0, 1] = 9  # a live row's block: defined
+    a.host_block_table[0][0, 1] = 9  # a live row's block: defined
     (v,) = inv.check_matches_reference(a, b, 0, "step")
     assert v.detail.startswith("block_table[0][0, 1]")

@@ -1,0 +1,80 @@
+"""What a target shows the harness after every op: :class:`Observation`.
+
+Invariants are pure functions of observations (plus the ledger, the op and
+its write permit), so this type is the whole contract between a target and
+the checks.  Every field is a NumPy copy; ``None`` where a target has no such
+buffer (the reference has no CUDA graphs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from reference import ForwardInfo
+
+ROWS_BY_BATCH_ROW = "batch_row"  # V1: the persistent batch, one row per batch slot
+ROWS_BY_STATE_INDEX = "state_index"  # V2: staged tables, one row per request state index
+
+
+@dataclass
+class Observation:
+    """A target's observable state after an op (NumPy copies).
+
+    Host rows (``host_*``), indexed as ``rows_indexed_by`` says — V1: persistent
+    batch rows; V2: staged block tables by request state index:
+
+    - ``host_block_table[g]`` int32 (max_num_reqs, width_g): block ids per row
+      (kernel block ids where a group splits blocks);
+    - ``host_num_blocks_per_row[g]`` int32 (max_num_reqs,): a row's block count
+      (not the pool size, which is ``config.num_blocks``);
+    - ``host_req_ids`` int64 (max_num_reqs,): request in each row, -1 for none;
+    - ``num_computed_tokens`` / ``num_prompt_tokens`` int32 (max_num_reqs,).
+
+    What kernels read and wrote:
+
+    - ``device_block_table[g]`` int32 (max_num_reqs, width_g): the batch-ordered
+      table the last forward's kernels read (V1: committed rows; V2: input block
+      tables);
+    - ``kv_cache[g]`` float32 (num_blocks, block_size, head_size) per attention
+      group; ``mamba_state[g]`` float32 (num_blocks, head_size) per Mamba group;
+    - ``slot_mapping[g]`` int64 (max_num_batched_tokens,); ``state_indices[g]``
+      int32 (max_num_reqs,); ``attn_out[g]`` float32 (max_num_reqs, head_size);
+    - ``last_forward``: :class:`reference.ForwardInfo` of the last step or dummy
+      run (None before the first);
+    - ``graph_ptrs``: {capture size: {buffer: (data_ptr its recorded launches
+      read, data_ptr the runner stages into now)}}, None without graphs;
+    - ``dummy_tables``: per group, (rows the last dummy run's kernels read are
+      all zero, they are views of the persistent input tables) — V2 only;
+    - ``device_row_counts[g]`` (reference V2 only): entries of each input-table
+      row the last gather defined; past them a row holds whatever the engine
+      left, and is compared up to there only.
+    """
+
+    runner: str
+    rows_indexed_by: str
+    host_block_table: list
+    host_num_blocks_per_row: list
+    host_req_ids: np.ndarray
+    num_computed_tokens: np.ndarray
+    num_prompt_tokens: np.ndarray
+    device_block_table: list
+    kv_cache: dict
+    mamba_state: dict
+    slot_mapping: dict
+    state_indices: dict
+    attn_out: dict
+    last_forward: ForwardInfo | None
+    graph_ptrs: dict | None = None
+    dummy_tables: list | None = None
+    device_row_counts: list | None = None
+
+    def batch_req_ids(self) -> tuple:
+        """Request of each real batch row of the last forward (empty for a dummy run)."""
+        return () if self.last_forward is None else tuple(self.last_forward.req_ids)
+
+
+def rows_indexed_by(runner: str) -> str:
+    """How host rows are indexed for ``runner`` (``v1`` / ``v2``)."""
+    return ROWS_BY_STATE_INDEX if runner == "v2" else ROWS_BY_BATCH_ROW
