@@ -1,5 +1,6 @@
 """A differential session: every op goes to the reference and the target under
-test, then every invariant is checked; and :func:`replay` of a whole trace.
+test, then every registered invariant is checked (:mod:`harness.core.invariants`);
+and :func:`replay` of a whole trace.
 
 The reference validates each op first (an illegal op raises ``OpError`` and
 changes nothing anywhere), so the target only ever sees legal ops.
@@ -12,8 +13,9 @@ from dataclasses import dataclass
 from reference import OpError, RunnerConfig
 
 from harness.core import invariants as inv
+from harness.core.ops import apply_op
+from harness.core.trace import Trace
 from harness.targets import ReferenceTarget, make_target
-from harness.core.trace import Trace, apply_op
 
 
 @dataclass
@@ -42,38 +44,41 @@ class Verdict:
 class Session:
     """Drives ``reference`` and a target side by side.
 
-    target: ``gpu_impl`` (default) or ``reference`` (self-check); faults: ids
-    for gpu_impl; device: ``auto``/``cpu``/``cuda``.
+    target: a registered target name (:mod:`harness.targets`); faults: ids for
+    gpu_impl; device: ``auto``/``cpu``/``cuda``; skip: invariant ids not
+    checked (at start-up too), to see what else catches a bug's consequence.
+    ``startup_violations``: what graph capture broke (op_index -1).
+    ``last``: (before, after, permit) of the last op, None after a crash (the
+    implementation's state was not observed) — ``explain`` reads it.
     """
 
     def __init__(self, config: RunnerConfig, faults=(), target: str = "gpu_impl",
                  device: str | None = None, skip=()):
         self.config = config
-        self.skip = frozenset(skip)  # invariant ids not reported (to see what else catches)
+        self.skip = frozenset(skip)
         self.reference = ReferenceTarget(config)
         self.target = make_target(target, config, tuple(faults), device)
         self.op_index = 0
         self.steps = 0
+        self.last = None
         self._before = self.target.observe()
         # Start-up (graph capture through dummy runs) must already hold the invariants.
-        self.startup_violations = (
-            inv.check_null_block_finite(self._before, -1, "start")
-            + inv.check_graph_addresses(self._before, -1, "start")
-            + inv.check_matches_reference(self._before, self.reference.observe(), -1, "start"))
+        self.startup_violations = inv.check(inv.CheckContext(
+            config, self.ledger, self._before, self.reference.observe()), self.skip)
 
     @property
     def ledger(self):
         return self.reference.ledger
 
     def apply(self, op: dict) -> list[inv.Violation]:
-        """Apply one op; returns its violations in :data:`invariants.ORDER` order.
+        """Apply one op; returns its violations in the invariant registry's order.
 
         Raises ``OpError`` (nothing applied) when the op is illegal.
         """
         i, kind = self.op_index, op["op"]
         try:
             permit = inv.permit_for(self.config, self.ledger, op)
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, IndexError):
             permit = None  # an illegal op: the reference raises OpError next
         apply_op(self.reference, op)  # validates; raises OpError before any change
         assert permit is not None, op
@@ -82,29 +87,23 @@ class Session:
         try:
             apply_op(self.target, op)
         except Exception as e:  # a legal op must not crash the implementation
+            self.last = None
             return [inv.Violation(inv.IMPL_CRASH, i, kind, f"{type(e).__name__}: {e}")]
         after = self.target.observe()
         before, self._before = self._before, after
-        self.last = (before, after, permit)  # for explain: what this op changed
-        found = inv.check_vacated_rows_zero(after, i, kind)
-        found += inv.check_dummy_tables_zero(after, i, kind) if kind == "dummy_run" else []
-        found += inv.check_graph_addresses(after, i, kind)
-        found += inv.check_null_block_finite(after, i, kind)
-        found += inv.check_no_stale_write(before, after, permit, i, kind)
-        found += inv.check_loaded_blocks(self.config, self.ledger, after, i, kind)
-        batch_reqs = ([req for req, _ in op["scheduled"]]
-                      if kind == "step" and self.config.runner == "v2" else None)
-        found += inv.check_reads(self.config, self.ledger, after, i, kind, batch_reqs)
-        found += inv.check_matches_reference(after, self.reference.observe(), i, kind)
-        return [v for v in found if v.invariant not in self.skip]
+        self.last = (before, after, permit)
+        ctx = inv.CheckContext(self.config, self.ledger, after, self.reference.observe(),
+                               i, op, before, permit)
+        return inv.check(ctx, self.skip)
 
 
 def replay(trace: Trace, faults=None, target: str = "gpu_impl",
            device: str | None = None, skip=()) -> Verdict:
     """Replay ``trace`` (faults default to none) and stop at the first violation.
 
-    skip: invariant ids to ignore, e.g. to show which invariant would catch a
-    bug's consequence if its structural invariant were not checked.
+    skip: invariant ids to ignore (start-up included), e.g. to show which
+    invariant would catch a bug's consequence if its structural invariant were
+    not checked.  A start-up violation is reported with op_index -1, 0 ops run.
     """
     session = Session(trace.config, faults or (), target, device, skip)
     if session.startup_violations:

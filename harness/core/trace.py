@@ -5,16 +5,10 @@ A trace is ``{"format": "blockfuzz-trace", "version": 1, "config": {...},
 ``expect`` is the verdict when the trace is replayed with ``meta.faults``
 switched on; with no fault, every committed trace must pass.
 
-Ops (JSON objects, field ``op`` names the kind)::
-
-    {"op": "add", "req": 0, "blocks": [[1, 2], [3]], "prompt_len": 5}
-    {"op": "append", "req": 0, "blocks": [[4], []]}
-    {"op": "remove", "req": 0}
-    {"op": "condense"}
-    {"op": "swap", "i": 0, "j": 1}
-    {"op": "kv_load", "req": 0}
-    {"op": "step", "scheduled": [[0, 5], [1, 1]], "cudagraph_mode": "FULL"}
-    {"op": "dummy_run", "num_reqs": 2, "num_tokens": 2, "cudagraph_mode": "FULL"}
+Ops are JSON objects whose field ``op`` names the kind; the vocabulary, each
+op's fields and an example live in the op registry (:mod:`harness.core.ops`;
+``blockfuzz ops`` lists it).  ``expect.op_index`` -1 means the violation
+happens at start-up (graph capture), before the first op.
 
 ``blocks`` lists block ids per KV-cache group, in config group order.
 Structure is checked with JSON Schema; legality (free blocks, live requests,
@@ -33,26 +27,12 @@ import jsonschema
 
 from reference import ConfigError, OpError, RunnerConfig, reference_runner
 
+from harness.core.ops import REGISTRY as OPS
+from harness.core.ops import apply_op
+
 FORMAT = "blockfuzz-trace"
 VERSION = 1
 VERDICTS = ("pass", "fail")
-MODES = ["NONE", "PIECEWISE", "FULL"]
-
-_INT = {"type": "integer"}
-_IDS = {"type": "array", "items": {"type": "array", "items": _INT}}
-OP_SCHEMAS = {
-    "add": {"req": _INT, "blocks": _IDS, "prompt_len": _INT},
-    "append": {"req": _INT, "blocks": _IDS},
-    "remove": {"req": _INT},
-    "condense": {},
-    "swap": {"i": _INT, "j": _INT},
-    "kv_load": {"req": _INT},
-    "step": {"scheduled": {"type": "array", "minItems": 1,
-                           "items": {"type": "array", "items": _INT,
-                                     "minItems": 2, "maxItems": 2}},
-             "cudagraph_mode": {"enum": MODES}},
-    "dummy_run": {"num_reqs": _INT, "num_tokens": _INT, "cudagraph_mode": {"enum": MODES}},
-}
 _TOP_SCHEMA = {
     "type": "object",
     "required": ["format", "version", "config", "ops"],
@@ -130,12 +110,9 @@ def check_op_shape(op, where: str, source: str) -> None:
     if not isinstance(op, dict):
         raise TraceError(source, where, "op must be an object")
     kind = op.get("op")
-    if not isinstance(kind, str) or kind not in OP_SCHEMAS:
-        raise TraceError(source, f"{where}.op",
-                         f"unknown op {kind!r}; known: {', '.join(OP_SCHEMAS)}")
-    props = dict(OP_SCHEMAS[kind], op={"const": kind})
-    _schema_check(op, {"type": "object", "properties": props, "required": sorted(props),
-                       "additionalProperties": False}, source, where)
+    if not isinstance(kind, str) or kind not in OPS:
+        raise TraceError(source, f"{where}.op", f"unknown op {kind!r}; known: {', '.join(OPS)}")
+    _schema_check(op, OPS[kind].schema(), source, where)
 
 
 def parse(obj, source: str = "<trace>") -> Trace:
@@ -200,15 +177,16 @@ def _check_meta(trace: Trace, source: str) -> None:
     for i, f in enumerate(faults):
         if not isinstance(f, str) or f not in CATALOGUE:
             raise TraceError(source, f"meta.faults[{i}]", f"unknown fault {f!r}")
-    from harness.core.invariants import IMPL_CRASH, ORDER
+    from harness.core.invariants import IMPL_CRASH, START_OP_INDEX, ids
 
     invariant = trace.expect.get("invariant")
-    if invariant is not None and invariant not in (*ORDER, IMPL_CRASH):
+    if invariant is not None and invariant not in (*ids(), IMPL_CRASH):
         raise TraceError(source, "expect.invariant", f"unknown invariant {invariant!r}; "
-                         f"known: {', '.join(ORDER)}")
+                         f"known: {', '.join(ids())}")
     op_index = trace.expect.get("op_index")
-    if op_index is not None and not 0 <= op_index < len(trace.ops):
-        raise TraceError(source, "expect.op_index", f"{op_index} is not an op index")
+    if op_index is not None and not (START_OP_INDEX <= op_index < len(trace.ops)):
+        raise TraceError(source, "expect.op_index", f"{op_index} is not an op index "
+                         f"(0..{len(trace.ops) - 1}, or -1 for start-up)")
 
 
 def dry_run(trace: Trace, source: str = "<trace>") -> None:
@@ -220,29 +198,6 @@ def dry_run(trace: Trace, source: str = "<trace>") -> None:
         except OpError as e:
             where = f"ops[{i}] ({op['op']})" + (f".{e.field}" if e.field else "")
             raise TraceError(source, where, str(e).split(": ", 1)[-1]) from None
-
-
-def apply_op(runner, op: dict) -> None:
-    """Dispatch one op dict to a runner exposing the reference's method names."""
-    kind = op["op"]
-    if kind == "add":
-        runner.add(op["req"], op["blocks"], op["prompt_len"])
-    elif kind == "append":
-        runner.append(op["req"], op["blocks"])
-    elif kind == "remove":
-        runner.remove(op["req"])
-    elif kind == "condense":
-        runner.condense()
-    elif kind == "swap":
-        runner.swap(op["i"], op["j"])
-    elif kind == "kv_load":
-        runner.kv_load(op["req"])
-    elif kind == "step":
-        runner.step([list(x) for x in op["scheduled"]], op["cudagraph_mode"])
-    elif kind == "dummy_run":
-        runner.dummy_run(op["num_reqs"], op["num_tokens"], op["cudagraph_mode"])
-    else:  # guarded by check_op_shape
-        raise AssertionError(kind)
 
 
 def load(path: str | Path) -> Trace:

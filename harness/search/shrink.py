@@ -23,28 +23,21 @@ import copy
 
 from reference import ConfigError, OpError, RunnerConfig, reference_runner
 
+from harness.core.ops import apply_op, requests_of, spec_of
 from harness.core.session import replay
-from harness.core.trace import Trace, apply_op
+from harness.core.trace import Trace
 
 MAX_PASSES = 200  # accepted improvements; each restarts the candidate list
 MAX_REPLAYS = 400
 
 
-def _mentions(op: dict, req: int) -> bool:
-    if op["op"] == "step":
-        return any(r == req for r, _ in op["scheduled"])
-    return op.get("req") == req
-
-
 def _without_req(ops: list[dict], req: int) -> list[dict]:
+    """``ops`` with request ``req`` dropped (each op's registry entry decides how)."""
     out = []
     for op in ops:
-        if op["op"] == "step":
-            sched = [s for s in op["scheduled"] if s[0] != req]
-            if sched:
-                out.append(dict(op, scheduled=sched))
-        elif not _mentions(op, req):
-            out.append(op)
+        kept = spec_of(op).drop_request(op, req)
+        if kept is not None:
+            out.append(kept)
     return out
 
 
@@ -64,17 +57,7 @@ def renumber(ops: list[dict]) -> list[dict]:
         table = blocks.setdefault(g, {})
         return table.setdefault(b, len(table) + 1)
 
-    out = []
-    for op in ops:
-        op = copy.deepcopy(op)
-        if "req" in op:
-            op["req"] = req(op["req"])
-        if "blocks" in op:
-            op["blocks"] = [[blk(g, b) for b in ids] for g, ids in enumerate(op["blocks"])]
-        if op["op"] == "step":
-            op["scheduled"] = [[req(r), n] for r, n in op["scheduled"]]
-        out.append(op)
-    return out
+    return [spec_of(op).rename(op, req, blk) for op in ops]
 
 
 def _smaller_configs(config):
@@ -101,7 +84,7 @@ def _smaller_configs(config):
 
 
 def _candidates(ops: list[dict]):
-    reqs = sorted({op["req"] for op in ops if op["op"] == "add"})
+    reqs = sorted({r for op in ops if op["op"] == "add" for r in requests_of(op)})
     for req in reqs:
         yield _without_req(ops, req)
     for i in reversed(range(len(ops))):
@@ -111,33 +94,9 @@ def _candidates(ops: list[dict]):
         for start in range(len(ops) - size, -1, -1):
             yield ops[:start] + ops[start + size:]
         size //= 2
-    for i, op in enumerate(ops):
-        if op["op"] == "step":
-            sched = op["scheduled"]
-            for k in range(len(sched)):
-                if len(sched) > 1:
-                    yield ops[:i] + [dict(op, scheduled=sched[:k] + sched[k + 1:])] + ops[i + 1:]
-                if sched[k][1] > 1:
-                    smaller = copy.deepcopy(sched)
-                    smaller[k][1] = 1
-                    yield ops[:i] + [dict(op, scheduled=smaller)] + ops[i + 1:]
-        if op["op"] == "dummy_run":
-            if op["num_tokens"] > op["num_reqs"]:
-                yield ops[:i] + [dict(op, num_tokens=op["num_tokens"] - 1)] + ops[i + 1:]
-            if op["num_reqs"] > 1:
-                yield ops[:i] + [dict(op, num_reqs=op["num_reqs"] - 1,
-                                      num_tokens=op["num_tokens"] - 1)] + ops[i + 1:]
-        if op["op"] == "add":
-            if op["prompt_len"] > 1:
-                yield ops[:i] + [dict(op, prompt_len=1)] + ops[i + 1:]
-                yield ops[:i] + [dict(op, prompt_len=op["prompt_len"] - 1)] + ops[i + 1:]
-            for g, ids in enumerate(op["blocks"]):
-                if len(ids) > 1:
-                    fewer = copy.deepcopy(op["blocks"])
-                    fewer[g].pop()
-                    yield ops[:i] + [dict(op, blocks=fewer)] + ops[i + 1:]
-        if op["op"] in ("step", "dummy_run") and op["cudagraph_mode"] != "NONE":
-            yield ops[:i] + [dict(op, cudagraph_mode="NONE")] + ops[i + 1:]
+    for i, op in enumerate(ops):  # then each op's simpler variants (its registry entry)
+        for simpler in spec_of(op).narrow(op):
+            yield ops[:i] + [simpler] + ops[i + 1:]
 
 
 def legalize(config, ops: list[dict]) -> list[dict]:

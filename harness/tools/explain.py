@@ -12,57 +12,30 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
-
-from reference import SENTINEL
-
-from harness.core.invariants import _changed
+from harness.core.invariants import classify_writes
 from harness.core.session import Session
 from harness.core.trace import Trace
 
 
-def _value_class(values: np.ndarray) -> str:
-    if np.isnan(values).any():
-        return "NaN"
-    if (values == SENTINEL).all():
-        return "sentinel"
-    if not values.any():
-        return "zero"
-    return "payload"
-
-
-def _writes(session: Session) -> list[dict]:
+def _writes(session: Session) -> list[dict] | None:
+    """Every block the op changed, classified as ``NO_STALE_WRITE`` classifies it
+    (None when the implementation crashed: its state was not observed)."""
+    if session.last is None:
+        return None
     before, after, permit = session.last
-    out = []
-    caches = [(g, before.kv_cache[g], after.kv_cache[g], False) for g in sorted(after.kv_cache)]
-    caches += [(g, before.mamba_state[g], after.mamba_state[g], True)
-               for g in sorted(after.mamba_state)]
-    for g, b, a, mamba in caches:
-        changed = _changed(b, a)
-        blocks = sorted({int(c[0]) for c in np.argwhere(changed)})
-        for block in blocks:
-            if mamba:
-                cells, offsets = a[block][None], "state"
-            else:
-                offs = np.flatnonzero(changed[block])
-                cells, offsets = a[block][offs], f"[{offs.min()}..{offs.max()}]"
-            allowed = permit.cells.get(g, {}).get(block, False)
-            ok = allowed is not False or (mamba and block == 0)
-            if ok and allowed not in (None, False) and not mamba:
-                offs = np.flatnonzero(changed[block])
-                ok = bool(allowed[0] <= offs.min() and offs.max() < allowed[1])
-            out.append({"group": g, "block": block, "cells": offsets,
-                        "value": _value_class(cells), "owner": permit.describe(g, block),
-                        "offending": not ok})
-    return out
+    return [{"group": w.group, "block": w.block, "cells": w.cells_text, "value": w.value,
+             "owner": w.owner, "offending": bool(w.offending)}
+            for w in classify_writes(before, after, permit)]
 
 
-def _rows(session: Session) -> list[dict]:
+def _rows(session: Session) -> list[dict] | None:
+    if session.last is None:
+        return None
     obs = session.last[1]
     rows = []
     for row, req in enumerate(obs.host_req_ids.tolist()):
-        ids = [obs.host_block_table[g][row][: max(int(obs.host_num_blocks_per_row[g][row]), 0)].tolist()
-               for g in range(len(obs.host_block_table))]
+        ids = [obs.host_block_table[g][row][: max(int(obs.host_num_blocks_per_row[g][row]), 0)]
+               .tolist() for g in range(len(obs.host_block_table))]
         stale = req == -1 and any(t[row].any() for t in obs.host_block_table)
         if req == -1 and not stale:
             continue
@@ -73,13 +46,19 @@ def _rows(session: Session) -> list[dict]:
 
 def explain(trace: Trace, faults=(), device: str | None = None, target: str = "gpu_impl",
             stop_at_first: bool = True) -> list[dict]:
-    """One record per op run: op, rows, writes, violations.
+    """One record per op run: op, rows, writes, violations (a first record with
+    op ``start`` and op_index -1 when start-up, i.e. graph capture, broke one).
 
     Stops after the first violating op unless ``stop_at_first`` is False (then
     the consequences further down the trace show too).
     """
     session = Session(trace.config, faults, target, device)
     records = []
+    if session.startup_violations:  # graph capture already broke an invariant
+        records.append({"op_index": -1, "op": {"op": "start"}, "rows": [], "writes": [],
+                        "violations": [v.to_json() for v in session.startup_violations]})
+        if stop_at_first:
+            return records
     for i, op in enumerate(trace.ops):
         found = session.apply(op)
         records.append({"op_index": i, "op": op, "rows": _rows(session),
@@ -94,7 +73,9 @@ def _op_text(op: dict) -> str:
     return op["op"] + " " + json.dumps(args, sort_keys=True, separators=(",", ":"))
 
 
-def _rows_text(rows: list[dict]) -> str:
+def _rows_text(rows: list[dict] | None) -> str:
+    if rows is None:
+        return "(not observed: the implementation crashed)"
     parts = []
     for r in rows:
         if r["stale"] is not None:
@@ -104,7 +85,9 @@ def _rows_text(rows: list[dict]) -> str:
     return "\n".join(parts) or "(empty batch)"
 
 
-def _writes_text(writes: list[dict]) -> str:
+def _writes_text(writes: list[dict] | None) -> str:
+    if writes is None:
+        return "(not observed)"
     return "\n".join(
         f"{'!! ' if w['offending'] else ''}g{w['group']} block {w['block']} {w['cells']} "
         f"{w['value']} ({w['owner']})" for w in writes) or "-"

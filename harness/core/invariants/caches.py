@@ -1,0 +1,91 @@
+"""Cache invariants: what kernels wrote.
+
+``NULL_BLOCK_FINITE`` (seed 001: dummy runs wrote NaN into the null block),
+``NO_STALE_WRITE`` (seed 000: a dummy run wrote Mamba state through a stale
+row; judged by :func:`~harness.core.invariants.writes.classify_writes` against
+the op's permit) and ``LOADED_BLOCKS_INTACT`` (a P/D connector's loaded KV
+survives until its owner's first step).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from reference import NULL_BLOCK_ID, Ledger, RunnerConfig, payload, payload_sum
+from reference.dcp import local_slots
+
+from harness.core.invariants import CheckContext, Invariant, Violation, register
+from harness.core.invariants.writes import WritePermit, classify_writes, fmt_values
+from harness.core.observation import Observation
+
+
+def check_null_block_finite(obs: Observation, op_index: int, op: str) -> list[Violation]:
+    out = []
+    for g, kv in obs.kv_cache.items():
+        bad = ~np.isfinite(kv[NULL_BLOCK_ID])
+        if bad.any():
+            offs = sorted({int(o) for o in np.argwhere(bad)[:, 0]})
+            out.append(Violation("NULL_BLOCK_FINITE", op_index, op,
+                                 f"null block holds NaN/Inf at offsets {offs}",
+                                 group=g, block=NULL_BLOCK_ID))
+    return out
+
+
+def check_no_stale_write(before: Observation, after: Observation, permit: WritePermit,
+                         op_index: int, op: str) -> list[Violation]:
+    """The first cell per group an op changed outside its permit."""
+    out, seen = [], set()
+    for w in classify_writes(before, after, permit):
+        if not w.offending or w.group in seen:
+            continue
+        seen.add(w.group)
+        where = "state " if w.mamba else f"offset {w.offending[0]} "
+        out.append(Violation("NO_STALE_WRITE", op_index, op,
+                             f"{where}of block {w.block} ({w.owner}) changed to "
+                             f"{w.first_bad_value}; {w.why}", group=w.group, block=w.block))
+    return out
+
+
+def check_loaded_blocks(config: RunnerConfig, ledger: Ledger, obs: Observation,
+                        op_index: int, op: str) -> list[Violation]:
+    out = []
+    for req in ledger.live():
+        r = ledger.requests[req]
+        if not r.loaded:
+            continue
+        for g in config.attention_groups:
+            local, col, off = local_slots(np.arange(r.prompt_len), config.groups[g].block_size,
+                                          config.dcp_world_size, config.dcp_rank,
+                                          config.cp_kv_cache_interleave_size)
+            pos = np.flatnonzero(local)  # this rank's share of the prompt
+            want = payload(req, pos, config.head_size)
+            blocks = np.asarray(r.blocks[g])[col[local]]
+            got = obs.kv_cache[g][blocks, off[local]]
+            bad = np.flatnonzero(~(got == want).all(axis=1))
+            if bad.size:
+                p = int(bad[0])
+                out.append(Violation("LOADED_BLOCKS_INTACT", op_index, op,
+                                     f"req {req}'s loaded KV at position {int(pos[p])} is "
+                                     f"{fmt_values(got[p])}, loaded {fmt_values(want[p])}",
+                                     group=g, block=int(blocks[p])))
+        for g in config.mamba_groups:
+            b = r.blocks[g][0]
+            want_state = payload_sum(req, 0, r.prompt_len, config.head_size)
+            if not (obs.mamba_state[g][b] == want_state).all():
+                out.append(Violation("LOADED_BLOCKS_INTACT", op_index, op,
+                                     f"req {req}'s loaded state is "
+                                     f"{fmt_values(obs.mamba_state[g][b])}", group=g, block=b))
+    return out
+
+
+register(Invariant(
+    "NULL_BLOCK_FINITE", "every attention group's null block holds no NaN/Inf",
+    lambda c: check_null_block_finite(c.after, c.op_index, c.kind), at_startup=True))
+register(Invariant(
+    "NO_STALE_WRITE", "every cell an op changed lies in a block owned by a request the op ran "
+    "for, at the positions it wrote (the Mamba null block is scratch)",
+    lambda c: check_no_stale_write(c.before, c.after, c.permit, c.op_index, c.kind)))
+register(Invariant(
+    "LOADED_BLOCKS_INTACT", "blocks filled by kv_load keep that content until their owner's "
+    "first step",
+    lambda c: check_loaded_blocks(c.config, c.ledger, c.after, c.op_index, c.kind)))

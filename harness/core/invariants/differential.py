@@ -1,0 +1,103 @@
+"""``MATCHES_REFERENCE``: the differential check against the NumPy oracle.
+
+Compares what the last forward used — host rows (V2: their live part), the
+device block-table rows it read, slot mappings (incl. the PAD tail), counters,
+state indices, caches (the Mamba null block is scratch) and attention outputs
+— with the reference's observation after the same op.  Buffer regions no
+forward reads are the engine's own business.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from harness.core.invariants import CheckContext, Invariant, Violation, register
+from harness.core.observation import ROWS_BY_STATE_INDEX, Observation
+
+
+def _item(value):
+    return np.asarray(value).tolist()
+
+
+def _live_part(obs: Observation) -> tuple[list, list]:
+    """V2 staged rows as the contract defines them: a live state index's first
+    ``num_blocks`` entries (a free index is overwritten on reuse, and nothing
+    reads past a row's count), zero elsewhere.  V1 rows are returned whole:
+    a vacated V1 row must be zero everywhere."""
+    if obs.rows_indexed_by != ROWS_BY_STATE_INDEX:
+        return obs.host_block_table, obs.host_num_blocks_per_row
+    live = obs.host_req_ids != -1
+    tables, counts = [], []
+    for table, n in zip(obs.host_block_table, obs.host_num_blocks_per_row):
+        n = np.where(live, n, 0).astype(n.dtype)
+        cols = np.arange(table.shape[1])[None, :]
+        tables.append(np.where(cols < n[:, None], table, 0).astype(table.dtype))
+        counts.append(n)
+    return tables, counts
+
+
+def _defined(impl_table: np.ndarray, ref_table: np.ndarray, rows: int, counts, g: int):
+    """Device rows [0, rows), each cut to the entries the last gather defined (V2: a
+    real row's ``num_blocks``; past it vLLM 0.33 zeroes what 0.26 leaves stale)."""
+    a, b = impl_table[:rows].copy(), ref_table[:rows].copy()
+    if counts is not None and a.shape == b.shape:
+        past = np.arange(a.shape[1])[None, :] >= counts[g][:rows, None]
+        a[past] = b[past] = 0
+    return a, b
+
+
+def check_matches_reference(impl: Observation, ref: Observation, op_index: int,
+                            op: str) -> list[Violation]:
+    """Compare what the last forward used: host rows (V2: their live part), the
+    device block-table rows it read ([0, num_reqs_padded)), slot mappings
+    ([0, num_tokens_padded)), counters, caches, outputs.  Buffer regions no
+    forward reads are the engine's business (vLLM PAD-fills slot mappings to the
+    end of the buffer; 0.33 zeroes device rows left by a larger batch)."""
+    lf = ref.last_forward
+    rows_used, tokens_used = (lf.num_reqs_padded, lf.num_tokens_padded) if lf else (0, 0)
+    impl_rows, impl_counts = _live_part(impl)
+    ref_rows, ref_counts = _live_part(ref)
+    pairs = [("req_ids", impl.host_req_ids, ref.host_req_ids),
+             ("num_computed_tokens", impl.num_computed_tokens, ref.num_computed_tokens),
+             ("num_prompt_tokens", impl.num_prompt_tokens, ref.num_prompt_tokens),
+             ("last_forward", _forward_fields(impl.last_forward), _forward_fields(ref.last_forward))]
+    for g in range(len(impl.host_block_table)):
+        pairs += [(f"block_table[{g}]", impl_rows[g], ref_rows[g]),
+                  (f"num_blocks_per_row[{g}]", impl_counts[g], ref_counts[g]),
+                  (f"device_block_table[{g}]", *_defined(impl.device_block_table[g],
+                                                         ref.device_block_table[g], rows_used,
+                                                         ref.device_row_counts, g))]
+    for g, v in ref.slot_mapping.items():
+        pairs.append((f"slot_mapping[{g}]", impl.slot_mapping[g][:tokens_used], v[:tokens_used]))
+    for name in ("state_indices", "kv_cache", "attn_out"):
+        for g, v in getattr(ref, name).items():
+            pairs.append((f"{name}[{g}]", getattr(impl, name)[g], v))
+    for g, v in ref.mamba_state.items():  # the null block is scratch: excluded
+        pairs.append((f"mamba_state[{g}] (blocks 1..)", impl.mamba_state[g][1:], v[1:]))
+    for name, a, b in pairs:
+        if a.shape != b.shape:
+            return [Violation("MATCHES_REFERENCE", op_index, op,
+                              f"{name}: shape {a.shape} vs reference {b.shape}")]
+        same = (a == b) if a.dtype == object else ((a == b) | (np.isnan(a) & np.isnan(b))
+                                                   if a.dtype.kind == "f" else a == b)
+        if not np.all(same):
+            idx = tuple(int(i) for i in np.argwhere(~np.asarray(same, bool))[0])
+            return [Violation("MATCHES_REFERENCE", op_index, op,
+                              f"{name}{list(idx)} is {_item(a[idx])}, reference has "
+                              f"{_item(b[idx])}")]
+    return []
+
+
+def _forward_fields(info) -> np.ndarray:
+    """A ForwardInfo as a comparable object array (empty before the first forward)."""
+    if info is None:
+        return np.array((), object)
+    return np.array([info.dummy, info.cudagraph_mode, info.num_reqs, info.num_reqs_padded,
+                     info.num_tokens, info.num_tokens_padded, tuple(info.req_ids)], object)
+
+
+register(Invariant(
+    "MATCHES_REFERENCE", "what the last forward used, the host rows, counters, caches and "
+    "outputs equal the oracle's",
+    lambda c: check_matches_reference(c.after, c.reference, c.op_index, c.kind),
+    at_startup=True))

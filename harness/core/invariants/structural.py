@@ -1,0 +1,73 @@
+"""Structural invariants: the layout of block-table rows and graph buffers.
+
+``VACATED_ROWS_ZERO`` (V1 persistent batch, ``BlockTable.move_row`` /
+``clear_row`` in ``vllm/v1/worker/block_table.py``), ``DUMMY_TABLES_ZERO`` (V2
+``get_dummy_block_tables`` in ``vllm/v1/worker/gpu/block_table.py``) and
+``GRAPH_ADDRESSES_STABLE`` (CUDA graphs read persistent buffers by address).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from harness.core.invariants import CheckContext, Invariant, Violation, register
+from harness.core.observation import Observation
+
+
+def check_vacated_rows_zero(obs: Observation, op_index: int, op: str) -> list[Violation]:
+    """V1 only: V2 rows are by state index and a free index is overwritten on reuse."""
+    out = []
+    if obs.runner != "v1":
+        return out
+    for row in np.flatnonzero(obs.host_req_ids == -1):
+        for g, table in enumerate(obs.host_block_table):
+            if table[row].any() or obs.host_num_blocks_per_row[g][row]:
+                ids = [int(x) for x in table[row] if x]
+                out.append(Violation("VACATED_ROWS_ZERO", op_index, op,
+                                     f"row {row} holds no request but keeps block ids {ids} "
+                                     f"(num_blocks={int(obs.host_num_blocks_per_row[g][row])})",
+                                     group=g, block=ids[0] if ids else None, row=int(row)))
+    return out
+
+
+def check_dummy_tables_zero(obs: Observation, op_index: int, op: str) -> list[Violation]:
+    """V2: the tables a dummy run was handed are zero and views of the input tables."""
+    out = []
+    for g, (zero, same_ptr) in enumerate(obs.dummy_tables or []):
+        if not zero:
+            rows = obs.last_forward.num_reqs_padded
+            ids = sorted({int(x) for x in obs.device_block_table[g][:rows].ravel() if x})
+            out.append(Violation("DUMMY_TABLES_ZERO", op_index, op,
+                                 f"dummy block table rows [0, {rows}) hold block ids {ids} "
+                                 "left by the previous batch", group=g,
+                                 block=ids[0] if ids else None))
+        if not same_ptr:
+            out.append(Violation("DUMMY_TABLES_ZERO", op_index, op,
+                                 "dummy block tables are not views of the persistent input "
+                                 "tables (a CUDA graph would read the old storage)", group=g))
+    return out
+
+
+def check_graph_addresses(obs: Observation, op_index: int, op: str) -> list[Violation]:
+    """Every buffer a captured graph's launches read is the one the runner stages into."""
+    out = []
+    for size, ptrs in (obs.graph_ptrs or {}).items():
+        for name, (captured, current) in ptrs.items():
+            if captured != current:
+                out.append(Violation("GRAPH_ADDRESSES_STABLE", op_index, op,
+                                     f"graph {size} captured {name} at {captured:#x}, "
+                                     f"the runner now uses {current:#x}"))
+    return out
+
+
+register(Invariant(
+    "VACATED_ROWS_ZERO", "V1: rows holding no request are all zero with num_blocks == 0",
+    lambda c: check_vacated_rows_zero(c.after, c.op_index, c.kind), structural=True))
+register(Invariant(
+    "DUMMY_TABLES_ZERO", "V2: the block tables a dummy run's kernels read are zero views of "
+    "the persistent input tables",
+    lambda c: check_dummy_tables_zero(c.after, c.op_index, c.kind), structural=True,
+    applies=lambda spec: spec.forward == "dummy", applies_text="dummy runs"))
+register(Invariant(
+    "GRAPH_ADDRESSES_STABLE", "every buffer a captured graph reads keeps its data_ptr",
+    lambda c: check_graph_addresses(c.after, c.op_index, c.kind), at_startup=True))

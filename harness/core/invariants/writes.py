@@ -1,0 +1,143 @@
+"""Which cache cells an op may write, and what it did write.
+
+:func:`permit_for` asks the op registry (each op's ``permit``) for the cells an
+op may change, from the ledger *before* it runs; :func:`classify_writes` diffs
+two observations' caches (NaN-aware) and classifies every changed block
+against that permit.  ``NO_STALE_WRITE`` and ``explain`` share the classifier,
+so what the report marks ``!!`` is exactly what the invariant flags.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from reference import NULL_BLOCK_ID, SENTINEL, Ledger, RunnerConfig
+from reference.ledger import FREE, RESERVED
+
+
+@dataclass(frozen=True)
+class WritePermit:
+    """Which cache cells an op may change, decided from the ledger *before* the op.
+
+    cells[g]: {block: (first_offset, end_offset)} for attention groups (offsets
+    within the block), {block: None} (any cell); Mamba null blocks are always
+    allowed (scratch).  owners[g]: the ledger's owner array before the op, for
+    messages; runs: the requests the op writes for.
+    """
+
+    cells: dict
+    owners: list
+    runs: frozenset = frozenset()
+
+    def describe(self, group: int, block: int) -> str:
+        o = int(self.owners[group][block])
+        return {FREE: "a free block", RESERVED: "the null block"}.get(o, f"owned by req {o}")
+
+
+def owner_text(ledger: Ledger, group: int, block: int) -> str:
+    return WritePermit({}, ledger.owner).describe(group, block)
+
+
+def permit_for(config: RunnerConfig, ledger: Ledger, op: dict) -> WritePermit:
+    """Cells ``op`` may write, from the ledger state before it runs (the op's
+    registry entry decides; an op with no ``permit`` writes nothing)."""
+    from harness.core.ops import spec_of
+
+    spec = spec_of(op)
+    cells = {g: {} for g in range(len(config.groups))}
+    runs = frozenset()
+    if spec.permit is not None:
+        granted, runs = spec.permit(config, ledger, op)
+        for g, blocks in granted.items():
+            cells[g].update(blocks)
+    return WritePermit(cells, [o.copy() for o in ledger.owner], runs)
+
+
+def changed_cells(before: np.ndarray, after: np.ndarray) -> np.ndarray:
+    """NaN-aware per-cell change mask over all but the last axis."""
+    same = (before == after) | (np.isnan(before) & np.isnan(after))
+    return ~same.all(axis=-1)
+
+
+def fmt_values(values: np.ndarray) -> str:
+    if np.isnan(values).any():
+        return "NaN"
+    return "[" + ", ".join(f"{v:g}" for v in values.tolist()) + "]"
+
+
+def value_class(values: np.ndarray) -> str:
+    """payload / NaN / sentinel (a freed block's poison) / zero."""
+    if np.isnan(values).any():
+        return "NaN"
+    if (values == SENTINEL).all():
+        return "sentinel"
+    if not values.any():
+        return "zero"
+    return "payload"
+
+
+@dataclass(frozen=True)
+class Write:
+    """Cells of one block an op changed. offsets: changed offsets (attention),
+    () for Mamba state; offending: offsets the permit does not allow (Mamba:
+    (0,) when the state write is not allowed); why: the reason, '' when allowed."""
+
+    group: int
+    block: int
+    mamba: bool
+    offsets: tuple
+    value: str
+    owner: str
+    offending: tuple
+    why: str
+    first_bad_value: str = ""
+
+    @property
+    def cells_text(self) -> str:
+        return "state" if self.mamba else f"[{min(self.offsets)}..{max(self.offsets)}]"
+
+
+def _why(permit: WritePermit, group: int, block: int, allowed) -> str:
+    if allowed is not False:
+        return f"the op writes offsets [{allowed[0]}, {allowed[1]}) of it only"
+    owner = int(permit.owners[group][block])
+    if owner >= 0 and owner in permit.runs:
+        return f"req {owner} runs in this op but writes nothing there"
+    return "no row of this op owns it"
+
+
+def _classify_block(g, block, mamba, b_cache, a_cache, changed, permit) -> Write:
+    allowed = permit.cells.get(g, {}).get(block, False)
+    if mamba:
+        offsets, cells = (), a_cache[block][None]
+        bad = () if (allowed is not False or block == NULL_BLOCK_ID) else (0,)
+        first = fmt_values(a_cache[block]) if bad else ""
+    else:
+        offs = [int(o) for o in np.flatnonzero(changed[block])]
+        offsets, cells = tuple(offs), a_cache[block][offs]
+        if allowed is None:
+            bad = ()
+        elif allowed is False:
+            bad = tuple(offs)
+        else:
+            bad = tuple(o for o in offs if not allowed[0] <= o < allowed[1])
+        first = fmt_values(a_cache[block, bad[0]]) if bad else ""
+    return Write(g, block, mamba, offsets, value_class(cells), permit.describe(g, block), bad,
+                 _why(permit, g, block, allowed) if bad else "", first)
+
+
+def classify_writes(before, after, permit: WritePermit) -> list[Write]:
+    """Every block whose cache content changed between two observations, by group
+    then block id, with the cells the permit does not allow."""
+    caches = {g: (before.kv_cache[g], after.kv_cache[g], False) for g in after.kv_cache}
+    caches.update({g: (before.mamba_state[g], after.mamba_state[g], True)
+                   for g in after.mamba_state})
+    out = []
+    for g, (b_cache, a_cache, mamba) in sorted(caches.items()):
+        changed = changed_cells(b_cache, a_cache)
+        blocks = sorted({int(c[0]) for c in np.argwhere(changed)})
+        out += [_classify_block(g, blk, mamba, b_cache, a_cache, changed, permit)
+                for blk in blocks]
+    return out

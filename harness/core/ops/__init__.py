@@ -1,0 +1,140 @@
+"""The op vocabulary as a registry: one :class:`OpSpec` per op, one module per
+op family.
+
+Everything the harness knows about an op lives in its family's module:
+
+- its JSON fields (``fields``: a JSON Schema per field) and an example;
+- how it is applied to a target (``apply``: calls the target's op method);
+- which requests it mentions and how it changes when a request is dropped or
+  renamed (``requests``, ``without_request``, ``rename``: the shrinker);
+- simpler versions of it (``narrow``: the shrinker);
+- its Hypothesis rule (``draw``) and precondition (``enabled``);
+- the cache cells it may write (``permit``: ``NO_STALE_WRITE`` and ``explain``);
+- whether it runs a forward (``forward``: ``"real"`` / ``"dummy"``), which the
+  invariant registry uses to decide what to check after it.
+
+:mod:`harness.core.trace` (schema, :func:`apply_op`), the state machine
+(:mod:`harness.search.machine`), the shrinker, ``explain`` and ``blockfuzz
+ops`` iterate :data:`REGISTRY`.  Adding an op is one new entry here (in its
+family's module, imported at the bottom of this file) plus the op method in
+each implementation: the reference runner, gpu_impl's runner, and the vllm
+adapter where vLLM has the concept (README, "Adding an op").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+INT = {"type": "integer"}
+BLOCK_IDS = {"type": "array", "items": {"type": "array", "items": INT}}
+MODES = ["NONE", "PIECEWISE", "FULL"]
+CUDAGRAPH_MODE = {"enum": MODES}
+ALL_RUNNERS = ("v1", "v2")
+ALL_TARGETS = ("reference", "gpu_impl", "vllm")
+
+
+def _no_requests(op: dict) -> list[int]:
+    return []
+
+
+def _mentions(spec: OpSpec, op: dict, req: int) -> bool:
+    return req in spec.requests(op)
+
+
+def _keep(op: dict, req: int) -> dict | None:
+    return op
+
+
+def _rename_nothing(op: dict, req, block) -> dict:
+    return dict(op)
+
+
+def _no_narrowing(op: dict) -> Iterable[dict]:
+    return ()
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One op of the trace vocabulary (see the module docstring for each field's role).
+
+    apply(target, op): drive the target (raises ``reference.OpError`` on the
+    reference when illegal).  draw(machine, data) -> op dict, or draw(machine)
+    when ``draws_data`` is False; enabled(machine) -> bool.  without_request(op,
+    req) -> the op with ``req`` removed, or None to drop it.  rename(op, req,
+    block) -> a copy with request ids mapped by ``req(r)`` and block ids by
+    ``block(group, b)``.  narrow(op) -> simpler variants.  permit(config,
+    ledger, op) -> (cells, runs): cells[g] = {block: (first_offset, end_offset)
+    | None (any cell)}, runs = requests the op writes for.
+    """
+
+    name: str
+    summary: str
+    fields: dict
+    example: dict
+    apply: Callable
+    draw: Callable | None = None
+    enabled: Callable = lambda machine: True
+    draws_data: bool = True
+    runners: tuple = ALL_RUNNERS
+    targets: tuple = ALL_TARGETS
+    requests: Callable = _no_requests
+    without_request: Callable | None = None
+    rename: Callable = _rename_nothing
+    narrow: Callable = _no_narrowing
+    permit: Callable | None = None
+    forward: str | None = None  # "real" (a step), "dummy" (a dummy run), None
+    family: str = "core"
+    extra: dict = field(default_factory=dict)
+
+    def schema(self) -> dict:
+        """JSON Schema of one op object of this kind."""
+        props = dict(self.fields, op={"const": self.name})
+        return {"type": "object", "properties": props, "required": sorted(props),
+                "additionalProperties": False}
+
+    def drop_request(self, op: dict, req: int) -> dict | None:
+        """``op`` without ``req``: None drops the op (default: when it mentions ``req``)."""
+        if self.without_request is not None:
+            return self.without_request(op, req)
+        return None if req in self.requests(op) else op
+
+    def to_json(self) -> dict:
+        return {"op": self.name, "summary": self.summary, "family": self.family,
+                "fields": {k: v for k, v in sorted(self.fields.items())},
+                "runners": list(self.runners), "targets": list(self.targets),
+                "forward": self.forward, "example": self.example}
+
+
+REGISTRY: dict[str, OpSpec] = {}
+
+
+def register(spec: OpSpec) -> OpSpec:
+    """Add ``spec`` to :data:`REGISTRY` (registration order is listing order)."""
+    assert spec.name not in REGISTRY, f"op {spec.name} registered twice"
+    REGISTRY[spec.name] = spec
+    return spec
+
+
+def spec_of(op: dict) -> OpSpec:
+    """The spec of an op dict already shape-checked (KeyError otherwise)."""
+    return REGISTRY[op["op"]]
+
+
+def apply_op(target, op: dict) -> None:
+    """Dispatch one op dict to a target (or a reference runner)."""
+    spec_of(op).apply(target, op)
+
+
+def requests_of(op: dict) -> list[int]:
+    """Request ids ``op`` mentions."""
+    return spec_of(op).requests(op)
+
+
+def describe() -> list[dict]:
+    """The vocabulary for ``blockfuzz ops --json``."""
+    return [spec.to_json() for spec in REGISTRY.values()]
+
+
+# Families, in listing order (their import registers their ops).
+from harness.core.ops import lifecycle, persistent_batch, transfer, forward  # noqa: E402,F401,I001

@@ -1,0 +1,131 @@
+"""Forward ops: ``step`` (a real batch) and ``dummy_run`` (an idle rank's padded
+fake batch).
+
+Modelled on ``execute_model`` and ``_dummy_run`` of vLLM's model runners
+(``vllm/v1/worker/gpu_model_runner.py``, ``vllm/v1/worker/gpu/model_runner.py``):
+a step schedules any subset of the live requests (prefill chunks and decodes
+mixed, or one token each so FULL graphs apply) and is padded to a capture
+size by the runner; a dummy run carries a garbage (NaN) payload over
+``num_reqs`` rows and ``num_tokens`` tokens, as an idle data-parallel rank
+does to stay in lockstep.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+from hypothesis import strategies as st
+
+from reference.dcp import local_slots
+from reference.payload import POSITION_MAX
+
+from harness.core.ops import CUDAGRAPH_MODE, INT, OpSpec, register
+
+MODES = ("FULL", "PIECEWISE", "NONE")  # draw order: FULL first, shrinking prefers it
+
+
+def _room(m, req: int) -> int:
+    r = m.ledger.requests[req]
+    return min(r.capacity_tokens(m.cfg), POSITION_MAX + 1) - r.num_computed_tokens
+
+
+def _steppable(m) -> list[int]:
+    return [r for r in m.ledger.live() if _room(m, r) > 0]
+
+
+def _draw_step(m, data) -> dict:
+    cands = _steppable(m)
+    reqs = data.draw(st.lists(st.sampled_from(cands), min_size=1,
+                              max_size=min(len(cands), m.cfg.max_num_batched_tokens),
+                              unique=True))
+    budget = m.cfg.max_num_batched_tokens - len(reqs)
+    decode_only = data.draw(st.booleans())  # one token each: FULL graphs apply
+    scheduled = []
+    for req in reqs:
+        n = 1 if decode_only else data.draw(st.integers(1, 1 + min(_room(m, req) - 1, budget)))
+        budget -= n - 1
+        scheduled.append([req, n])
+    mode = data.draw(st.sampled_from(MODES))
+    return {"op": "step", "scheduled": scheduled, "cudagraph_mode": mode}
+
+
+def _step_without(op: dict, req: int) -> dict | None:
+    sched = [s for s in op["scheduled"] if s[0] != req]
+    return dict(op, scheduled=sched) if sched else None
+
+
+def _step_rename(op: dict, req, block) -> dict:
+    return dict(op, scheduled=[[req(r), n] for r, n in op["scheduled"]])
+
+
+def _narrow_step(op: dict):
+    sched = op["scheduled"]
+    for k in range(len(sched)):
+        if len(sched) > 1:
+            yield dict(op, scheduled=sched[:k] + sched[k + 1:])
+        if sched[k][1] > 1:
+            smaller = copy.deepcopy(sched)
+            smaller[k][1] = 1
+            yield dict(op, scheduled=smaller)
+    if op["cudagraph_mode"] != "NONE":
+        yield dict(op, cudagraph_mode="NONE")
+
+
+def _permit_step(config, ledger, op):
+    """Each scheduled request's new positions (this rank's DCP share) in its own
+    attention blocks, and its own Mamba state block."""
+    cells = {g: {} for g in range(len(config.groups))}
+    for req, n in op["scheduled"]:
+        r = ledger.requests[req]
+        pos = np.arange(r.num_computed_tokens, r.num_computed_tokens + n)
+        for g in config.attention_groups:
+            local, col, off = local_slots(pos, config.groups[g].block_size,
+                                          config.dcp_world_size, config.dcp_rank,
+                                          config.cp_kv_cache_interleave_size)
+            for c in sorted(set(col[local].tolist())):
+                offs = off[local & (col == c)]
+                cells[g][r.blocks[g][c]] = (int(offs.min()), int(offs.max()) + 1)
+        for g in config.mamba_groups:
+            cells[g][r.blocks[g][0]] = None
+    return cells, frozenset(req for req, _ in op["scheduled"])
+
+
+register(OpSpec(
+    name="step", summary="one real forward over scheduled (req, num_tokens), padded by the runner",
+    fields={"scheduled": {"type": "array", "minItems": 1,
+                          "items": {"type": "array", "items": INT, "minItems": 2, "maxItems": 2}},
+            "cudagraph_mode": CUDAGRAPH_MODE},
+    example={"op": "step", "scheduled": [[0, 5], [1, 1]], "cudagraph_mode": "FULL"},
+    apply=lambda t, op: t.step([list(x) for x in op["scheduled"]], op["cudagraph_mode"]),
+    draw=_draw_step, enabled=lambda m: bool(_steppable(m)),
+    requests=lambda op: [r for r, _ in op["scheduled"]], without_request=_step_without,
+    rename=_step_rename, narrow=_narrow_step, permit=_permit_step, forward="real"))
+
+
+def _draw_dummy(m, data) -> dict:
+    cfg = m.cfg
+    num_reqs = data.draw(st.integers(1, cfg.max_num_reqs))
+    uniform = data.draw(st.booleans())  # num_tokens == num_reqs: FULL applies
+    num_tokens = num_reqs if uniform else data.draw(
+        st.integers(num_reqs, cfg.max_num_batched_tokens))
+    mode = data.draw(st.sampled_from(MODES))
+    return {"op": "dummy_run", "num_reqs": num_reqs, "num_tokens": num_tokens,
+            "cudagraph_mode": mode}
+
+
+def _narrow_dummy(op: dict):
+    if op["num_tokens"] > op["num_reqs"]:
+        yield dict(op, num_tokens=op["num_tokens"] - 1)
+    if op["num_reqs"] > 1:
+        yield dict(op, num_reqs=op["num_reqs"] - 1, num_tokens=op["num_tokens"] - 1)
+    if op["cudagraph_mode"] != "NONE":
+        yield dict(op, cudagraph_mode="NONE")
+
+
+register(OpSpec(
+    name="dummy_run", summary="an idle DP rank's padded fake batch (NaN payload, no real rows)",
+    fields={"num_reqs": INT, "num_tokens": INT, "cudagraph_mode": CUDAGRAPH_MODE},
+    example={"op": "dummy_run", "num_reqs": 2, "num_tokens": 2, "cudagraph_mode": "FULL"},
+    apply=lambda t, op: t.dummy_run(op["num_reqs"], op["num_tokens"], op["cudagraph_mode"]),
+    draw=_draw_dummy, narrow=_narrow_dummy, forward="dummy"))

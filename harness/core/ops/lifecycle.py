@@ -1,0 +1,118 @@
+"""Request lifecycle ops: ``add``, ``append``, ``remove``.
+
+Modelled on the scheduler output a model runner applies in ``_update_states``
+(``vllm/v1/worker/gpu_model_runner.py``): a new request arrives with its
+allocated block ids per KV-cache group, a running one gets new blocks, a
+finished one leaves and its blocks return to the pool (blockfuzz poisons them
+with the sentinel, so a later read of a freed block is visible).
+"""
+
+from __future__ import annotations
+
+import copy
+
+from hypothesis import strategies as st
+
+from reference.payload import POSITION_MAX, REQ_ID_MAX
+
+from harness.core.ops import BLOCK_IDS, INT, OpSpec, register
+
+
+def _req(op: dict) -> list[int]:
+    return [op["req"]]
+
+
+def _rename(op: dict, req, block) -> dict:
+    out = copy.deepcopy(op)
+    out["req"] = req(op["req"])
+    if "blocks" in op:
+        out["blocks"] = [[block(g, b) for b in ids] for g, ids in enumerate(op["blocks"])]
+    return out
+
+
+# -- add -------------------------------------------------------------------------------
+def _can_add(m) -> bool:
+    cfg = m.cfg
+    return (len(m.ledger.requests) < cfg.max_num_reqs and m.next_req <= REQ_ID_MAX
+            and all(m.free(g) for g in range(len(cfg.groups))))
+
+
+def _draw_add(m, data) -> dict:
+    cfg = m.cfg
+    blocks = []
+    for g, spec in enumerate(cfg.groups):
+        free = m.free(g)
+        size = 1 if spec.kind == "mamba" else None
+        blocks.append(data.draw(st.lists(
+            st.sampled_from(free), min_size=1,
+            max_size=size or min(cfg.max_num_blocks_per_req, len(free)), unique=True)))
+    # What the ledger admits: this rank's blocks cover block_size * dcp_world_size positions.
+    capacity = min(min(len(blocks[g]) * cfg.tokens_per_block(g) for g in cfg.attention_groups),
+                   POSITION_MAX + 1)
+    prompt_len = data.draw(st.integers(1, capacity))
+    req = m.next_req
+    m.next_req += 1
+    return {"op": "add", "req": req, "blocks": blocks, "prompt_len": prompt_len}
+
+
+def _narrow_add(op: dict):
+    if op["prompt_len"] > 1:
+        yield dict(op, prompt_len=1)
+        yield dict(op, prompt_len=op["prompt_len"] - 1)
+    for g, ids in enumerate(op["blocks"]):
+        if len(ids) > 1:
+            fewer = copy.deepcopy(op["blocks"])
+            fewer[g].pop()
+            yield dict(op, blocks=fewer)
+
+
+register(OpSpec(
+    name="add", summary="a new request enters with its block ids per KV-cache group",
+    fields={"req": INT, "blocks": BLOCK_IDS, "prompt_len": INT},
+    example={"op": "add", "req": 0, "blocks": [[1, 2], [3]], "prompt_len": 5},
+    apply=lambda t, op: t.add(op["req"], op["blocks"], op["prompt_len"]),
+    draw=_draw_add, enabled=_can_add, requests=_req, rename=_rename, narrow=_narrow_add))
+
+
+# -- append ----------------------------------------------------------------------------
+def _appendable(m) -> list[int]:
+    cfg = m.cfg
+    if not all(m.free(g) for g in cfg.attention_groups):
+        return []
+    return [r for r, s in sorted(m.ledger.requests.items())
+            if all(len(s.blocks[g]) < cfg.max_num_blocks_per_req for g in cfg.attention_groups)]
+
+
+def _draw_append(m, data) -> dict:
+    req = data.draw(st.sampled_from(_appendable(m)))
+    blocks = [[] for _ in m.cfg.groups]
+    for g in m.cfg.attention_groups:
+        blocks[g] = [data.draw(st.sampled_from(m.free(g)))]
+    return {"op": "append", "req": req, "blocks": blocks}
+
+
+register(OpSpec(
+    name="append", summary="a live request gets more blocks (attention groups)",
+    fields={"req": INT, "blocks": BLOCK_IDS},
+    example={"op": "append", "req": 0, "blocks": [[4], []]},
+    apply=lambda t, op: t.append(op["req"], op["blocks"]),
+    draw=_draw_append, enabled=lambda m: bool(_appendable(m)), requests=_req, rename=_rename))
+
+
+# -- remove ----------------------------------------------------------------------------
+def _draw_remove(m, data) -> dict:
+    return {"op": "remove", "req": data.draw(st.sampled_from(m.ledger.live()))}
+
+
+def _permit_all_blocks(config, ledger, op):
+    """The request's own blocks, any cell: freeing poisons them, a load fills them."""
+    cells = {g: {b: None for b in ids} for g, ids in enumerate(ledger.requests[op["req"]].blocks)}
+    return cells, frozenset([op["req"]])
+
+
+register(OpSpec(
+    name="remove", summary="a finished request leaves; its blocks return to the pool",
+    fields={"req": INT}, example={"op": "remove", "req": 0},
+    apply=lambda t, op: t.remove(op["req"]),
+    draw=_draw_remove, enabled=lambda m: bool(m.ledger.requests), requests=_req,
+    rename=_rename, permit=_permit_all_blocks))
