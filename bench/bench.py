@@ -19,6 +19,8 @@ import time
 from rich.console import Console
 from rich.table import Table
 
+from _recording import recording_machine  # bench/ is on sys.path when run as a script
+
 
 def _time_apply(target_factory, workload):
     from harness.core.trace import apply_op
@@ -72,7 +74,8 @@ def _throughput(config, args, device):
     original = targets.GpuImplTarget
     targets.GpuImplTarget = _timed_gpu_target(clock)
     try:
-        m = machine_mod.make_machine(config, (), "gpu_impl", device, stats)
+        m = machine_mod.make_machine(config, (), "gpu_impl", device, stats,
+                                     base=recording_machine())
         seed(args.seed)(m)
         start = time.perf_counter()
         run_state_machine_as_test(m, settings=settings(

@@ -20,17 +20,17 @@ import time
 from rich.console import Console
 from rich.table import Table
 
+from _recording import recording_machine  # bench/ is on sys.path when run as a script
+
 
 def _workload(config, examples: int, seed_: int) -> list[list[dict]]:
     from hypothesis import Phase, seed, settings
     from hypothesis.stateful import run_state_machine_as_test
 
-    from harness.search import machine
-
-    from harness.search import profiles
+    from harness.search import machine, profiles
 
     stats = {"traces": []}
-    m = machine.make_machine(config, (), "reference", None, stats)
+    m = machine.make_machine(config, (), "reference", None, stats, base=recording_machine())
     seed(seed_)(m)
     run_state_machine_as_test(m, settings=settings(
         profiles.get("dev"), max_examples=examples, phases=[Phase.generate]))

@@ -52,8 +52,8 @@ def _error_type(invariant: str) -> type:
 
 
 class BlockFuzzMachine(RuleBasedStateMachine):
-    """Subclassed per run by :func:`make_machine` with config / faults / target;
-    the op rules are attached below from the registry.
+    """Subclassed per run by :func:`make_machine` with config / faults / target
+    and one rule per registered op.
 
     ``config`` None: the geometry is drawn per example (``runner`` pins the
     runner); a config pins it.  ``stats``: ``examples`` (machines started),
@@ -116,9 +116,9 @@ def _rule_for(spec):
     return precondition(lambda self: spec.enabled(self))(decorated)
 
 
-for _spec in OPS.values():
-    if _spec.draw is not None:
-        setattr(BlockFuzzMachine, _spec.name, _rule_for(_spec))
+def op_rules() -> dict:
+    """{op name: rule} for every registered op that can be drawn."""
+    return {spec.name: _rule_for(spec) for spec in OPS.values() if spec.draw is not None}
 
 
 def make_machine(config: RunnerConfig | None, faults=(), target: str = "gpu_impl",
@@ -131,6 +131,6 @@ def make_machine(config: RunnerConfig | None, faults=(), target: str = "gpu_impl
     bench's, which records the generated ops in its ``teardown``).
     """
     return type("BlockFuzzMachine_run", (base,),
-                {"config": config, "runner": runner, "faults": tuple(faults),
+                {**op_rules(), "config": config, "runner": runner, "faults": tuple(faults),
                  "target": target, "device": device,
                  "stats": {} if stats is None else stats})

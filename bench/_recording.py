@@ -1,0 +1,20 @@
+"""Bench helper: the fuzz machine, recording the ops of every example.
+
+The benches replay the recorded workload through each layer alone; recording
+is injected here (a subclass), so production code has no bench branch.
+"""
+
+from __future__ import annotations
+
+
+def recording_machine() -> type:
+    """A :class:`harness.search.machine.BlockFuzzMachine` subclass whose teardown
+    appends the example's ops to ``stats["traces"]`` (a list the caller puts in
+    the stats dict it passes to ``make_machine``)."""
+    from harness.search.machine import BlockFuzzMachine
+
+    class Recording(BlockFuzzMachine):
+        def teardown(self):
+            self.stats["traces"].append(list(self.ops))
+
+    return Recording
