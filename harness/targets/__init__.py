@@ -115,67 +115,15 @@ class GpuImplTarget:
     def dummy_run(self, num_reqs, num_tokens, cudagraph_mode):
         self.runner.dummy_run(num_reqs, num_tokens, cudagraph_mode)
 
-    def _rows(self) -> dict:
-        """Host rows: V1 persistent batch, V2 staged tables by state index."""
-        r = self.runner
-        if self.config.runner == "v2":
-            bt = r.block_tables
-            return dict(host_block_table=[t.np.copy() for t in bt.block_tables],
-                        host_num_blocks_per_row=[n.np.copy() for n in bt.num_blocks],
-                        host_req_ids=r.state_rows(),
-                        num_computed_tokens=r.num_computed_tokens.copy(),
-                        num_prompt_tokens=r.num_prompt_tokens.copy())
-        batch = r.input_batch
-        tables = batch.block_table.block_tables
-        return dict(host_block_table=[t.block_table.np.copy() for t in tables],
-                    host_num_blocks_per_row=[t.num_blocks_per_row.copy() for t in tables],
-                    host_req_ids=batch.req_ids.copy(),
-                    num_computed_tokens=batch.num_computed_tokens.copy(),
-                    num_prompt_tokens=batch.num_prompt_tokens.copy())
-
-    def _width(self, group: int) -> int | None:
-        """Block-table columns to report (None: all the runner has)."""
-        return None
-
     def observe(self) -> Observation:
-        r = self.runner
-
-        def host(t):
-            return t.detach().cpu().numpy().copy()
-
-        rows = self._rows()
-        dummy = None
-        if self.config.runner == "v2" and r.last_forward is not None and r.last_forward.dummy \
-                and r.dummy_tables is not None:
-            dummy = [(not bool(v.any()), v.data_ptr() == t.data_ptr())
-                     for v, t in zip(r.dummy_tables, r.block_tables.input_block_tables)]
-        groups = range(len(self.config.groups))
-        rows["host_block_table"] = [t[:, :self._width(g)]
-                                    for g, t in zip(groups, rows["host_block_table"])]
-        current = r.buffers()
-        return Observation(
-            runner=self.config.runner,
-            rows_indexed_by=rows_indexed_by(self.config.runner),
-            **rows,
-            device_block_table=[host(r.kernel_table(g))[:, :self._width(g)] for g in groups],
-            kv_cache={g: host(v) for g, v in r.kv_caches.items()},
-            mamba_state={g: host(v) for g, v in r.mamba_states.items()},
-            slot_mapping={g: host(v) for g, v in r.slot_mappings.items()},
-            state_indices={g: host(v) for g, v in r.state_indices.items()},
-            attn_out={g: host(v) for g, v in r.attn_out.items()},
-            last_forward=r.last_forward,
-            graph_ptrs={size: {name: (ptr, current[name].data_ptr())
-                               for name, ptr in g.captured_ptrs.items()}
-                        for size, g in sorted(r.graphs.items())},
-            dummy_tables=dummy,
-        )
+        return Observation(runner=self.config.runner,
+                           rows_indexed_by=rows_indexed_by(self.config.runner),
+                           **self.runner.snapshot())
 
 
 class VllmTarget(GpuImplTarget):
-    """The installed vLLM's block-table classes as a target (:mod:`harness.vllm_target`).
-
-    Observations report the columns the reference has: vLLM V1 pads each row
-    to an alignment its attention backends need (columns nothing writes).
+    """The installed vLLM's block-table classes as a target (:mod:`harness.targets.vllm`),
+    driven by gpu_impl's fault-free runner shells (:mod:`harness.targets.vllm_runners`).
     Raises ``TargetUnavailable`` / ``TargetRefused`` (both exit 2 in the CLI).
     """
 
@@ -186,24 +134,6 @@ class VllmTarget(GpuImplTarget):
 
         self.config = config
         self.runner = make_vllm_runner(config, device)
-
-    def _width(self, group: int) -> int:
-        cfg = self.config
-        spec = cfg.groups[group]
-        return cfg.blocks_per_req_max(group) * (spec.block_size // self.runner.kernel_block_size(
-            group) if spec.kind == "attention" else 1)
-
-    def _rows(self) -> dict:
-        if self.config.runner == "v1":
-            return super()._rows()
-        from harness.targets.vllm import staged_rows
-
-        r = self.runner
-        tables, counts = staged_rows(r.block_tables, self.config.max_num_reqs)
-        return dict(host_block_table=tables, host_num_blocks_per_row=counts,
-                    host_req_ids=r.state_rows(),
-                    num_computed_tokens=r.num_computed_tokens.copy(),
-                    num_prompt_tokens=r.num_prompt_tokens.copy())
 
 
 TARGETS = ("gpu_impl", "reference", "vllm")

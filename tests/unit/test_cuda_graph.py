@@ -15,7 +15,7 @@ def test_capture_records_and_replay_reads_current_buffer_contents(device):
     slots = torch.full((4,), -1, dtype=torch.int64)
     kv = torch.zeros((2, 4, 4), dtype=torch.float32)
     graph = Graph(device)
-    with graph.capture({"hidden": hidden, "slots": slots, "kv": kv}):
+    with graph.capture():
         reshape_and_cache(hidden, slots, kv, 2)  # scalar num_tokens=2 is captured
     assert graph.num_launches == 1 and not kv.any()  # capture does not execute
     hidden.fill_(3.0)
@@ -32,9 +32,9 @@ def test_replay_keeps_captured_storage_even_if_runner_rebinds():
     slots = torch.tensor([0, -1, -1, -1])
     kv = torch.zeros((1, 4, 4))
     graph = Graph(torch.device("cpu"))
-    with graph.capture({"kv": kv}):
+    with graph.capture():
         reshape_and_cache(hidden, slots, kv, 1)
-    captured = graph.captured_ptrs["kv"]
+    captured = dict(graph.launches[0].tensors())["kv_cache_ptr"].data_ptr()
     kv = torch.zeros((1, 4, 4))  # the runner reallocates
     graph.replay()
     assert not kv.any() and captured != kv.data_ptr()
