@@ -5,9 +5,11 @@ A target takes ops through the op methods (``add``, ``append``, ``remove``,
 ``condense``, ``swap``, ``kv_load``, ``step``, ``dummy_run`` — the names of
 :func:`harness.trace.apply_op`) and reports its state as an
 :class:`Observation` of NumPy copies, so invariants are pure functions of
-observations.  To target another engine, write a class with these methods
-that drives the engine's own block tables and runner calls, and returns the
-same observation fields (``None`` where the engine has no such buffer).
+observations.  Targets are registered in :data:`REGISTRY` (one
+:class:`~harness.targets.registry.TargetSpec` each: factory, device policy,
+refusal, geometry limits, version); everything else looks them up with
+:func:`target_spec` / :func:`make_target`.  To target another engine, see
+docs/writing-a-target.md.
 """
 
 from __future__ import annotations
@@ -18,6 +20,14 @@ from typing import Protocol
 from reference import ReferenceV1Runner, ReferenceV2Runner, RunnerConfig
 
 from harness.core.observation import Observation, rows_indexed_by
+from harness.targets import vllm
+from harness.targets.registry import (TargetRefused, TargetSpec, TargetUnavailable,
+                                      registry_of)
+from harness.targets.runner_target import RunnerTarget
+
+__all__ = ["REGISTRY", "TARGETS", "GpuImplTarget", "Observation", "ReferenceTarget",
+           "RunnerTarget", "Target", "TargetRefused", "TargetSpec", "TargetUnavailable",
+           "make_target", "target_spec"]
 
 
 class Target(Protocol):
@@ -76,10 +86,19 @@ def ReferenceTarget(config: RunnerConfig):  # noqa: N802 (a factory used like a 
     return (_ReferenceV2Target if config.runner == "v2" else _ReferenceV1Target)(config)
 
 
-class GpuImplTarget:
-    """gpu_impl's V1 model runner as a target (Triton kernels, graphs, faults)."""
+def _gpu_impl_device(requested: str | None) -> str:
+    """gpu_impl runs where Triton does: CUDA, or the CPU under the interpreter."""
+    from gpu_impl.device import DeviceError, select_device
 
-    name = "gpu_impl"
+    try:
+        return select_device(requested).type
+    except DeviceError as e:
+        raise TargetUnavailable(str(e)) from None
+
+
+class GpuImplTarget(RunnerTarget):
+    """gpu_impl's V1 / V2 model runner as a target (Triton kernels, graphs, faults).
+    faults: fault ids (``gpu_impl.faults.CATALOGUE``); device: auto/cpu/cuda/None."""
 
     def __init__(self, config: RunnerConfig, faults=(), device: str | None = None):
         from gpu_impl.device import select_device
@@ -87,77 +106,50 @@ class GpuImplTarget:
         dev = select_device(device)
         from gpu_impl import FaultSet, GPUModelRunnerV1, GPUModelRunnerV2
 
-        self.config = config
         cls = GPUModelRunnerV2 if config.runner == "v2" else GPUModelRunnerV1
-        self.runner = cls(config, FaultSet(faults), dev)
-
-    def add(self, req, blocks, prompt_len):
-        self.runner.add_request(req, blocks, prompt_len)
-
-    def append(self, req, blocks):
-        self.runner.append_blocks(req, blocks)
-
-    def remove(self, req):
-        self.runner.finish_request(req)
-
-    def condense(self):
-        self.runner.condense()
-
-    def swap(self, i, j):
-        self.runner.swap_states(i, j)
-
-    def kv_load(self, req):
-        self.runner.kv_load(req)
-
-    def step(self, scheduled, cudagraph_mode):
-        self.runner.execute_model(scheduled, cudagraph_mode)
-
-    def dummy_run(self, num_reqs, num_tokens, cudagraph_mode):
-        self.runner.dummy_run(num_reqs, num_tokens, cudagraph_mode)
-
-    def observe(self) -> Observation:
-        return Observation(runner=self.config.runner,
-                           rows_indexed_by=rows_indexed_by(self.config.runner),
-                           **self.runner.snapshot())
+        super().__init__("gpu_impl", cls(config, FaultSet(faults), dev))
 
 
-class VllmTarget(GpuImplTarget):
-    """The installed vLLM's block-table classes as a target (:mod:`harness.targets.vllm`),
-    driven by gpu_impl's fault-free runner shells (:mod:`harness.targets.vllm_runners`).
-    Raises ``TargetUnavailable`` / ``TargetRefused`` (both exit 2 in the CLI).
-    """
-
-    name = "vllm"
-
-    def __init__(self, config: RunnerConfig, device: str | None = None):
-        from harness.targets.vllm import make_vllm_runner
-
-        self.config = config
-        self.runner = make_vllm_runner(config, device)
+def _gpu_impl_target(config: RunnerConfig, faults=(), device: str | None = None):
+    return GpuImplTarget(config, faults, device)  # looked up per call (bench times a subclass)
 
 
-TARGETS = ("gpu_impl", "reference", "vllm")
+def _reference_target(config: RunnerConfig, faults=(), device: str | None = None):
+    return ReferenceTarget(config)
+
+
+REFERENCE = TargetSpec(name="reference", description="the NumPy oracle against itself",
+                       factory=_reference_target, select_device=lambda requested: "cpu")
+GPU_IMPL = TargetSpec(name="gpu_impl", description="gpu_impl (Triton kernels, CUDA graphs, "
+                      "switchable faults)", factory=_gpu_impl_target,
+                      select_device=_gpu_impl_device, takes_faults=True)
+
+# The registered targets, in --target order: add a new engine's spec here.
+REGISTRY: dict[str, TargetSpec] = registry_of(GPU_IMPL, REFERENCE, vllm.SPEC)
+TARGETS = tuple(REGISTRY)
+
+
+def target_spec(name: str) -> TargetSpec:
+    """The registered target ``name``; ``ValueError`` naming the known ones otherwise."""
+    if name not in REGISTRY:
+        raise ValueError(f"unknown target {name!r}; known: {', '.join(TARGETS)}")
+    return REGISTRY[name]
 
 
 def make_target(kind: str, config: RunnerConfig, faults=(), device: str | None = None):
-    """``kind``: ``gpu_impl``, ``reference`` or ``vllm``. Raises ValueError for others
-    (and the vllm target's ``TargetUnavailable`` / ``TargetRefused``).
+    """The registered target ``kind`` for ``config``.  Raises ValueError for an unknown
+    name or faults on a target without them, and the target's ``TargetUnavailable`` /
+    ``TargetRefused``.
 
-    ``$BLOCKFUZZ_FAULTS`` (comma-separated ids) adds faults to every gpu_impl
-    target of the process: the way to watch a regression test fail with its
-    fault on (``BLOCKFUZZ_FAULTS=vacated-row-not-cleared pytest tests/regression``).
+    ``$BLOCKFUZZ_FAULTS`` (comma-separated ids) adds faults to every target that
+    takes them (gpu_impl) in the process: the way to watch a regression test fail
+    with its fault on (``BLOCKFUZZ_FAULTS=vacated-row-not-cleared pytest tests/regression``).
     """
-    extra = [f for f in os.environ.get("BLOCKFUZZ_FAULTS", "").split(",") if f]
-    if kind == "gpu_impl":
+    spec = target_spec(kind)
+    if spec.takes_faults:
+        extra = [f for f in os.environ.get("BLOCKFUZZ_FAULTS", "").split(",") if f]
         faults = tuple(sorted(set(faults) | set(extra)))
-        return GpuImplTarget(config, faults, device)
-    if kind == "reference":
-        if faults:
-            raise ValueError("the reference has no faults; use --target gpu_impl")
-        return ReferenceTarget(config)
-    if kind == "vllm":
-        if faults:
-            raise ValueError("faults live in gpu_impl; the vllm target runs the installed "
-                             "release as it is")
-        return VllmTarget(config, device)
-    raise ValueError(f"unknown target {kind!r}; known: {', '.join(TARGETS)}")
+    elif faults:
+        raise ValueError(f"faults live in gpu_impl; the {kind} target has none "
+                         "(use --target gpu_impl)")
+    return spec.factory(config, tuple(faults), device)

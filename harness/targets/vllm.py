@@ -48,20 +48,9 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+from harness.targets.registry import TargetRefused, TargetSpec, TargetUnavailable
 
-class TargetUnavailable(RuntimeError):
-    """vLLM is not installed, or cannot be imported in this process."""
-
-
-class TargetRefused(ValueError):
-    """The installed release's classes cannot express this configuration.
-
-    ``field`` names the config field (``groups[0].kernel_block_size``).
-    """
-
-    def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}")
-        self.field = field
+__all__ = ["SPEC", "TargetRefused", "TargetUnavailable", "load", "make_vllm_runner", "refusal"]
 
 
 def installed_version() -> str | None:
@@ -237,6 +226,34 @@ def _kwargs_for(fn, candidates: dict) -> dict:
     return {k: v for k, v in candidates.items() if k in params}
 
 
+def select_device(requested: str | None) -> str:
+    """The vllm target's device policy: the CPU, under the Triton interpreter; loads
+    vLLM now (its environment must precede Triton's import).  Raises
+    :class:`TargetUnavailable` for ``cuda`` or without a usable vLLM."""
+    if requested == "cuda":
+        raise TargetUnavailable("--device cuda: the vllm target runs vLLM's classes on the "
+                                "CPU under the Triton interpreter; use --device cpu or auto")
+    try:
+        load()
+    except TargetUnavailable as e:
+        raise TargetUnavailable(f"--target vllm: {e}") from None
+    return "cpu"
+
+
+def version_string() -> str | None:
+    """``vLLM <release>`` of the installed release, None without one."""
+    version = installed_version()
+    return None if version is None else f"vLLM {version}"
+
+
+def make_target(config, faults=(), device: str | None = None):
+    """The ``vllm`` target for ``config`` (faults are refused by the registry first)."""
+    from harness.targets.runner_target import RunnerTarget
+
+    assert not faults, "faults live in gpu_impl"
+    return RunnerTarget("vllm", make_vllm_runner(config, device))
+
+
 def make_vllm_runner(config, device: str | None = None):
     """A model runner over the installed vLLM's block tables for ``config``.
 
@@ -273,3 +290,10 @@ def staged_rows(tables, max_num_reqs: int) -> tuple[list[np.ndarray], list[np.nd
         rows.append(host)
         counts.append(np.asarray(tables.num_blocks.np[g, :max_num_reqs], np.int32).copy())
     return rows, counts
+
+
+SPEC = TargetSpec(
+    name="vllm", description="the installed vLLM's own block-table classes",
+    factory=make_target, select_device=select_device, takes_faults=False,
+    refusal=refusal, limits=geometry_limits,
+    version=version_string)
