@@ -5,7 +5,7 @@ import torch
 
 import gpu_impl.device  # noqa: F401  (kernel modules select the device before triton)
 from gpu_impl.attention import reshape_and_cache
-from gpu_impl.cuda_graph import Graph
+from gpu_impl.cuda_graph import Graph, record_launches
 
 
 def test_capture_records_and_replay_reads_current_buffer_contents(device):
@@ -38,3 +38,35 @@ def test_replay_keeps_captured_storage_even_if_runner_rebinds():
     kv = torch.zeros((1, 4, 4))  # the runner reallocates
     graph.replay()
     assert not kv.any() and captured != kv.data_ptr()
+
+
+def test_record_launches_records_without_running(device):
+    hidden = torch.ones((4, 4), device=device)
+    kv = torch.zeros((1, 4, 4), device=device)
+    with record_launches() as launches:
+        reshape_and_cache(hidden, torch.tensor([0, 1, -1, -1], device=device), kv, 2)
+    assert len(launches) == 1 and not kv.any()
+    names = [name for name, _ in launches[0].tensors()]
+    assert names == ["hidden_ptr", "slot_mapping_ptr", "kv_cache_ptr"]
+
+
+def _runner(faults, device):
+    from gpu_impl import FaultSet, GPUModelRunnerV1
+    from reference import RunnerConfig
+
+    return GPUModelRunnerV1(RunnerConfig(), FaultSet(faults), device)
+
+
+def test_graph_addresses_come_from_recorded_launches(device):
+    """graph_ptrs: what each captured graph's launches read against what the runner
+    would launch with now; equal on the fixed runner, the rebound slot mapping shows
+    (fault captured-buffer-rebound) although the runner's buffer list looks consistent."""
+    fixed = _runner((), device).graph_addresses()
+    assert fixed and all(a == b for ptrs in fixed.values() for a, b in ptrs.values())
+    assert all("slot_mapping[0]" in ptrs and "block_table[0]" in ptrs
+               for ptrs in fixed.values())
+    broken = _runner(("captured-buffer-rebound",), device).graph_addresses()
+    assert all(ptrs["slot_mapping[0]"][0] != ptrs["slot_mapping[0]"][1]
+               for ptrs in broken.values())
+    assert all(a == b for ptrs in broken.values() for name, (a, b) in ptrs.items()
+               if name != "slot_mapping[0]")
