@@ -9,26 +9,67 @@ captured tensors (same storage) and the captured scalar arguments, so only the
 *contents* of buffers can change between replays — the property that makes
 stale persistent buffers dangerous, and the one this emulation keeps.
 
-A graph also remembers the ``data_ptr`` of every tensor it captured, so the
-``GRAPH_ADDRESSES_STABLE`` invariant can compare them with the runner's live
-buffers.
+On both devices a graph keeps its recorded :class:`Launch` records, so the
+``GRAPH_ADDRESSES_STABLE`` invariant can compare the ``data_ptr`` each recorded
+launch reads with the tensor the runner would launch with now
+(:func:`record_launches` records launches without running them).
 """
 
 from __future__ import annotations
 
 import contextlib
+from typing import NamedTuple
 
 import torch
 
-_recording: list | None = None  # launches of the CPU graph being captured
+_recording: list | None = None  # launches of the capture / recording in progress
+_record_only = True  # False while a CUDA graph captures: launches also run (into the graph)
+
+
+class Launch(NamedTuple):
+    """One recorded kernel launch: the Triton kernel, its grid and arguments."""
+
+    kernel: object
+    grid: tuple
+    args: tuple
+    kwargs: dict
+
+    def tensors(self) -> list[tuple[str, torch.Tensor]]:
+        """(kernel parameter name, tensor) for every tensor argument, in order."""
+        names = getattr(self.kernel, "arg_names", None) or []
+        out = [(names[i] if i < len(names) else f"arg{i}", a)
+               for i, a in enumerate(self.args) if isinstance(a, torch.Tensor)]
+        return out + [(k, v) for k, v in self.kwargs.items() if isinstance(v, torch.Tensor)]
+
+    @property
+    def name(self) -> str:
+        return getattr(self.kernel, "__name__", type(self.kernel).__name__)
 
 
 def launch(kernel, grid, *args, **kwargs) -> None:
-    """Launch a Triton kernel, or record it when a CPU graph is capturing."""
+    """Launch a Triton kernel, or record it when a graph captures / launches are recorded."""
     if _recording is not None:
-        _recording.append((kernel, grid, args, kwargs))
-        return
+        _recording.append(Launch(kernel, grid, args, kwargs))
+        if _record_only:
+            return
     kernel[grid](*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _recording_into(launches: list, execute: bool):
+    global _recording, _record_only
+    assert _recording is None, "nested graph capture or launch recording"
+    _recording, _record_only = launches, not execute
+    try:
+        yield launches
+    finally:
+        _recording, _record_only = None, True
+
+
+def record_launches():
+    """Context manager yielding a list of the :class:`Launch` es made in its body,
+    which are recorded and not run (on any device)."""
+    return _recording_into([], execute=False)
 
 
 class Graph:
@@ -37,25 +78,17 @@ class Graph:
     def __init__(self, device: torch.device):
         self.device = device
         self._cuda_graph = torch.cuda.CUDAGraph() if device.type == "cuda" else None
-        self._launches: list = []
-        self.captured_ptrs: dict[str, int] = {}
+        self._launches: list[Launch] = []
 
     @contextlib.contextmanager
-    def capture(self, buffers: dict[str, torch.Tensor]):
-        """Capture launches made in the ``with`` body; ``buffers`` names the
-        persistent tensors whose addresses the graph now depends on."""
-        global _recording
-        self.captured_ptrs = {name: t.data_ptr() for name, t in sorted(buffers.items())}
+    def capture(self):
+        """Capture launches made in the ``with`` body (recorded on every device)."""
         if self._cuda_graph is not None:
-            with torch.cuda.graph(self._cuda_graph):
+            with torch.cuda.graph(self._cuda_graph), _recording_into(self._launches, True):
                 yield self
             return
-        assert _recording is None, "nested graph capture"
-        _recording = self._launches
-        try:
+        with _recording_into(self._launches, False):
             yield self
-        finally:
-            _recording = None
 
     def replay(self) -> None:
         if self._cuda_graph is not None:
@@ -63,6 +96,11 @@ class Graph:
             return
         for kernel, grid, args, kwargs in self._launches:
             kernel[grid](*args, **kwargs)
+
+    @property
+    def launches(self) -> tuple[Launch, ...]:
+        """The recorded launches, in capture order (their tensors are what replays read)."""
+        return tuple(self._launches)
 
     @property
     def num_launches(self) -> int:

@@ -15,7 +15,8 @@ class Fault:
     """One fault: id, runners it applies to, what it does, where it came from,
     and the invariant expected to catch it first (``also``: others that do on
     some traces — e.g. a wrong slot that lands in a cell the owner may write is
-    only visible as a value the reference does not have)."""
+    only visible as a value the reference does not have); ``family`` groups the
+    catalogue (``core``: the block-table / dummy-run / graph bugs)."""
 
     id: str
     runners: tuple[str, ...]
@@ -23,10 +24,12 @@ class Fault:
     source: str
     invariant: str
     also: tuple[str, ...] = ()  # invariants that catch it first on some traces
+    family: str = "core"  # the fault family (catalogue grouping); every fault so far: core
 
     def to_json(self) -> dict:
-        return {"id": self.id, "runners": list(self.runners), "description": self.description,
-                "source": self.source, "invariant": self.invariant, "also": list(self.also)}
+        return {"id": self.id, "family": self.family, "runners": list(self.runners),
+                "description": self.description, "source": self.source,
+                "invariant": self.invariant, "also": list(self.also)}
 
     def caught_by(self, invariant: str) -> bool:
         return invariant == self.invariant or invariant in self.also
@@ -88,6 +91,15 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "vLLM #24486 (map_to_kernel_blocks: a row's capacity is multiplied by "
           "block_size // kernel_block_size) and #38831 (V2 gather with per-group widths)",
           "MATCHES_REFERENCE"),
+    Fault("captured-buffer-rebound", ("v1", "v2"),
+          "after start-up graph capture the runner re-allocates a persistent slot-mapping "
+          "buffer instead of writing it in place: eager steps stage into the new tensor, "
+          "captured FULL graphs keep reading the old one (seen at start-up)",
+          "vllm/v1/worker/gpu_model_runner.py allocates its input and metadata buffers once "
+          "('Persistent buffers for CUDA graphs') and fills them in place, because a captured "
+          "graph replays the addresses it recorded; vllm-project/vllm PR #5074 (cudagraph "
+          "input/output buffers shared across capture sizes)",
+          "GRAPH_ADDRESSES_STABLE"),
 )}
 
 

@@ -27,6 +27,12 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message}")
 
 
+def _target_names() -> list[str]:
+    from harness.targets import TARGETS
+
+    return list(TARGETS)
+
+
 def _add_common(p: argparse.ArgumentParser, faults: bool = True) -> None:
     if faults:
         p.add_argument("--fault", action="append", default=[], metavar="ID",
@@ -34,7 +40,7 @@ def _add_common(p: argparse.ArgumentParser, faults: bool = True) -> None:
     p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"],
                    help="cpu runs Triton in interpreter mode with emulated graphs "
                         "(default: $BLOCKFUZZ_DEVICE or auto)")
-    p.add_argument("--target", default="gpu_impl", choices=["gpu_impl", "reference", "vllm"],
+    p.add_argument("--target", default="gpu_impl", choices=_target_names(),
                    help="implementation under test: gpu_impl, the installed vLLM's own "
                         "block-table classes (vllm), or the oracle itself (reference)")
 
@@ -86,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a seed running longer is killed and recorded as a crash")
     p.add_argument("--examples-per-seed", type=int, default=25)
     p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"])
-    p.add_argument("--target", default="gpu_impl", choices=["gpu_impl", "vllm"],
+    p.add_argument("--target", default="gpu_impl",
+                   choices=[t for t in _target_names() if t != "reference"],
                    help="implementation under test (vllm: the installed release's classes)")
 
     p = sub.add_parser("faults", help="the fault catalogue")
@@ -222,24 +229,12 @@ def _check_trace_faults(faults: list[str], runner: str, source: str) -> None:
 
 
 def _select_device(device: str, target: str) -> str:
-    if target == "vllm":
-        from harness.targets.vllm import TargetUnavailable, load
-
-        if device == "cuda":
-            raise UsageError("--device cuda: the vllm target runs vLLM's classes on the CPU "
-                             "under the Triton interpreter; use --device cpu or auto")
-        try:
-            load()  # sets its environment before Triton is imported; fails early
-        except TargetUnavailable as e:
-            raise UsageError(f"--target vllm: {e}") from None
-        return "cpu"
-    if target != "gpu_impl":
-        return "cpu"
-    from gpu_impl.device import DeviceError, select_device
+    """The device kind ``target`` runs on (its registered device policy)."""
+    from harness.targets import TargetUnavailable, target_spec
 
     try:
-        return select_device(device).type
-    except DeviceError as e:
+        return target_spec(target).select_device(device)
+    except TargetUnavailable as e:
         raise UsageError(str(e)) from None
 
 
@@ -253,11 +248,11 @@ def _replay_command(path: Path, faults: list[str], device: str,
 
 def _check_target(config, target: str, source: str) -> None:
     """A config the target cannot express: one line naming the source and field."""
-    if target != "vllm" or config is None:
+    if config is None:
         return
-    from harness.targets.vllm import refusal
+    from harness.targets import target_spec
 
-    refused = refusal(config)
+    refused = target_spec(target).refusal(config)
     if refused is not None:
         raise UsageError(f"{source}: config.{refused}")
 

@@ -58,9 +58,8 @@ def runner_configs(draw, runner: str | None = None,
 
 def target_limits(target: str) -> dict:
     """Keyword arguments for :func:`runner_configs` that keep the drawn geometry
-    within what ``target`` can express (the vllm target asks the installed release)."""
-    if target != "vllm":
-        return {}
-    from harness.targets.vllm import geometry_limits
+    within what ``target`` can express (its registered ``limits``; the vllm target
+    asks the installed release)."""
+    from harness.targets import target_spec
 
-    return geometry_limits()
+    return target_spec(target).limits()

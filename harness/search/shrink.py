@@ -115,7 +115,7 @@ def legalize(config, ops: list[dict]) -> list[dict]:
 def _fails(trace: Trace, invariant: str, faults, target, device) -> int | None:
     """ops run until the violation when ``trace`` fails ``invariant``, else None
     (also when ``target`` cannot express the candidate's config)."""
-    from harness.targets.vllm import TargetRefused
+    from harness.targets import TargetRefused
 
     try:
         verdict = replay(trace, faults, target, device)

@@ -3,8 +3,9 @@
 The V1 target drives ``vllm.v1.worker.block_table.MultiGroupBlockTable`` (one
 ``BlockTable`` per KV-cache group), the V2 target
 ``vllm.v1.worker.gpu.block_table.BlockTables``, from the same model-runner code
-as gpu_impl (:mod:`gpu_impl.runner_base`): every block-table call a model
-runner makes goes to vLLM's class —
+as gpu_impl — its fault-free shells, :mod:`gpu_impl.runner_shell_v1` /
+:mod:`gpu_impl.runner_shell_v2`, subclassed in :mod:`harness.targets.vllm_runners`
+— and every block-table call a model runner makes goes to vLLM's class —
 
 - V1: ``add_row`` / ``append_row`` / ``clear_row`` (request removal) /
   ``move_row`` (condense) / ``swap_row`` on the host rows,
@@ -47,22 +48,9 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from gpu_impl.faults import FaultSet
+from harness.targets.registry import TargetRefused, TargetSpec, TargetUnavailable
 
-
-class TargetUnavailable(RuntimeError):
-    """vLLM is not installed, or cannot be imported in this process."""
-
-
-class TargetRefused(ValueError):
-    """The installed release's classes cannot express this configuration.
-
-    ``field`` names the config field (``groups[0].kernel_block_size``).
-    """
-
-    def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}")
-        self.field = field
+__all__ = ["SPEC", "TargetRefused", "TargetUnavailable", "load", "make_vllm_runner", "refusal"]
 
 
 def installed_version() -> str | None:
@@ -238,138 +226,32 @@ def _kwargs_for(fn, candidates: dict) -> dict:
     return {k: v for k, v in candidates.items() if k in params}
 
 
-def _runner_classes():
-    from gpu_impl import GPUModelRunnerV1, GPUModelRunnerV2
+def select_device(requested: str | None) -> str:
+    """The vllm target's device policy: the CPU, under the Triton interpreter; loads
+    vLLM now (its environment must precede Triton's import).  Raises
+    :class:`TargetUnavailable` for ``cuda`` or without a usable vLLM."""
+    if requested == "cuda":
+        raise TargetUnavailable("--device cuda: the vllm target runs vLLM's classes on the "
+                                "CPU under the Triton interpreter; use --device cpu or auto")
+    try:
+        load()
+    except TargetUnavailable as e:
+        raise TargetUnavailable(f"--target vllm: {e}") from None
+    return "cpu"
 
-    class VllmV1Runner(GPUModelRunnerV1):
-        """gpu_impl's V1 runner with vLLM's ``MultiGroupBlockTable`` as its tables."""
 
-        def _init_tables(self) -> None:
-            super()._init_tables()  # our InputBatch: request rows and counters
-            vllm, cfg = load(), self.config
-            sizes, kernel = _group_sizes(cfg)
-            widths = [cfg.blocks_per_req_max(g) for g in range(len(cfg.groups))]
-            cand = dict(max_num_reqs=cfg.max_num_reqs,
-                        max_num_batched_tokens=cfg.max_num_batched_tokens, pin_memory=False,
-                        device=self.device, block_sizes=sizes, kernel_block_sizes=kernel,
-                        max_num_blocks=widths,
-                        cp_kv_cache_interleave_size=cfg.cp_kv_cache_interleave_size)
-            if vllm.v1_slot_mapping_modes and vllm.SlotMappingMode is not None:
-                modes = vllm.SlotMappingMode
-                cand["slot_mapping_modes"] = [
-                    modes.TOKEN_TO_KV_SLOT if s.kind == "attention" else modes.NONE
-                    for s in cfg.groups]
-            tables = vllm.MultiGroupBlockTable(
-                **_kwargs_for(vllm.MultiGroupBlockTable.__init__, cand))
-            for g in self.attn_groups:
-                # vLLM reads these from the decode-context-parallel group at
-                # construction; a single process has none, so set what it would give.
-                tables[g].dcp_world_size = cfg.dcp_world_size
-                tables[g].dcp_rank = cfg.dcp_rank
-                self.slot_mappings[g] = tables[g].slot_mapping.gpu
-            self.input_batch.block_table = tables
-            self._num_reqs = self._num_tokens = 0
+def version_string() -> str | None:
+    """``vLLM <release>`` of the installed release, None without one."""
+    version = installed_version()
+    return None if version is None else f"vLLM {version}"
 
-        def kernel_block_size(self, group: int) -> int:
-            return self.input_batch.block_table[group].block_size
 
-        def _stage_tables(self, batch, reqs_padded) -> None:
-            self._num_reqs = len(batch)
-            self._num_tokens = sum(n for _, n, _ in batch)
-            self.input_batch.block_table.commit_block_table(reqs_padded)
+def make_target(config, faults=(), device: str | None = None):
+    """The ``vllm`` target for ``config`` (faults are refused by the registry first)."""
+    from harness.targets.runner_target import RunnerTarget
 
-        def _prepare_dummy(self, reqs_padded, warmup) -> None:
-            self._update_states({})  # an idle rank: every request leaves the batch
-            self.input_batch.block_table.commit_block_table(reqs_padded)
-
-        def _compute_slot_mapping(self, group: int, tokens_padded: int) -> None:
-            self.input_batch.block_table[group].compute_slot_mapping(
-                self._num_reqs, self.query_start_loc.gpu[:self._num_reqs + 1],
-                self.positions.gpu[:self._num_tokens])
-
-        def _fill_dummy_slots(self, num_tokens, tokens_padded, warmup) -> None:
-            for g in self.attn_groups:  # vLLM's _dummy_run: no real slots, all -1
-                self.slot_mappings[g][:tokens_padded].fill_(-1)
-
-    class VllmV2Runner(GPUModelRunnerV2):
-        """gpu_impl's V2 runner with vLLM's ``BlockTables`` as its tables."""
-
-        def _init_tables(self) -> None:
-            super()._init_tables()  # state indices, counters, idx_mapping
-            vllm, cfg = load(), self.config
-            sizes, kernel = _group_sizes(cfg)
-            attn = [s.kind == "attention" for s in cfg.groups]
-            cand = dict(block_sizes=sizes, max_num_reqs=cfg.max_num_reqs,
-                        max_num_batched_tokens=cfg.max_num_batched_tokens,
-                        max_num_blocks_per_group=[cfg.blocks_per_req_max(g)
-                                                  for g in range(len(cfg.groups))],
-                        device=self.device, kernel_block_sizes=kernel,
-                        slot_mapping_enabled=attn, dcp_sharded=attn,
-                        cp_size=cfg.dcp_world_size, cp_rank=cfg.dcp_rank,
-                        cp_interleave=cfg.cp_kv_cache_interleave_size)
-            self.block_tables = tables = vllm.BlockTables(
-                **_kwargs_for(vllm.BlockTables.__init__, cand))
-            self.kernel_sizes = kernel if vllm.v2_kernel_blocks else sizes
-            for g in self.attn_groups:
-                self.slot_mappings[g] = tables.slot_mappings[g]
-            self._num_reqs = 0
-            self._pending: set[int] = set()  # state indices with a staged write
-
-        def kernel_block_size(self, group: int) -> int:
-            return self.kernel_sizes[group]
-
-        # Staged writes are applied once per step, as vLLM's runner does (all the
-        # adds / appends of one scheduler output in one launch).  vLLM stages at
-        # most one write per request between two steps (a new request arrives with
-        # all its blocks), and 0.26's fused writer is sized for exactly that; a
-        # trace can stage a second write to the same state index (add then append,
-        # or remove and re-add) — that starts a new scheduler output: flush first.
-        def _stage_write(self, index: int) -> None:
-            if index in self._pending:
-                self.block_tables.apply_staged_writes()
-                self._pending.clear()
-            self._pending.add(index)
-
-        def _rows_add(self, req, state) -> None:
-            self._stage_write(self.free_index())
-            super()._rows_add(req, state)
-
-        def _rows_append(self, req, block_ids) -> None:
-            self._stage_write(self.req_index[req])
-            super()._rows_append(req, block_ids)
-
-        def _rows_remove(self, req) -> None:
-            # vLLM keeps a finished request's staged row; add overwrites it on reuse.
-            index = self.req_index.pop(req)
-            self.num_computed_tokens[index] = 0
-            self.num_prompt_tokens[index] = 0
-
-        def _stage_tables(self, batch, reqs_padded) -> None:
-            indices = [self.req_index[req] for req, _, _ in batch]
-            self._num_reqs = len(indices)
-            self.idx_mapping.np[:len(indices)] = indices
-            self.idx_mapping.copy_to_gpu()
-            self.block_tables.apply_staged_writes()
-            self._pending.clear()
-            self.block_tables.gather_block_tables(self.idx_mapping.gpu[:len(indices)],
-                                                  reqs_padded)
-
-        def _compute_slot_mapping(self, group: int, tokens_padded: int) -> None:
-            if group != self.attn_groups[0]:
-                return  # one launch computes every group's slot mapping
-            n = self._num_reqs
-            num_tokens = int(self.query_start_loc.np[n])
-            self.block_tables.compute_slot_mappings(
-                self.idx_mapping.gpu[:n], self.query_start_loc.gpu[:n + 1],
-                self.positions.gpu[:num_tokens], tokens_padded)
-
-        def _prepare_dummy(self, reqs_padded, warmup) -> None:
-            self.dummy_tables = list(self.block_tables.get_dummy_block_tables(reqs_padded))
-
-        def _fill_dummy_slots(self, num_tokens, tokens_padded, warmup) -> None:
-            self.block_tables.get_dummy_slot_mappings(num_tokens)
-
-    return VllmV1Runner, VllmV2Runner
+    assert not faults, "faults live in gpu_impl"
+    return RunnerTarget("vllm", make_vllm_runner(config, device))
 
 
 def make_vllm_runner(config, device: str | None = None):
@@ -385,8 +267,10 @@ def make_vllm_runner(config, device: str | None = None):
     refused = refusal(config, vllm)
     if refused is not None:
         raise refused
-    v1, v2 = _runner_classes()
-    return (v2 if config.runner == "v2" else v1)(config, FaultSet(()), torch.device("cpu"))
+    from harness.targets.vllm_runners import VllmV1Runner, VllmV2Runner
+
+    cls = VllmV2Runner if config.runner == "v2" else VllmV1Runner
+    return cls(config, torch.device("cpu"))
 
 
 def staged_rows(tables, max_num_reqs: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -406,3 +290,10 @@ def staged_rows(tables, max_num_reqs: int) -> tuple[list[np.ndarray], list[np.nd
         rows.append(host)
         counts.append(np.asarray(tables.num_blocks.np[g, :max_num_reqs], np.int32).copy())
     return rows, counts
+
+
+SPEC = TargetSpec(
+    name="vllm", description="the installed vLLM's own block-table classes",
+    factory=make_target, select_device=select_device, takes_faults=False,
+    refusal=refusal, limits=geometry_limits,
+    version=version_string)

@@ -40,50 +40,37 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main() -> int:
-    from gpu_impl.device import DeviceError, select_device
     from gpu_impl.faults import CATALOGUE
+    from harness.targets import TARGETS, TargetUnavailable, target_spec
 
     ap = _Parser(description="replay one blockfuzz trace")
     ap.add_argument("--fault", action="append", default=[], choices=sorted(CATALOGUE),
                     help="gpu_impl fault to switch on")
     ap.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"])
-    ap.add_argument("--target", default="{target}", choices=["gpu_impl", "vllm"],
+    ap.add_argument("--target", default="{target}", choices=TARGETS,
                     help="implementation to check (default: the one it was found on)")
     args = ap.parse_args()  # bad flags: exit 2
-    if args.fault and args.target != "gpu_impl":
+    spec = target_spec(args.target)
+    if args.fault and not spec.takes_faults:
         ap.error("--fault: faults live in gpu_impl; use --target gpu_impl")
     trace = parse(TRACE, "{name}")
     for fault in args.fault:
         if trace.config.runner not in CATALOGUE[fault].runners:
             ap.error(f"fault {{fault}} does not apply to runner {{trace.config.runner}}")
-    if args.target == "vllm":
-        from harness.targets.vllm import TargetUnavailable, load, refusal
-
-        if args.device == "cuda":
-            ap.error("--device cuda: the vllm target runs on the CPU (Triton interpreter)")
-        try:
-            load()
-        except TargetUnavailable as e:
-            ap.error(str(e))
-        refused = refusal(trace.config)
-        if refused is not None:
-            ap.error(f"config.{{refused}}")
-    else:
-        try:
-            select_device(args.device)
-        except DeviceError as e:
-            ap.error(str(e))
-    engine = ""
-    if args.target == "vllm":
-        from harness.targets.vllm import installed_version
-
-        engine = f" (vLLM {{installed_version()}})"
+    try:
+        device = spec.select_device(args.device)
+    except TargetUnavailable as e:
+        ap.error(str(e))
+    refused = spec.refusal(trace.config)
+    if refused is not None:
+        ap.error(f"config.{{refused}}")
+    version = spec.version()
+    engine = f" ({{version}})" if version else ""
     print(f"checking {{len(trace.ops)}} ops on runner {{trace.config.runner}}, target "
           f"{{args.target}}{{engine}} "
           f"(faults: {{','.join(args.fault) or 'none'}}); expecting with the bug: "
           f"{{trace.expect.get('invariant')}} at op {{trace.expect.get('op_index')}}")
-    verdict = replay(trace, args.fault, args.target, "cpu" if args.target == "vllm" else
-                     args.device)
+    verdict = replay(trace, args.fault, args.target, device)
     if verdict.violation is None:
         print(f"PASS: all {{verdict.ops_run}} ops hold every invariant")
         return 0

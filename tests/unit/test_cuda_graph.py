@@ -5,7 +5,7 @@ import torch
 
 import gpu_impl.device  # noqa: F401  (kernel modules select the device before triton)
 from gpu_impl.attention import reshape_and_cache
-from gpu_impl.cuda_graph import Graph
+from gpu_impl.cuda_graph import Graph, record_launches
 
 
 def test_capture_records_and_replay_reads_current_buffer_contents(device):
@@ -15,7 +15,7 @@ def test_capture_records_and_replay_reads_current_buffer_contents(device):
     slots = torch.full((4,), -1, dtype=torch.int64)
     kv = torch.zeros((2, 4, 4), dtype=torch.float32)
     graph = Graph(device)
-    with graph.capture({"hidden": hidden, "slots": slots, "kv": kv}):
+    with graph.capture():
         reshape_and_cache(hidden, slots, kv, 2)  # scalar num_tokens=2 is captured
     assert graph.num_launches == 1 and not kv.any()  # capture does not execute
     hidden.fill_(3.0)
@@ -32,9 +32,41 @@ def test_replay_keeps_captured_storage_even_if_runner_rebinds():
     slots = torch.tensor([0, -1, -1, -1])
     kv = torch.zeros((1, 4, 4))
     graph = Graph(torch.device("cpu"))
-    with graph.capture({"kv": kv}):
+    with graph.capture():
         reshape_and_cache(hidden, slots, kv, 1)
-    captured = graph.captured_ptrs["kv"]
+    captured = dict(graph.launches[0].tensors())["kv_cache_ptr"].data_ptr()
     kv = torch.zeros((1, 4, 4))  # the runner reallocates
     graph.replay()
     assert not kv.any() and captured != kv.data_ptr()
+
+
+def test_record_launches_records_without_running(device):
+    hidden = torch.ones((4, 4), device=device)
+    kv = torch.zeros((1, 4, 4), device=device)
+    with record_launches() as launches:
+        reshape_and_cache(hidden, torch.tensor([0, 1, -1, -1], device=device), kv, 2)
+    assert len(launches) == 1 and not kv.any()
+    names = [name for name, _ in launches[0].tensors()]
+    assert names == ["hidden_ptr", "slot_mapping_ptr", "kv_cache_ptr"]
+
+
+def _runner(faults, device):
+    from gpu_impl import FaultSet, GPUModelRunnerV1
+    from reference import RunnerConfig
+
+    return GPUModelRunnerV1(RunnerConfig(), FaultSet(faults), device)
+
+
+def test_graph_addresses_come_from_recorded_launches(device):
+    """graph_ptrs: what each captured graph's launches read against what the runner
+    would launch with now; equal on the fixed runner, the rebound slot mapping shows
+    (fault captured-buffer-rebound) although the runner's buffer list looks consistent."""
+    fixed = _runner((), device).graph_addresses()
+    assert fixed and all(a == b for ptrs in fixed.values() for a, b in ptrs.values())
+    assert all("slot_mapping[0]" in ptrs and "block_table[0]" in ptrs
+               for ptrs in fixed.values())
+    broken = _runner(("captured-buffer-rebound",), device).graph_addresses()
+    assert all(ptrs["slot_mapping[0]"][0] != ptrs["slot_mapping[0]"][1]
+               for ptrs in broken.values())
+    assert all(a == b for ptrs in broken.values() for name, (a, b) in ptrs.items()
+               if name != "slot_mapping[0]")

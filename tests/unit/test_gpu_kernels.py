@@ -114,3 +114,69 @@ def test_attention_read_weights_masked_positions_by_zero(device, seed, num_rows,
         assert np.array_equal(got[r], want, equal_nan=True)
         if nan_in_null and (table[r] == 0).any():
             assert np.isnan(got[r]).all()  # masked NaN still poisons the output
+
+
+@KERNEL_EXAMPLES
+@given(seed=st.integers(0, 2**32 - 1), num_tokens=st.integers(0, 16),
+       block_size=st.sampled_from([2, 4, 8]), split=st.sampled_from([1, 2, 4]),
+       world=st.sampled_from([1, 2, 4]), data=st.data())
+def test_slot_mapping_kernel_split_blocks_and_dcp(device, seed, num_tokens, block_size, split,
+                                                  world, data):
+    """Kernel blocks (allocation block b -> kernel blocks b*k..b*k+k-1) and decode
+    context parallelism: the slot of each position on this rank, as reference.dcp
+    lays it out, PAD for positions other ranks keep."""
+    from reference.dcp import local_slots
+
+    kbs = max(1, block_size // split)
+    k = block_size // kbs
+    rank = data.draw(st.integers(0, world - 1))
+    interleave = data.draw(st.sampled_from([i for i in (1, 2, 4) if block_size % i == 0]))
+    rng = np.random.default_rng(seed)
+    rows, width, tokens = 4, 3, 16
+    table = BlockTable(block_size, kbs, rows, width, device, FaultSet(),
+                       (world, rank, interleave))
+    table.block_table.np[:] = rng.integers(0, 40, (rows, width * k))
+    table.commit(rows)
+    padded = int(rng.integers(num_tokens, tokens + 1))
+    req = np.full(tokens, 7, np.int32)  # beyond padded: must stay untouched
+    req[:num_tokens] = rng.integers(0, rows, num_tokens)
+    req[num_tokens:padded] = -1
+    pos = rng.integers(0, width * block_size * world, tokens).astype(np.int64)
+    out = torch.full((tokens,), 12345, dtype=torch.int64, device=device)
+    table.compute_slot_mapping(_t(req, device), _t(pos, device), out, padded)
+    want = np.full(tokens, 12345, np.int64)
+    real = np.arange(num_tokens)
+    local, column, offset = local_slots(pos[real], block_size, world, rank, interleave)
+    blocks = table.block_table.np[req[real], column * k + offset // kbs].astype(np.int64)
+    want[real] = np.where(local, blocks * kbs + offset % kbs, PAD_SLOT_ID)
+    want[num_tokens:padded] = PAD_SLOT_ID
+    assert out.cpu().numpy().tolist() == want.tolist()
+
+
+@KERNEL_EXAMPLES
+@given(seed=st.integers(0, 2**32 - 1), num_reqs=st.integers(0, 4), data=st.data())
+def test_gather_block_tables_kernel(device, seed, num_reqs, data):
+    """V2 gather: input row b gets the first num_blocks[idx_mapping[b]] entries of
+    staged row idx_mapping[b] (the rest of the row keeps what it held), rows padded
+    for a FULL graph are zeroed, rows past the padding are untouched — as the
+    reference's V2 staging (reference/runner_v2.py) defines it."""
+    from gpu_impl.block_table_v2 import BlockTables
+
+    padded = data.draw(st.integers(num_reqs, 4))
+    rng = np.random.default_rng(seed)
+    rows, sizes, kernel, widths = 4, [4, 16], [2, 16], [3, 1]
+    tables = BlockTables(sizes, kernel, widths, rows, device, FaultSet(), [(1, 0, 1)] * 2)
+    for g, staged in enumerate(tables.block_tables):
+        staged.np[:] = rng.integers(1, 50, staged.np.shape)
+        tables.num_blocks[g].np[:] = rng.integers(0, staged.np.shape[1] + 1, rows)
+        tables.input_block_tables[g].fill_(99)
+    tables.apply_staged_writes()
+    idx = rng.permutation(rows).astype(np.int32)
+    tables.gather_block_tables(_t(idx, device), num_reqs, padded)
+    for g, staged in enumerate(tables.block_tables):
+        want = np.full(staged.np.shape, 99, np.int32)
+        for b in range(num_reqs):
+            n = int(tables.num_blocks[g].np[idx[b]])
+            want[b, :n] = staged.np[idx[b], :n]
+        want[num_reqs:padded] = 0
+        assert tables.input_block_tables[g].cpu().numpy().tolist() == want.tolist()

@@ -1,4 +1,5 @@
-"""What the V1 and V2 model runners share: buffers, kernels, padding, graphs.
+"""The model-runner shell the V1 and V2 runners share: buffers, kernels, padding,
+graphs — fault-free, for any engine's block-table classes.
 
 Our own implementation of the block-table-facing parts of vLLM's model runners
 (``vllm/v1/worker/gpu_model_runner.py``, ``vllm/v1/worker/gpu/model_runner.py``):
@@ -12,12 +13,17 @@ Our own implementation of the block-table-facing parts of vLLM's model runners
   every step, tokens padded to a capture size) or by replaying a ``FULL``
   graph that reads the persistent buffers.
 - ``dummy_run`` is an idle data-parallel rank's padded fake batch: NaN payload,
-  slot mappings PAD-filled and metadata re-staged from the zeroed dummy rows —
-  also before a FULL replay.
+  slot mappings PAD-filled and metadata re-staged from the block tables the
+  dummy run is handed (``_prepare_dummy``) — also before a FULL replay.
 - Graphs are captured at start-up through dummy runs, one per capture size,
   largest first (after an eager warm-up on CUDA, to compile).
+- :meth:`RunnerShell.snapshot` reports the runner's observable state, the
+  addresses graphs read taken from their recorded launches.
 
-Faults consulted here: ``full-replay-not-restaged``.
+Nothing here consults a fault: gpu_impl's runners (:mod:`gpu_impl.model_runner`,
+:mod:`gpu_impl.model_runner_v2`) add theirs by overriding the hooks at the
+places the upstream bugs lived; other engines' adapters (``harness/targets/vllm.py``)
+subclass :mod:`gpu_impl.runner_shell_v1` / :mod:`gpu_impl.runner_shell_v2`.
 """
 
 from __future__ import annotations
@@ -31,8 +37,7 @@ from reference.runner import ForwardInfo  # the record type every runner reports
 
 from .attention import paged_attention_read, reshape_and_cache
 from .block_table import CpuGpuBuffer
-from .cuda_graph import Graph
-from .faults import FaultSet
+from .cuda_graph import Graph, record_launches
 from .mamba import mamba_state_update
 
 NONE, PIECEWISE, FULL = "NONE", "PIECEWISE", "FULL"
@@ -46,6 +51,11 @@ def token_payload(req: int, positions: np.ndarray, head_size: int) -> np.ndarray
     return (req * 1024 + positions.astype(np.int64)[:, None] * 4 + d + 1).astype(np.float32)
 
 
+def host(t: torch.Tensor) -> np.ndarray:
+    """A NumPy copy of a (device) tensor."""
+    return t.detach().cpu().numpy().copy()
+
+
 class CachedRequestState:
     """What the runner keeps for a live request, in the batch or not."""
 
@@ -56,35 +66,46 @@ class CachedRequestState:
         self.num_computed_tokens = 0
 
 
-class GPUModelRunnerBase(abc.ABC):
+class RunnerShell(abc.ABC):
     """Shared runner. config: a ``reference.RunnerConfig``-shaped object (read for
-    its fields only); faults: :class:`FaultSet`; device: torch.device.
+    its fields only); device: torch.device.
 
     Tensors: ``kv_caches[g]`` float32 (num_blocks, block_size, head_size),
     ``mamba_states[g]`` float32 (num_blocks, head_size), persistent buffers in
-    :meth:`buffers`.
+    :meth:`buffers`.  ``last_forward``: :class:`reference.ForwardInfo` of the last
+    step or dummy run; ``dummy_read``: per group, the block table the last dummy
+    run's state-index staging and kernels were handed.
     """
 
-    def __init__(self, config, faults: FaultSet, device: torch.device):
+    def __init__(self, config, device: torch.device):
         self.config = cfg = config
-        self.faults = faults
         self.device = device
         groups = cfg.groups
         self.attn_groups = [g for g, s in enumerate(groups) if s.kind == "attention"]
         self.mamba_groups = [g for g, s in enumerate(groups) if s.kind == "mamba"]
         self.requests: dict[int, CachedRequestState] = {}
-        rows, tokens, heads = cfg.max_num_reqs, cfg.max_num_batched_tokens, cfg.head_size
         self.kv_caches, self.mamba_states = {}, {}
         for g in self.attn_groups:
-            kv = torch.full((cfg.num_blocks, groups[g].block_size, heads), SENTINEL,
-                            dtype=torch.float32, device=device)
-            kv[NULL_BLOCK_ID] = 0.0
-            self.kv_caches[g] = kv
+            self.kv_caches[g] = self._cache((cfg.num_blocks, groups[g].block_size,
+                                             cfg.head_size))
         for g in self.mamba_groups:
-            st = torch.full((cfg.num_blocks, heads), SENTINEL, dtype=torch.float32, device=device)
-            st[NULL_BLOCK_ID] = 0.0
-            self.mamba_states[g] = st
-        # Persistent input and metadata buffers: allocated once, graph-captured.
+            self.mamba_states[g] = self._cache((cfg.num_blocks, cfg.head_size))
+        self._init_buffers()
+        self.graphs: dict[int, Graph] = {}
+        self.last_forward: ForwardInfo | None = None
+        self.dummy_read: list[torch.Tensor] | None = None
+        self._init_tables()
+        self._capture_model()
+
+    def _cache(self, shape) -> torch.Tensor:
+        cache = torch.full(shape, SENTINEL, dtype=torch.float32, device=self.device)
+        cache[NULL_BLOCK_ID] = 0.0
+        return cache
+
+    def _init_buffers(self) -> None:
+        """Persistent input and metadata buffers: allocated once, graph-captured."""
+        cfg, device = self.config, self.device
+        rows, tokens, heads = cfg.max_num_reqs, cfg.max_num_batched_tokens, cfg.head_size
         self.req_indices = CpuGpuBuffer((tokens,), torch.int32, device)
         self.positions = CpuGpuBuffer((tokens,), torch.int64, device)
         self.hidden = CpuGpuBuffer((tokens, heads), torch.float32, device)
@@ -97,10 +118,6 @@ class GPUModelRunnerBase(abc.ABC):
                               for g in self.mamba_groups}
         self.attn_out = {g: torch.zeros((rows, heads), dtype=torch.float32, device=device)
                          for g in self.attn_groups}
-        self.graphs: dict[int, Graph] = {}
-        self.last_forward: ForwardInfo | None = None
-        self._init_tables()
-        self._capture_model()
 
     # -- subclass hooks ----------------------------------------------------------
     @abc.abstractmethod
@@ -136,12 +153,51 @@ class GPUModelRunnerBase(abc.ABC):
         """Row-side token counters after a step."""
 
     @abc.abstractmethod
-    def _prepare_dummy(self, reqs_padded: int, warmup: bool) -> None:
-        """Make :meth:`kernel_table` rows [0, reqs_padded) what a dummy run reads."""
+    def _prepare_dummy(self, reqs_padded: int, warmup: bool) -> list[torch.Tensor]:
+        """The block table per group a dummy run reads, rows [0, reqs_padded) being
+        what its kernels use (a view of :meth:`kernel_table`, whose storage graphs read)."""
 
     @abc.abstractmethod
     def _fill_dummy_slots(self, num_tokens: int, tokens_padded: int, warmup: bool) -> None:
         """PAD-fill the slot mappings a dummy run uses."""
+
+    @abc.abstractmethod
+    def _compute_slot_mapping(self, group: int, tokens_padded: int) -> None:
+        """Slot mapping of the batch's tokens into ``slot_mappings[group]``."""
+
+    @abc.abstractmethod
+    def kernel_table(self, group: int) -> torch.Tensor:
+        """The device block table kernels read for ``group``, int32 (max_num_reqs, width)."""
+
+    @abc.abstractmethod
+    def kernel_block_size(self, group: int) -> int:
+        """Block size the kernels index ``kernel_table(group)`` with."""
+
+    @abc.abstractmethod
+    def _host_rows(self) -> dict:
+        """The observation's host-row fields (``host_block_table``,
+        ``host_num_blocks_per_row``, ``host_req_ids``, ``num_computed_tokens``,
+        ``num_prompt_tokens``), NumPy copies."""
+
+    def _stage_dummy_state_indices(self, tables: list, reqs_padded: int, mode: str,
+                                   warmup: bool) -> None:
+        """FULL replays read the persistent state indices: re-stage them from the
+        dummy rows, never keep the previous real batch's (vLLM's ``_dummy_run``
+        builds metadata for FULL dummy replays, ``for_cudagraph_capture``)."""
+        for g in self.mamba_groups:
+            self.state_indices[g][:reqs_padded] = tables[g][:reqs_padded, 0]
+
+    def _after_capture(self) -> None:
+        """Called once the start-up graphs are captured (nothing to do here)."""
+
+    def _report_width(self, group: int) -> int | None:
+        """Block-table columns a snapshot reports (None: all the runner has)."""
+        return None
+
+    def dummy_tables_read(self) -> list | None:
+        """Per group (rows the last dummy run's kernels read are all zero, they are views
+        of the persistent kernel table); None where the runner does not check it."""
+        return None
 
     def dcp(self, group: int) -> tuple[int, int, int]:
         """(world size, rank, interleave) of ``group``: attention KV is sharded by decode
@@ -160,24 +216,14 @@ class GPUModelRunnerBase(abc.ABC):
         return local, pos // (bs * world), (virtual // (world * interleave)) * interleave \
             + virtual % interleave
 
-    @abc.abstractmethod
-    def _compute_slot_mapping(self, group: int, tokens_padded: int) -> None:
-        """Slot mapping of the batch's tokens into ``slot_mappings[group]``."""
-
-    @abc.abstractmethod
-    def kernel_table(self, group: int) -> torch.Tensor:
-        """The device block table kernels read for ``group``, int32 (max_num_reqs, width)."""
-
-    @abc.abstractmethod
-    def kernel_block_size(self, group: int) -> int:
-        """Block size the kernels index ``kernel_table(group)`` with."""
-
     # -- scheduler-driven request ops ----------------------------------------
     def add_request(self, req: int, block_ids: list[list[int]], prompt_len: int) -> None:
+        """A new request with allocation block ids per KV-cache group."""
         self.requests[req] = state = CachedRequestState(req, prompt_len, block_ids)
         self._rows_add(req, state)
 
     def append_blocks(self, req: int, block_ids: list[list[int]]) -> None:
+        """More allocation blocks (per group) for a live request."""
         state = self.requests[req]
         for g, ids in enumerate(block_ids):
             state.block_ids[g].extend(ids)
@@ -216,17 +262,7 @@ class GPUModelRunnerBase(abc.ABC):
         mode, tokens_padded, reqs_padded = self._dispatch(
             num_reqs, num_tokens, all(n == 1 for _, n, _ in batch), cudagraph_mode)
         self._stage_tables(batch, reqs_padded)
-        t = 0
-        self.query_start_loc.np[0] = 0
-        for row, (req, n, start) in enumerate(batch):
-            pos = np.arange(start, start + n)
-            self.req_indices.np[t:t + n] = row
-            self.positions.np[t:t + n] = pos
-            self.hidden.np[t:t + n] = token_payload(req, pos, self.config.head_size)
-            self.seq_lens.np[row] = start + n
-            self.has_initial_state.np[row] = int(start > 0)
-            t += n
-            self.query_start_loc.np[row + 1] = t
+        self._stage_batch(batch)
         self._stage_padding(num_reqs, reqs_padded, num_tokens, tokens_padded)
         for g in self.attn_groups:
             self._compute_slot_mapping(g, tokens_padded)
@@ -241,6 +277,20 @@ class GPUModelRunnerBase(abc.ABC):
         self.last_forward = ForwardInfo(False, mode, num_reqs, reqs_padded, num_tokens,
                                         tokens_padded, tuple(req for req, _, _ in batch))
 
+    def _stage_batch(self, batch: list) -> None:
+        """Host side of the token and per-row metadata buffers for a real batch."""
+        t = 0
+        self.query_start_loc.np[0] = 0
+        for row, (req, n, start) in enumerate(batch):
+            pos = np.arange(start, start + n)
+            self.req_indices.np[t:t + n] = row
+            self.positions.np[t:t + n] = pos
+            self.hidden.np[t:t + n] = token_payload(req, pos, self.config.head_size)
+            self.seq_lens.np[row] = start + n
+            self.has_initial_state.np[row] = int(start > 0)
+            t += n
+            self.query_start_loc.np[row + 1] = t
+
     def dummy_run(self, num_reqs: int, num_tokens: int, cudagraph_mode: str,
                   _warmup: bool = False) -> None:
         """A padded fake batch with a NaN payload (idle DP rank, capture warm-up).
@@ -250,7 +300,7 @@ class GPUModelRunnerBase(abc.ABC):
         """
         mode, tokens_padded, reqs_padded = self._dispatch(
             num_reqs, num_tokens, num_tokens == num_reqs, cudagraph_mode)
-        self._prepare_dummy(reqs_padded, _warmup)
+        tables = self._prepare_dummy(reqs_padded, _warmup)
         lens = np.full(num_reqs, num_tokens // num_reqs, np.int32)
         lens[-1] += num_tokens % num_reqs
         self.query_start_loc.np[0] = 0
@@ -260,25 +310,22 @@ class GPUModelRunnerBase(abc.ABC):
         self.hidden.np[:tokens_padded] = np.nan  # dummy activations are garbage
         self._stage_padding(num_reqs, reqs_padded, num_tokens, tokens_padded)
         self._fill_dummy_slots(num_tokens, tokens_padded, _warmup)
-        restage = not (mode == FULL and not _warmup and "full-replay-not-restaged" in self.faults)
-        if restage:
-            # FULL replays read these buffers: re-stage them from the dummy rows,
-            # never keep the previous real batch's state indices.
-            for g in self.mamba_groups:
-                self.state_indices[g][:reqs_padded] = self.kernel_table(g)[:reqs_padded, 0]
+        self._stage_dummy_state_indices(tables, reqs_padded, mode, _warmup)
         num_rows = reqs_padded if mode == FULL else num_reqs
         if not _warmup:
-            self._run_forward(mode, num_rows, tokens_padded)
+            self._run_forward(mode, num_rows, tokens_padded, tables)
         elif self.device.type == "cuda":
             # Start-up warm-up compiles the kernels before capture.  Under the
             # interpreter there is nothing to compile, and a warm-up's only
             # effect would be garbage in the mamba null block (scratch).
-            self._forward(num_rows, tokens_padded)
+            self._forward(num_rows, tokens_padded, tables)
+        self.dummy_read = tables
         self.last_forward = ForwardInfo(True, mode, num_reqs, reqs_padded, num_tokens,
                                         tokens_padded)
 
     # -- internals -------------------------------------------------------------
     def _dispatch(self, num_reqs: int, num_tokens: int, uniform_decode: bool, requested: str):
+        """(mode, tokens padded, rows padded) a batch runs with."""
         if requested == NONE:
             return NONE, num_tokens, num_reqs
         sizes = [s for s in self.config.cudagraph_capture_sizes if s >= num_tokens]
@@ -301,20 +348,22 @@ class GPUModelRunnerBase(abc.ABC):
                     self.seq_lens, self.has_initial_state):
             buf.copy_to_gpu()
 
-    def _run_forward(self, mode: str, num_rows: int, tokens_padded: int) -> None:
+    def _run_forward(self, mode: str, num_rows: int, tokens_padded: int,
+                     tables: list | None = None) -> None:
         if mode == FULL:
             assert num_rows == tokens_padded
-            self.graphs[tokens_padded].replay()
+            self.graphs[tokens_padded].replay()  # reads the captured (persistent) tables
         else:
-            self._forward(num_rows, tokens_padded)
+            self._forward(num_rows, tokens_padded, tables)
 
     def _kv_view(self, g: int) -> torch.Tensor:
         """The KV cache as the kernels see it: (num_kernel_blocks, kernel_block_size, head)."""
         kbs = self.kernel_block_size(g)
         return self.kv_caches[g].view(-1, kbs, self.config.head_size)
 
-    def _forward(self, num_rows: int, num_tokens: int) -> None:
-        """The model: KV writes, Mamba state updates, attention reads."""
+    def _forward(self, num_rows: int, num_tokens: int, tables: list | None = None) -> None:
+        """The model: KV writes, Mamba state updates, attention reads (through ``tables[g]``,
+        default :meth:`kernel_table`)."""
         for g in self.attn_groups:
             reshape_and_cache(self.hidden.gpu, self.slot_mappings[g], self.kv_caches[g],
                               num_tokens)
@@ -322,12 +371,12 @@ class GPUModelRunnerBase(abc.ABC):
             mamba_state_update(self.hidden.gpu, self.query_start_loc.gpu, self.state_indices[g],
                                self.has_initial_state.gpu, self.mamba_states[g], num_rows)
         for g in self.attn_groups:
-            paged_attention_read(self.kernel_table(g), self.seq_lens.gpu, self._kv_view(g),
-                                 self.attn_out[g], num_rows, self.config.groups[g].block_size,
-                                 self.dcp(g))
+            table = self.kernel_table(g) if tables is None else tables[g]
+            paged_attention_read(table, self.seq_lens.gpu, self._kv_view(g), self.attn_out[g],
+                                 num_rows, self.config.groups[g].block_size, self.dcp(g))
 
     def buffers(self) -> dict[str, torch.Tensor]:
-        """Every persistent device buffer a FULL graph reads or writes, by name."""
+        """Every persistent device buffer a forward reads or writes, by name."""
         named = {"req_indices": self.req_indices.gpu, "positions": self.positions.gpu,
                  "hidden": self.hidden.gpu, "query_start_loc": self.query_start_loc.gpu,
                  "seq_lens": self.seq_lens.gpu, "has_initial_state": self.has_initial_state.gpu}
@@ -349,9 +398,57 @@ class GPUModelRunnerBase(abc.ABC):
             self.dummy_run(min(size, rows), size, FULL, _warmup=True)
             if size <= rows:
                 graph = Graph(self.device)
-                with graph.capture(self.buffers()):
+                with graph.capture():
                     self._forward(size, size)
                 self.graphs[size] = graph
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         self.last_forward = None
+        self.dummy_read = None
+        self._after_capture()
+
+    # -- observation -------------------------------------------------------------
+    def graph_addresses(self) -> dict[int, dict[str, tuple[int, int]]]:
+        """{capture size: {buffer: (data_ptr the graph's recorded launches read, data_ptr
+        the runner would launch the same forward with now)}}.
+
+        The current side is recorded (not run) from :meth:`_forward`; tensors are named
+        by the :meth:`buffers` whose storage they use, else ``kernel.parameter``.  Where
+        one buffer feeds several launches, a differing pair wins.
+        """
+        names = {t.untyped_storage().data_ptr(): n for n, t in sorted(self.buffers().items())}
+        out = {}
+        for size, graph in sorted(self.graphs.items()):
+            with record_launches() as now:
+                self._forward(size, size)
+            pairs: dict[str, tuple[int, int]] = {}
+            for was, cur in zip(graph.launches, now):
+                for (param, old), (_, new) in zip(was.tensors(), cur.tensors()):
+                    name = names.get(new.untyped_storage().data_ptr(), f"{was.name}.{param}")
+                    pair = (old.data_ptr(), new.data_ptr())
+                    if name not in pairs or pairs[name][0] == pairs[name][1]:
+                        pairs[name] = pair
+            out[size] = pairs
+        return out
+
+    def snapshot(self) -> dict:
+        """The runner's observable state as the fields of
+        ``harness.core.observation.Observation`` (all but ``runner`` and
+        ``rows_indexed_by``), NumPy copies; see that class for shapes and dtypes."""
+        groups = range(len(self.config.groups))
+        rows = self._host_rows()
+        rows["host_block_table"] = [t[:, :self._report_width(g)]
+                                    for g, t in zip(groups, rows["host_block_table"])]
+        return dict(
+            **rows,
+            device_block_table=[host(self.kernel_table(g))[:, :self._report_width(g)]
+                                for g in groups],
+            kv_cache={g: host(v) for g, v in self.kv_caches.items()},
+            mamba_state={g: host(v) for g, v in self.mamba_states.items()},
+            slot_mapping={g: host(v) for g, v in self.slot_mappings.items()},
+            state_indices={g: host(v) for g, v in self.state_indices.items()},
+            attn_out={g: host(v) for g, v in self.attn_out.items()},
+            last_forward=self.last_forward,
+            graph_ptrs=self.graph_addresses(),
+            dummy_tables=self.dummy_tables_read(),
+        )

@@ -1,0 +1,38 @@
+"""gpu_impl's fault branches in the runner shell, shared by its V1 and V2 runners.
+
+:class:`RunnerFaults` is mixed in before :class:`gpu_impl.runner_shell.RunnerShell`
+(``class GPUModelRunnerV1(RunnerFaults, RunnerShellV1)``): it keeps the
+:class:`FaultSet` and overrides the shell's hooks at the places the upstream
+bugs lived; with no fault on, every override defers to the fixed shell.
+
+Faults consulted here: ``full-replay-not-restaged``, ``captured-buffer-rebound``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .faults import FaultSet
+from .runner_shell import FULL
+
+
+class RunnerFaults:
+    """Fault hooks of gpu_impl's runners. faults: :class:`FaultSet`."""
+
+    def __init__(self, config, faults: FaultSet, device: torch.device):
+        self.faults = faults
+        super().__init__(config, device)
+
+    def _stage_dummy_state_indices(self, tables, reqs_padded, mode, warmup) -> None:
+        if mode == FULL and not warmup and "full-replay-not-restaged" in self.faults:
+            return  # the historical bug: the replay reads the last real batch's indices
+        super()._stage_dummy_state_indices(tables, reqs_padded, mode, warmup)
+
+    def _after_capture(self) -> None:
+        super()._after_capture()
+        if "captured-buffer-rebound" in self.faults and self.attn_groups:
+            # The historical bug class: a persistent buffer re-allocated after capture
+            # (instead of written in place); eager steps stage into the new tensor,
+            # captured graphs keep reading the old one.
+            g = self.attn_groups[0]
+            self.slot_mappings[g] = torch.full_like(self.slot_mappings[g], -1)

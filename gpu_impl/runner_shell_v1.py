@@ -1,0 +1,195 @@
+"""V1 runner shell: the persistent batch around any engine's V1 block tables.
+
+Our own take on ``vllm/v1/worker/gpu_model_runner.py`` and
+``vllm/v1/worker/gpu_input_batch.py``, fault-free: ``_update_states`` removes
+requests a step does not schedule from the persistent batch (they keep their
+blocks), adds scheduled ones at the lowest free row and condenses; the batch
+rows are then rows 0..num_reqs-1, and each forward commits them to the device
+table the kernels read.  A dummy run is an idle rank's step with nothing
+scheduled.  The block tables are the subclass's (``_make_input_batch``):
+gpu_impl's :class:`gpu_impl.block_table.MultiGroupBlockTable` or another
+engine's class with the same row methods (``add_row``, ``append_row``,
+``clear_row``, ``move_row``, ``swap_row``).
+"""
+
+from __future__ import annotations
+
+import abc
+
+import numpy as np
+import torch
+
+from .block_table import PAD_SLOT_ID
+from .runner_shell import RunnerShell
+
+EMPTY_ROW = -1
+
+
+class PersistentBatch:
+    """Rows of the V1 persistent batch: which request sits in which row.
+
+    req_ids: int64 (max_num_reqs,), -1 for a free row; num_computed_tokens /
+    num_prompt_tokens: int32 (max_num_reqs,); block_table: a multi-group block
+    table (indexable by group, with the row methods above).  A new request takes
+    the lowest free row; removing one clears its row (``_clear_removed_row``);
+    ``condense`` moves the last live row into the lowest hole (``move_row``)
+    until live rows are contiguous; ``swap_states`` swaps two rows.
+    """
+
+    def __init__(self, max_num_reqs: int, block_table):
+        self.req_ids = np.full(max_num_reqs, EMPTY_ROW, np.int64)
+        self.num_computed_tokens = np.zeros(max_num_reqs, np.int32)
+        self.num_prompt_tokens = np.zeros(max_num_reqs, np.int32)
+        self.block_table = block_table
+
+    @property
+    def num_reqs(self) -> int:
+        return int((self.req_ids != EMPTY_ROW).sum())
+
+    def row_of(self, req: int) -> int | None:
+        rows = np.flatnonzero(self.req_ids == req)
+        return int(rows[0]) if rows.size else None
+
+    def add_request(self, req: int, block_ids: list[list[int]], num_computed_tokens: int,
+                    num_prompt_tokens: int) -> int:
+        free = np.flatnonzero(self.req_ids == EMPTY_ROW)
+        assert free.size, "persistent batch is full"
+        row = int(free[0])
+        self.req_ids[row] = req
+        self.num_computed_tokens[row] = num_computed_tokens
+        self.num_prompt_tokens[row] = num_prompt_tokens
+        self.block_table.add_row(block_ids, row)
+        return row
+
+    def remove_request(self, req: int) -> int | None:
+        row = self.row_of(req)
+        if row is None:
+            return None
+        self.req_ids[row] = EMPTY_ROW
+        self.num_computed_tokens[row] = 0
+        self.num_prompt_tokens[row] = 0
+        self._clear_removed_row(row)
+        return row
+
+    def _clear_removed_row(self, row: int) -> None:
+        """A removed request's row must not keep its ids (``clear_row``): dummy runs
+        read rows past the live requests (vLLM PR #37728)."""
+        self.block_table.clear_row(row)
+
+    def swap_states(self, i: int, j: int) -> None:
+        for arr in (self.req_ids, self.num_computed_tokens, self.num_prompt_tokens):
+            arr[[i, j]] = arr[[j, i]]
+        self.block_table.swap_row(i, j)
+
+    def condense(self) -> None:
+        for _ in range(len(self.req_ids)):
+            live = np.flatnonzero(self.req_ids != EMPTY_ROW)
+            holes = np.flatnonzero(self.req_ids == EMPTY_ROW)
+            if live.size == 0 or holes.size == 0 or holes[0] > live[-1]:
+                return
+            src, tgt = int(live[-1]), int(holes[0])
+            self.req_ids[tgt] = self.req_ids[src]
+            self.num_computed_tokens[tgt] = self.num_computed_tokens[src]
+            self.num_prompt_tokens[tgt] = self.num_prompt_tokens[src]
+            self.req_ids[src] = EMPTY_ROW
+            self.num_computed_tokens[src] = 0
+            self.num_prompt_tokens[src] = 0
+            self.block_table.move_row(src, tgt)
+        raise AssertionError("condense did not converge")
+
+
+class RunnerShellV1(RunnerShell):
+    """V1 runner over a :class:`PersistentBatch` (``self.input_batch``).
+
+    Subclasses provide the batch and its tables (``_make_input_batch``), the
+    device copy (``_commit_rows``), the slot-mapping call and the kernel block size.
+    """
+
+    @abc.abstractmethod
+    def _make_input_batch(self) -> PersistentBatch:
+        """The persistent batch with the engine's block tables."""
+
+    @abc.abstractmethod
+    def _commit_rows(self, num_rows: int) -> None:
+        """Copy host rows [0, num_rows) of every group to the device tables."""
+
+    def _init_tables(self) -> None:
+        self.input_batch = self._make_input_batch()
+
+    def kernel_table(self, group: int) -> torch.Tensor:
+        return self.input_batch.block_table[group].block_table.gpu
+
+    # -- V1-only ops -------------------------------------------------------------
+    def condense(self) -> None:
+        """Close the holes in the persistent batch (``InputBatch.condense``)."""
+        self.input_batch.condense()
+
+    def swap_states(self, i: int, j: int) -> None:
+        """Swap two persistent-batch rows (``InputBatch.swap_states``)."""
+        self.input_batch.swap_states(i, j)
+
+    # -- hooks -------------------------------------------------------------------
+    def _rows_add(self, req, state) -> None:
+        self.input_batch.add_request(req, state.block_ids, 0, state.prompt_len)
+
+    def _rows_append(self, req, block_ids) -> None:
+        row = self.input_batch.row_of(req)
+        if row is not None:
+            self.input_batch.block_table.append_row(block_ids, row)
+
+    def _rows_remove(self, req) -> None:
+        self.input_batch.remove_request(req)
+
+    def _set_num_computed(self, req, num_tokens) -> None:
+        row = self.input_batch.row_of(req)
+        if row is not None:
+            self.input_batch.num_computed_tokens[row] = num_tokens
+
+    def _batch(self, scheduled):
+        num_tokens_of = {req: n for req, n in scheduled}
+        self._update_states(num_tokens_of)
+        batch = self.input_batch
+        out = []
+        for row in range(len(num_tokens_of)):
+            req = int(batch.req_ids[row])
+            out.append((req, num_tokens_of[req], int(batch.num_computed_tokens[row])))
+        return out
+
+    def _stage_tables(self, batch, reqs_padded) -> None:
+        self._commit_rows(reqs_padded)
+
+    def _advance(self, batch) -> None:
+        for row, (req, n, start) in enumerate(batch):
+            self.input_batch.num_computed_tokens[row] = start + n
+
+    def _prepare_dummy(self, reqs_padded, warmup) -> list[torch.Tensor]:
+        self._update_states({})  # an idle rank: nothing scheduled, every request leaves
+        self._commit_rows(reqs_padded)
+        return [self.kernel_table(g) for g in range(len(self.config.groups))]
+
+    def _fill_dummy_slots(self, num_tokens, tokens_padded, warmup) -> None:
+        for g in self.attn_groups:  # vLLM's _dummy_run: no real slots, all PAD
+            self.slot_mappings[g][:tokens_padded].fill_(PAD_SLOT_ID)
+
+    def _update_states(self, num_tokens_of: dict) -> None:
+        """Unscheduled requests leave the batch, scheduled ones enter it, then condense."""
+        batch = self.input_batch
+        for row in range(len(batch.req_ids)):
+            req = int(batch.req_ids[row])
+            if req != EMPTY_ROW and req not in num_tokens_of:
+                batch.remove_request(req)
+        for req in num_tokens_of:
+            if batch.row_of(req) is None:
+                st = self.requests[req]
+                batch.add_request(req, st.block_ids, st.num_computed_tokens, st.prompt_len)
+        batch.condense()
+
+    def _host_rows(self) -> dict:
+        batch = self.input_batch
+        tables = batch.block_table.block_tables
+        return dict(host_block_table=[t.block_table.np.copy() for t in tables],
+                    host_num_blocks_per_row=[np.asarray(t.num_blocks_per_row).copy()
+                                             for t in tables],
+                    host_req_ids=batch.req_ids.copy(),
+                    num_computed_tokens=batch.num_computed_tokens.copy(),
+                    num_prompt_tokens=batch.num_prompt_tokens.copy())

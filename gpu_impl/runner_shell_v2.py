@@ -1,0 +1,127 @@
+"""V2 runner shell: stable state indices around any engine's V2 block tables.
+
+Our own take on ``vllm/v1/worker/gpu/model_runner.py``, fault-free: a request
+keeps its state index (row of the staged tables) from add to remove — the
+lowest free one when it arrives; a step's batch is the scheduled requests in
+scheduling order, ``idx_mapping`` maps batch rows to state indices, and the
+input block tables are gathered every step.  A dummy run uses
+``get_dummy_block_tables`` / ``get_dummy_slot_mappings`` and leaves the live
+requests alone.  The block tables are the subclass's (``_make_block_tables``):
+gpu_impl's :class:`gpu_impl.block_table_v2.BlockTables` or another engine's
+class with ``append_block_ids``, ``apply_staged_writes``,
+``get_dummy_block_tables`` and ``input_block_tables``.
+"""
+
+from __future__ import annotations
+
+import abc
+
+import numpy as np
+import torch
+
+from .block_table import CpuGpuBuffer
+from .runner_shell import RunnerShell
+
+
+class RunnerShellV2(RunnerShell):
+    """V2 runner. req_index: {req: state index}; num_computed_tokens /
+    num_prompt_tokens: int32 (max_num_reqs,) by state index; idx_mapping: int32
+    (max_num_reqs,) state index per batch row."""
+
+    @abc.abstractmethod
+    def _make_block_tables(self):
+        """The engine's V2 block tables for this config."""
+
+    @abc.abstractmethod
+    def _clear_staged_row(self, index: int) -> None:
+        """A finished request's state index is released (clear it, or leave it to be
+        overwritten on reuse, as the engine does)."""
+
+    @abc.abstractmethod
+    def _gather(self, num_reqs: int, reqs_padded: int) -> None:
+        """Gather the batch's staged rows (``idx_mapping``) into the input block tables."""
+
+    def _init_tables(self) -> None:
+        cfg = self.config
+        self.req_index: dict[int, int] = {}
+        self.num_computed_tokens = np.zeros(cfg.max_num_reqs, np.int32)
+        self.num_prompt_tokens = np.zeros(cfg.max_num_reqs, np.int32)
+        self.idx_mapping = CpuGpuBuffer((cfg.max_num_reqs,), torch.int32, self.device)
+        self.block_tables = self._make_block_tables()
+
+    def kernel_table(self, group: int) -> torch.Tensor:
+        return self.block_tables.input_block_tables[group]
+
+    def free_index(self) -> int:
+        """The state index the next added request gets: the lowest free one."""
+        used = set(self.req_index.values())
+        return next(i for i in range(self.config.max_num_reqs) if i not in used)
+
+    # -- hooks -------------------------------------------------------------------
+    def _rows_add(self, req, state) -> None:
+        index = self.free_index()
+        self.req_index[req] = index
+        self.block_tables.append_block_ids(index, state.block_ids, overwrite=True)
+        self.num_computed_tokens[index] = 0
+        self.num_prompt_tokens[index] = state.prompt_len
+
+    def _rows_append(self, req, block_ids) -> None:
+        self.block_tables.append_block_ids(self.req_index[req], block_ids, overwrite=False)
+
+    def _rows_remove(self, req) -> None:
+        index = self.req_index.pop(req)
+        self._clear_staged_row(index)
+        self.num_computed_tokens[index] = 0
+        self.num_prompt_tokens[index] = 0
+
+    def _set_num_computed(self, req, num_tokens) -> None:
+        self.num_computed_tokens[self.req_index[req]] = num_tokens
+
+    def _batch(self, scheduled):
+        return [(req, n, int(self.num_computed_tokens[self.req_index[req]]))
+                for req, n in scheduled]
+
+    def _stage_tables(self, batch, reqs_padded) -> None:
+        indices = [self.req_index[req] for req, _, _ in batch]
+        self.idx_mapping.np[:len(indices)] = indices
+        self.idx_mapping.copy_to_gpu()
+        self.block_tables.apply_staged_writes()
+        self._gather(len(indices), reqs_padded)
+
+    def _advance(self, batch) -> None:
+        for req, n, start in batch:
+            self.num_computed_tokens[self.req_index[req]] = start + n
+
+    def _prepare_dummy(self, reqs_padded, warmup) -> list[torch.Tensor]:
+        return list(self.block_tables.get_dummy_block_tables(reqs_padded))
+
+    def dummy_tables_read(self) -> list | None:
+        """Per group (the rows [0, num_reqs_padded) the last dummy run's state-index
+        staging and kernels were handed are all zero, that tensor is a view of the
+        persistent input block table — what a FULL graph reads); None unless the
+        last forward was a dummy run."""
+        last = self.last_forward
+        if last is None or not last.dummy or self.dummy_read is None:
+            return None
+        rows = last.num_reqs_padded
+        return [(not bool(t[:rows].any()), t.data_ptr() == self.kernel_table(g).data_ptr())
+                for g, t in enumerate(self.dummy_read)]
+
+    def state_rows(self) -> np.ndarray:
+        """Request id per state index, -1 for a free one (int64)."""
+        rows = np.full(self.config.max_num_reqs, -1, np.int64)
+        for req, index in self.req_index.items():
+            rows[index] = req
+        return rows
+
+    def _staged_rows(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """(staged rows, block counts) per group, by state index."""
+        bt = self.block_tables
+        return [t.np.copy() for t in bt.block_tables], [n.np.copy() for n in bt.num_blocks]
+
+    def _host_rows(self) -> dict:
+        tables, counts = self._staged_rows()
+        return dict(host_block_table=tables, host_num_blocks_per_row=counts,
+                    host_req_ids=self.state_rows(),
+                    num_computed_tokens=self.num_computed_tokens.copy(),
+                    num_prompt_tokens=self.num_prompt_tokens.copy())

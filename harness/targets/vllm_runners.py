@@ -1,0 +1,147 @@
+"""The vllm target's model runners: gpu_impl's fault-free runner shells over the
+installed vLLM's block-table classes.
+
+A module of its own because it imports gpu_impl's kernels (and so Triton):
+:func:`harness.targets.vllm.make_vllm_runner` imports it only after
+:func:`harness.targets.vllm.load` has set the environment vLLM and the Triton
+interpreter need.  Everything here subclasses :mod:`gpu_impl.runner_shell_v1` /
+:mod:`gpu_impl.runner_shell_v2` — never gpu_impl's own runners, so no gpu_impl
+fault can reach the vllm target.  The hook table is in docs/writing-a-target.md.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpu_impl.runner_shell_v1 import PersistentBatch, RunnerShellV1
+from gpu_impl.runner_shell_v2 import RunnerShellV2
+from harness.targets.vllm import _group_sizes, _kwargs_for, load, staged_rows
+
+
+class _ReferenceWidth:
+    """Report the block-table columns the reference has: vLLM V1 pads each row to
+    an alignment its attention backends need (columns nothing writes)."""
+
+    def _report_width(self, group: int) -> int:
+        cfg = self.config
+        spec = cfg.groups[group]
+        split = spec.block_size // self.kernel_block_size(group) \
+            if spec.kind == "attention" else 1
+        return cfg.blocks_per_req_max(group) * split
+
+
+class VllmV1Runner(_ReferenceWidth, RunnerShellV1):
+    """The V1 runner shell with vLLM's ``MultiGroupBlockTable`` as its tables (our
+    persistent batch around them).  (config, device)."""
+
+    def _make_input_batch(self) -> PersistentBatch:
+        vllm, cfg = load(), self.config
+        sizes, kernel = _group_sizes(cfg)
+        widths = [cfg.blocks_per_req_max(g) for g in range(len(cfg.groups))]
+        cand = dict(max_num_reqs=cfg.max_num_reqs,
+                    max_num_batched_tokens=cfg.max_num_batched_tokens, pin_memory=False,
+                    device=self.device, block_sizes=sizes, kernel_block_sizes=kernel,
+                    max_num_blocks=widths,
+                    cp_kv_cache_interleave_size=cfg.cp_kv_cache_interleave_size)
+        if vllm.v1_slot_mapping_modes and vllm.SlotMappingMode is not None:
+            modes = vllm.SlotMappingMode
+            cand["slot_mapping_modes"] = [
+                modes.TOKEN_TO_KV_SLOT if s.kind == "attention" else modes.NONE
+                for s in cfg.groups]
+        tables = vllm.MultiGroupBlockTable(**_kwargs_for(vllm.MultiGroupBlockTable.__init__, cand))
+        for g in self.attn_groups:
+            # vLLM reads these from the decode-context-parallel group at
+            # construction; a single process has none, so set what it would give.
+            tables[g].dcp_world_size = cfg.dcp_world_size
+            tables[g].dcp_rank = cfg.dcp_rank
+            self.slot_mappings[g] = tables[g].slot_mapping.gpu
+        self._num_reqs = self._num_tokens = 0
+        return PersistentBatch(cfg.max_num_reqs, tables)
+
+    def kernel_block_size(self, group: int) -> int:
+        return self.input_batch.block_table[group].block_size
+
+    def _commit_rows(self, num_rows: int) -> None:
+        self.input_batch.block_table.commit_block_table(num_rows)
+
+    def _stage_tables(self, batch, reqs_padded) -> None:
+        self._num_reqs = len(batch)
+        self._num_tokens = sum(n for _, n, _ in batch)
+        super()._stage_tables(batch, reqs_padded)
+
+    def _compute_slot_mapping(self, group: int, tokens_padded: int) -> None:
+        self.input_batch.block_table[group].compute_slot_mapping(
+            self._num_reqs, self.query_start_loc.gpu[:self._num_reqs + 1],
+            self.positions.gpu[:self._num_tokens])
+
+
+class VllmV2Runner(_ReferenceWidth, RunnerShellV2):
+    """The V2 runner shell with vLLM's ``BlockTables`` as its tables (our state-index
+    assignment around them).  (config, device)."""
+
+    def _make_block_tables(self):
+        vllm, cfg = load(), self.config
+        sizes, kernel = _group_sizes(cfg)
+        attn = [s.kind == "attention" for s in cfg.groups]
+        cand = dict(block_sizes=sizes, max_num_reqs=cfg.max_num_reqs,
+                    max_num_batched_tokens=cfg.max_num_batched_tokens,
+                    max_num_blocks_per_group=[cfg.blocks_per_req_max(g)
+                                              for g in range(len(cfg.groups))],
+                    device=self.device, kernel_block_sizes=kernel,
+                    slot_mapping_enabled=attn, dcp_sharded=attn,
+                    cp_size=cfg.dcp_world_size, cp_rank=cfg.dcp_rank,
+                    cp_interleave=cfg.cp_kv_cache_interleave_size)
+        tables = vllm.BlockTables(**_kwargs_for(vllm.BlockTables.__init__, cand))
+        self.kernel_sizes = kernel if vllm.v2_kernel_blocks else sizes
+        for g in self.attn_groups:
+            self.slot_mappings[g] = tables.slot_mappings[g]
+        self._num_reqs = 0
+        self._pending: set[int] = set()  # state indices with a staged write
+        return tables
+
+    def kernel_block_size(self, group: int) -> int:
+        return self.kernel_sizes[group]
+
+    # Staged writes are applied once per step, as vLLM's runner does (all the
+    # adds / appends of one scheduler output in one launch).  vLLM stages at
+    # most one write per request between two steps (a new request arrives with
+    # all its blocks), and 0.26's fused writer is sized for exactly that; a
+    # trace can stage a second write to the same state index (add then append,
+    # or remove and re-add) — that starts a new scheduler output: flush first.
+    def _stage_write(self, index: int) -> None:
+        if index in self._pending:
+            self.block_tables.apply_staged_writes()
+            self._pending.clear()
+        self._pending.add(index)
+
+    def _rows_add(self, req, state) -> None:
+        self._stage_write(self.free_index())
+        super()._rows_add(req, state)
+
+    def _rows_append(self, req, block_ids) -> None:
+        self._stage_write(self.req_index[req])
+        super()._rows_append(req, block_ids)
+
+    def _clear_staged_row(self, index: int) -> None:
+        """vLLM keeps a finished request's staged row; add overwrites it on reuse."""
+
+    def _gather(self, num_reqs: int, reqs_padded: int) -> None:
+        self._num_reqs = num_reqs
+        self._pending.clear()  # _stage_tables applied the staged writes
+        self.block_tables.gather_block_tables(self.idx_mapping.gpu[:num_reqs], reqs_padded)
+
+    def _compute_slot_mapping(self, group: int, tokens_padded: int) -> None:
+        if group != self.attn_groups[0]:
+            return  # one launch computes every group's slot mapping
+        n = self._num_reqs
+        num_tokens = int(self.query_start_loc.np[n])
+        self.block_tables.compute_slot_mappings(
+            self.idx_mapping.gpu[:n], self.query_start_loc.gpu[:n + 1],
+            self.positions.gpu[:num_tokens], tokens_padded)
+
+    def _fill_dummy_slots(self, num_tokens, tokens_padded, warmup) -> None:
+        self.block_tables.get_dummy_slot_mappings(num_tokens)
+
+    def _staged_rows(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """vLLM's staged rows as they will be after ``apply_staged_writes``."""
+        return staged_rows(self.block_tables, self.config.max_num_reqs)
