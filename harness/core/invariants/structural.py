@@ -55,8 +55,9 @@ def check_graph_addresses(obs: Observation, op_index: int, op: str) -> list[Viol
         for name, (captured, current) in ptrs.items():
             if captured != current:
                 out.append(Violation("GRAPH_ADDRESSES_STABLE", op_index, op,
-                                     f"graph {size} captured {name} at {captured:#x}, "
-                                     f"the runner now uses {current:#x}"))
+                                     f"graph {size} reads {name} from the storage it "
+                                     "captured; the runner now stages it into another tensor, "
+                                     "so replays read values no later step writes"))
     return out
 
 
