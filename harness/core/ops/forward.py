@@ -15,8 +15,6 @@ from __future__ import annotations
 import copy
 
 import numpy as np
-from hypothesis import strategies as st
-
 from reference.dcp import local_slots
 from reference.payload import POSITION_MAX
 
@@ -35,6 +33,8 @@ def _steppable(m) -> list[int]:
 
 
 def _draw_step(m, data) -> dict:
+    from hypothesis import strategies as st  # search only: reproducers import no Hypothesis
+
     cands = _steppable(m)
     reqs = data.draw(st.lists(st.sampled_from(cands), min_size=1,
                               max_size=min(len(cands), m.cfg.max_num_batched_tokens),
@@ -104,6 +104,8 @@ register(OpSpec(
 
 
 def _draw_dummy(m, data) -> dict:
+    from hypothesis import strategies as st  # search only: reproducers import no Hypothesis
+
     cfg = m.cfg
     num_reqs = data.draw(st.integers(1, cfg.max_num_reqs))
     uniform = data.draw(st.booleans())  # num_tokens == num_reqs: FULL applies

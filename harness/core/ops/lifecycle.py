@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import copy
 
-from hypothesis import strategies as st
-
 from reference.payload import POSITION_MAX, REQ_ID_MAX
 
 from harness.core.ops import BLOCK_IDS, INT, OpSpec, register
@@ -38,6 +36,8 @@ def _can_add(m) -> bool:
 
 
 def _draw_add(m, data) -> dict:
+    from hypothesis import strategies as st  # search only: reproducers import no Hypothesis
+
     cfg = m.cfg
     blocks = []
     for g, spec in enumerate(cfg.groups):
@@ -84,6 +84,8 @@ def _appendable(m) -> list[int]:
 
 
 def _draw_append(m, data) -> dict:
+    from hypothesis import strategies as st  # search only: reproducers import no Hypothesis
+
     req = data.draw(st.sampled_from(_appendable(m)))
     blocks = [[] for _ in m.cfg.groups]
     for g in m.cfg.attention_groups:
@@ -101,6 +103,8 @@ register(OpSpec(
 
 # -- remove ----------------------------------------------------------------------------
 def _draw_remove(m, data) -> dict:
+    from hypothesis import strategies as st  # search only: reproducers import no Hypothesis
+
     return {"op": "remove", "req": data.draw(st.sampled_from(m.ledger.live()))}
 
 

@@ -10,8 +10,6 @@ are indexed by a request's stable state index, so these ops are V1 only.
 
 from __future__ import annotations
 
-from hypothesis import strategies as st
-
 from harness.core.ops import INT, OpSpec, register
 
 register(OpSpec(
@@ -27,6 +25,8 @@ def _occupied_rows(m) -> list[int]:
 
 
 def _draw_swap(m, data) -> dict:
+    from hypothesis import strategies as st  # search only: reproducers import no Hypothesis
+
     i, j = data.draw(st.lists(st.sampled_from(_occupied_rows(m)), min_size=2, max_size=2,
                               unique=True))
     return {"op": "swap", "i": i, "j": j}

@@ -9,8 +9,6 @@ owner's first step.
 
 from __future__ import annotations
 
-from hypothesis import strategies as st
-
 from harness.core.ops import INT, OpSpec, register
 from harness.core.ops.lifecycle import _permit_all_blocks, _rename, _req
 
@@ -20,10 +18,16 @@ def _loadable(m) -> list[int]:
             if not (s.stepped or s.loaded or s.num_computed_tokens)]
 
 
+def _draw_kv_load(m, data) -> dict:
+    from hypothesis import strategies as st  # search only: reproducers import no Hypothesis
+
+    return {"op": "kv_load", "req": data.draw(st.sampled_from(_loadable(m)))}
+
+
 register(OpSpec(
     name="kv_load", summary="a remote prefill's KV lands in a new request's blocks",
     fields={"req": INT}, example={"op": "kv_load", "req": 0},
     apply=lambda t, op: t.kv_load(op["req"]),
-    draw=lambda m, data: {"op": "kv_load", "req": data.draw(st.sampled_from(_loadable(m)))},
+    draw=_draw_kv_load,
     enabled=lambda m: bool(_loadable(m)), requests=_req, rename=_rename,
     permit=_permit_all_blocks))
