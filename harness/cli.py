@@ -11,7 +11,6 @@ import argparse
 import json
 import math
 import os
-import shlex
 import sys
 import tempfile
 from pathlib import Path
@@ -87,8 +86,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "installed release, no faults)")
     _add_common(p)
 
-    p = sub.add_parser("nightly", help="time-budgeted, crash-isolated, sharded campaign "
-                                       "with report.json and JUnit XML")
+    _add_nightly(sub.add_parser("nightly", help="time-budgeted, crash-isolated, sharded "
+                                                "campaign with report.json and JUnit XML"))
+
+    p = sub.add_parser("faults", help="the fault catalogue")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    return parser
+
+
+def _add_nightly(p) -> None:
+    """The nightly campaign's flags."""
     p.add_argument("--time-budget", type=float, required=True, metavar="S",
                    help="hand out seeds until S seconds are spent (seeds in flight finish)")
     p.add_argument("--workers", type=int, default=1, help="worker subprocesses")
@@ -111,10 +118,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default: $BLOCKFUZZ_DEVICE or auto")
     p.add_argument("--target", default="gpu_impl", choices=["gpu_impl", "vllm"],
                    help="implementation under test (vllm: the installed release's classes)")
-
-    p = sub.add_parser("faults", help="the fault catalogue")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    return parser
 
 
 def _add_fault_source(p) -> None:
