@@ -6,12 +6,21 @@ deadline, so the same call finds the same minimal trace and the same bytes.
 With a time budget it runs fixed-size chunks of examples with seeds derived
 from the base seed until the budget is spent (each chunk is deterministic; how
 many chunks fit is what the budget decides, and the report says which ran).
+The budget is checked between chunks: a run stops after the chunk in flight,
+so it may overrun S by up to one chunk of :data:`CHUNK_EXAMPLES` examples.
+
+``examples`` in a :class:`FuzzResult` counts examples that ran to completion;
+examples Hypothesis started and discarded (it ran out of its choice buffer)
+are counted apart in ``discarded``.  Ctrl-C raises :class:`FuzzInterrupted`
+carrying what was done: the chunk seeds run, and the unshrunk trace when a
+violation was found before shrinking finished.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -25,7 +34,7 @@ from harness.search import profiles
 from harness.core.invariants import Violation
 from harness.search.machine import InvariantViolationError, make_machine
 from harness.core.session import replay
-from harness.search.shrink import shrink
+from harness.search.shrink import renumber, shrink
 from harness.core.trace import Trace
 
 CHUNK_EXAMPLES = 25
@@ -45,10 +54,43 @@ class FuzzResult:
     shrink_replays: int = 0
     shrink_seconds: float = 0.0
     chunk_seeds: list = field(default_factory=list)
+    discarded: int = 0
+    search_seconds: float = 0.0
 
     @property
     def steps_per_s(self) -> float:
-        return self.steps / self.seconds if self.seconds else 0.0
+        """Search throughput: steps per second of search (shrinking excluded)."""
+        return self.steps / self.search_seconds if self.search_seconds else 0.0
+
+
+class FuzzInterrupted(KeyboardInterrupt):
+    """Ctrl-C during :func:`fuzz`; ``result`` is what was done by then.
+
+    ``result.chunk_seeds`` lists the chunks started (the last one was cut
+    short); ``shrinking`` is True when a violation had been found, and then
+    ``result.trace`` is the unshrunk failing trace with its ``expect`` set.
+    """
+
+    def __init__(self, result: FuzzResult, shrinking: bool):
+        super().__init__("interrupted")
+        self.result, self.shrinking = result, shrinking
+
+
+class _CountEndings:
+    """Mixin: teardown (run from Hypothesis's ``finally``) also counts how the
+    example ended — ``completed``, ``failed`` (a violation) or ``discarded``
+    (Hypothesis stopped it: its choice buffer ran out) — in ``stats``."""
+
+    def teardown(self) -> None:
+        ended = sys.exc_info()[0]
+        super().teardown()
+        if ended is None:
+            key = "completed"
+        elif issubclass(ended, InvariantViolationError):
+            key = "failed"
+        else:
+            key = "discarded"
+        self.stats[key] = self.stats.get(key, 0) + 1
 
 
 def chunk_seed(seed: int, k: int) -> int:
@@ -59,7 +101,8 @@ def chunk_seed(seed: int, k: int) -> int:
 
 
 def _search(config, seed, examples, faults, target, device, profile, stats, runner):
-    machine = make_machine(config, faults, target, device, stats, runner)
+    bound = make_machine(config, faults, target, device, stats, runner)
+    machine = type("BlockFuzzMachine_counted", (_CountEndings, bound), {})
     hypothesis_seed(seed)(machine)
     # Hypothesis's own shrinker re-runs hundreds of examples through the Triton
     # interpreter; our trace shrinker (harness/shrink.py) needs tens of replays.
@@ -72,6 +115,46 @@ def _search(config, seed, examples, faults, target, device, profile, stats, runn
     return None
 
 
+def _run_chunks(config, seed, examples, faults, target, device, time_budget_s, profile,
+                stats, runner, chunks: list):
+    """The search: one run of ``examples``, or budgeted chunks; appends each chunk's
+    seed to ``chunks`` as it starts. Returns the first violation error or None."""
+    if time_budget_s is None:
+        chunks.append(seed)
+        return _search(config, seed, examples, faults, target, device, profile, stats, runner)
+    start = time.perf_counter()
+    for k in range(1_000_000):
+        if time.perf_counter() - start >= time_budget_s:
+            break
+        chunks.append(chunk_seed(seed, k))
+        error = _search(config, chunks[-1], CHUNK_EXAMPLES, faults, target, device, profile,
+                        stats, runner)
+        if error is not None:
+            return error
+    return None
+
+
+def _found_trace(error, seed, faults, target, device, found_by) -> tuple[Trace, object]:
+    """The unshrunk failing trace (``expect`` set) and its replayed verdict."""
+    meta = {"seed": seed, "faults": sorted(faults), "found_by": found_by, "target": target}
+    if target == "vllm":
+        from harness.targets.vllm import installed_version
+
+        meta["vllm_version"] = installed_version()
+    trace = Trace(error.config, error.ops, meta=meta)
+    verdict = replay(trace, faults, target, device)
+    assert verdict.violation is not None, "a found violation must replay"
+    _set_expect(trace, verdict)
+    return trace, verdict
+
+
+def _set_expect(trace: Trace, verdict) -> None:
+    trace.expect = {"verdict": "fail", "invariant": verdict.violation.invariant,
+                    "op_index": verdict.violation.op_index}
+    if trace.meta.get("target") == "vllm":  # what `replay --check-expect --target vllm` checks
+        trace.meta["expect_by_release"] = {trace.meta["vllm_version"]: dict(trace.expect)}
+
+
 def fuzz(config: RunnerConfig | None, seed: int = 0, examples: int | None = 200,
          faults=(), target: str = "gpu_impl", device: str | None = None,
          time_budget_s: float | None = None, profile: str = "dev",
@@ -80,61 +163,64 @@ def fuzz(config: RunnerConfig | None, seed: int = 0, examples: int | None = 200,
     """Search for a violation; returns a :class:`FuzzResult` (never raises on one).
 
     config None draws the geometry per example (``runner`` pins the runner);
-    the failing trace records the config it ran on.
+    the failing trace records the config it ran on.  Raises
+    :class:`FuzzInterrupted` on Ctrl-C, carrying what was done.
     """
     stats: dict = {}
     start = time.perf_counter()
-    error, chunks = None, []
-    if time_budget_s is None:
-        chunks.append(seed)
-        error = _search(config, seed, examples, faults, target, device, profile, stats, runner)
-    else:
-        for k in range(1_000_000):
-            if time.perf_counter() - start >= time_budget_s:
-                break
-            s = chunk_seed(seed, k)
-            chunks.append(s)
-            error = _search(config, s, CHUNK_EXAMPLES, faults, target, device, profile, stats,
-                            runner)
-            if error is not None:
-                break
-    result = FuzzResult(seed, stats.get("examples", 0), stats.get("steps", 0),
-                        time.perf_counter() - start, chunk_seeds=chunks)
-    if error is None:
-        return result
-    meta = {"seed": seed, "faults": sorted(faults), "found_by": found_by,
-            "target": target}
-    if target == "vllm":
-        from harness.targets.vllm import installed_version
+    chunks: list = []
+    result = FuzzResult(seed, 0, 0, 0.0, chunk_seeds=chunks)
 
-        meta["vllm_version"] = installed_version()
-    trace = Trace(error.config, error.ops, meta=meta)
-    replays = 0
-    verdict = replay(trace, faults, target, device)
-    assert verdict.violation is not None, "a found violation must replay"
+    def settle():
+        result.examples = stats.get("completed", 0) + (result.violation is not None)
+        result.discarded = stats.get("discarded", 0)
+        result.steps = stats.get("steps", 0)
+        result.seconds = time.perf_counter() - start
+
+    try:
+        error = _run_chunks(config, seed, examples, faults, target, device, time_budget_s,
+                            profile, stats, runner, chunks)
+    except KeyboardInterrupt:
+        settle()
+        result.search_seconds = result.seconds
+        raise FuzzInterrupted(result, False) from None
+    result.search_seconds = time.perf_counter() - start
+    if error is None:
+        settle()
+        return result
+    trace, verdict = _found_trace(error, seed, faults, target, device, found_by)
+    result.violation, result.trace = verdict.violation, trace
+    result.hypothesis_ops = len(error.ops)
+    settle()
     if shrink_trace:
         shrink_start = time.perf_counter()
-        trace, replays = shrink(trace, verdict.violation.invariant, faults, target, device)
-        verdict = replay(trace, faults, target, device)
+        try:
+            small, result.shrink_replays = shrink(trace, verdict.violation.invariant, faults,
+                                                  target, device)
+        except KeyboardInterrupt:
+            settle()
+            raise FuzzInterrupted(result, True) from None
+        verdict = replay(small, faults, target, device)
+        _set_expect(small, verdict)
+        result.violation, result.trace = verdict.violation, small
         result.shrink_seconds = time.perf_counter() - shrink_start
-    trace.expect = {"verdict": "fail", "invariant": verdict.violation.invariant,
-                    "op_index": verdict.violation.op_index}
-    if target == "vllm":  # what `replay --check-expect --target vllm` checks
-        trace.meta["expect_by_release"] = {trace.meta["vllm_version"]: dict(trace.expect)}
-    result.violation, result.trace = verdict.violation, trace
-    result.hypothesis_ops, result.shrink_replays = len(error.ops), replays
-    result.seconds = time.perf_counter() - start
+    settle()
     return result
 
 
 def signature(trace: Trace) -> str:
-    """Dedup key of a finding: invariant, offending op, length, and a digest of the
-    trace's *shape* — runner config (geometry), faults and the sequence of op
-    kinds — so the same bug found with other block ids or from another seed gets
-    the same name, and different bugs (other faults or geometry) never share one."""
+    """Dedup key of a finding: ``INVARIANT-op-Nops-digest``.
+
+    The digest covers the runner config (geometry), the faults, the target and
+    every op with requests and blocks renumbered by first use — so a finding
+    found again from another seed, whose shrunk trace is the same up to ids,
+    gets the same name, and two findings that share a name have the same
+    shrunk trace (two different bugs are never merged).
+    """
     e = trace.expect
     op = trace.ops[e["op_index"]]["op"] if e.get("op_index", -1) >= 0 else "start"
     shape = json.dumps({"config": trace.config.to_json(), "faults": sorted(trace.faults),
-                        "ops": [o["op"] for o in trace.ops]}, sort_keys=True)
+                        "target": trace.meta.get("target", "gpu_impl"),
+                        "ops": renumber(trace.ops)}, sort_keys=True)
     digest = hashlib.sha256(shape.encode()).hexdigest()[:8]
     return f"{e.get('invariant', 'pass')}-{op}-{len(trace.ops)}ops-{digest}"

@@ -4,11 +4,16 @@
   shards), each seed one fuzz run of :data:`EXAMPLES_PER_SEED` examples with the
   geometry drawn per example.  Every finished seed is appended to
   ``DIR/seeds.log``; a re-run with the same DIR skips the seeds already there
-  (resume after an interrupt).
+  (resume after an interrupt; totals count every run).  ``max_seeds`` bounds
+  a run by seeds instead of (or as well as) time.
 - **Isolation.** Seeds run in long-lived worker subprocesses (``python -m
-  harness _worker``) fed one seed at a time over a pipe.  A worker that dies
+  harness _worker``, or ``Campaign.worker_command``) fed one seed at a time
+  over a pipe.  A worker that dies
   (segfault, CUDA error, abort) or passes the per-seed timeout is killed and
   replaced; its seed becomes a ``crash`` finding and the campaign goes on.
+  Every finding carries the ``blockfuzz fuzz`` command that re-runs its seed
+  (``rerun``) and, when it has a trace, the ``replay`` command
+  (:mod:`harness.tools.commands`).
 - **Findings** are deduplicated by signature, already shrunk by the worker,
   and written atomically to ``DIR/findings/`` and the corpus directory.
 - **Reports.** ``DIR/report.json``, ``DIR/junit.xml`` (one test case per
@@ -31,15 +36,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.core.trace import write_atomic
+from harness.tools.commands import RunSettings
 
 EXAMPLES_PER_SEED = 25
 SEED_TIMEOUT_S = 300.0
-CRASH_SEED_ENV = "BLOCKFUZZ_TEST_CRASH_SEED"  # test-only: a worker aborts on this seed
+PROFILE = "nightly"  # the Hypothesis profile every seed runs under
+WORKER_COMMAND = (sys.executable, "-m", "harness", "_worker")  # + the spec as JSON
 
 
 @dataclass
 class Campaign:
-    """Parameters of one campaign (see :func:`run`)."""
+    """Parameters of one campaign (see :func:`run`).
+
+    worker_command: the worker program; the parent appends the worker spec
+    (JSON) as its last argument.  max_seeds: stop handing out seeds after this
+    many in this run (None: only the time budget bounds the run).
+    """
 
     out: Path
     time_budget_s: float
@@ -52,48 +64,75 @@ class Campaign:
     seed_timeout_s: float = SEED_TIMEOUT_S
     examples_per_seed: int = EXAMPLES_PER_SEED
     target: str = "gpu_impl"
+    max_seeds: int | None = None
+    worker_command: tuple[str, ...] = WORKER_COMMAND
+
+    def run_settings(self, faults=None, target=None) -> RunSettings:
+        """What a seed of this campaign ran with (for the commands a report prints)."""
+        return RunSettings(runner=self.runner, profile=PROFILE,
+                           target=target or self.target,
+                           faults=tuple(self.faults if faults is None else faults),
+                           examples=self.examples_per_seed, device=self.device)
 
 
 @dataclass
 class Progress:
+    """Campaign totals: earlier runs of the same DIR (resumed) included.
+
+    ``resumed`` counts the seeds an earlier run finished; ``elapsed`` is the
+    wall time of every run together; ``interrupted`` is set on Ctrl-C.
+    """
+
     seeds: list = field(default_factory=list)
     findings: dict = field(default_factory=dict)  # signature -> finding record
     steps: int = 0
     examples: int = 0
     crashes: int = 0
     elapsed: float = 0.0
+    resumed: int = 0
+    interrupted: bool = False
 
 
 # -- worker side -------------------------------------------------------------------
+def run_seed(spec: dict, seed: int, device: str) -> dict:
+    """One seed of a campaign in this process: its record for the parent."""
+    from harness.search import fuzz as search
+
+    result = search.fuzz(None, seed, spec["examples"], spec["faults"], spec["target"], device,
+                         profile=PROFILE, found_by=f"blockfuzz nightly seed {seed}",
+                         runner=spec["runner"])
+    record = {"seed": seed, "examples": result.examples, "steps": result.steps,
+              "seconds": result.seconds, "verdict": "pass"}
+    if result.violation is not None:
+        record.update(verdict="fail", signature=search.signature(result.trace),
+                      violation=result.violation.line(), trace=result.trace.to_json())
+    return record
+
+
 def worker_main(argv: list[str]) -> int:
-    """Run seeds read from stdin (one JSON object a line); answer one JSON line each."""
-    spec = json.loads(argv[0])
-    target = spec.get("target", "gpu_impl")
-    if target == "vllm":
-        from harness.targets.vllm import load
+    """Run seeds read from stdin (one JSON object a line); answer one JSON line each.
 
-        load()  # its environment must be set before Triton is imported
-        device = "cpu"
-    else:
-        from gpu_impl.device import select_device
+    argv[-1] is the spec (JSON).  Ctrl-C or a closed pipe ends the worker
+    quietly (exit 130 / 0): the parent owns the campaign's reports.
+    """
+    spec = dict({"target": "gpu_impl"}, **json.loads(argv[-1]))
+    try:
+        if spec["target"] == "vllm":
+            from harness.targets.vllm import load
 
-        device = select_device(spec["device"]).type
-    from harness.search.fuzz import fuzz, signature
+            load()  # its environment must be set before Triton is imported
+            device = "cpu"
+        else:
+            from gpu_impl.device import select_device
 
-    crash_seed = os.environ.get(CRASH_SEED_ENV)
-    for line in sys.stdin:
-        seed = json.loads(line)["seed"]
-        if crash_seed is not None and int(crash_seed) == seed:
-            os.abort()  # the test-only crash switch
-        result = fuzz(None, seed, spec["examples"], spec["faults"], target, device,
-                      profile="nightly", found_by=f"blockfuzz nightly seed {seed}",
-                      runner=spec["runner"])
-        record = {"seed": seed, "examples": result.examples, "steps": result.steps,
-                  "seconds": result.seconds, "verdict": "pass"}
-        if result.violation is not None:
-            record.update(verdict="fail", signature=signature(result.trace),
-                          violation=result.violation.line(), trace=result.trace.to_json())
-        print(json.dumps(record, sort_keys=True), flush=True)
+            device = select_device(spec["device"]).type
+        for line in sys.stdin:
+            record = run_seed(spec, json.loads(line)["seed"], device)
+            print(json.dumps(record, sort_keys=True), flush=True)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
     return 0
 
 
@@ -102,11 +141,14 @@ class CampaignMismatch(ValueError):
 
 
 class _Worker:
-    def __init__(self, spec: dict, stderr_path: Path):
+    """One worker subprocess, in its own session: a terminal's Ctrl-C reaches only
+    the parent, which kills its workers (no tracebacks in workers.log)."""
+
+    def __init__(self, command: tuple[str, ...], spec: dict, stderr_path: Path):
         with stderr_path.open("a", encoding="utf-8") as err:  # crash output lands here
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "harness", "_worker", json.dumps(spec)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, bufsize=1)
+                [*command, json.dumps(spec)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=err, text=True, bufsize=1, start_new_session=True)
         self.seed: int | None = None
         self.started = 0.0
 
@@ -151,6 +193,7 @@ def _record_finding(c: Campaign, progress: Progress, record: dict) -> None:
         return
     finding = {k: record[k] for k in ("signature", "violation") if k in record}
     finding["seeds"] = [record["seed"]]
+    finding["rerun"] = c.run_settings().fuzz(record["seed"])
     written = c.out / "findings" / f"{sig}.json"
     if "trace" not in record and written.exists():  # resumed: the trace is on disk
         record = dict(record, trace=json.loads(written.read_text(encoding="utf-8")))
@@ -160,13 +203,10 @@ def _record_finding(c: Campaign, progress: Progress, record: dict) -> None:
         text = canonical_json(record["trace"])
         for d in filter(None, (c.out / "findings", c.corpus)):
             write_atomic(Path(d) / f"{sig}.json", text)
-        path = c.out / "findings" / f"{sig}.json"
-        faults = record["trace"]["meta"].get("faults", [])
-        finding["trace"] = str(path)
-        target = record["trace"]["meta"].get("target", "gpu_impl")
-        finding["replay"] = " ".join(["blockfuzz", "replay", str(path)]
-                                     + [a for f in faults for a in ("--fault", f)]
-                                     + (["--target", target] if target != "gpu_impl" else []))
+        meta = record["trace"]["meta"]
+        finding["trace"] = str(written)
+        finding["replay"] = c.run_settings(meta.get("faults", []), meta.get("target")) \
+            .on_trace("replay", written)
     progress.findings[sig] = finding
 
 
@@ -175,14 +215,12 @@ def _settings(c: Campaign) -> dict:
             "examples_per_seed": c.examples_per_seed, "target": c.target}
 
 
-def run(c: Campaign, tick=None) -> Progress:
-    """Run the campaign; returns what it saw (also written to ``c.out``).
+def prepare(c: Campaign) -> Progress:
+    """Create or resume ``c.out``: the totals of the seeds already finished there.
 
-    tick(elapsed_s, progress) is called about once a second (progress display).
-    Raises :class:`CampaignMismatch` when ``c.out`` holds a campaign started with
-    other settings (resuming it would mix them).
+    Raises :class:`CampaignMismatch` (nothing written) when ``c.out`` holds a
+    campaign started with other settings (resuming it would mix them).
     """
-    c.out.mkdir(parents=True, exist_ok=True)
     settings_path = c.out / "campaign.json"
     if settings_path.exists():
         before = json.loads(settings_path.read_text(encoding="utf-8"))
@@ -191,77 +229,120 @@ def run(c: Campaign, tick=None) -> Progress:
             raise CampaignMismatch(f"was started with {json.dumps(before, sort_keys=True)}; "
                                    "resume with the same settings or use a new directory")
     else:
+        c.out.mkdir(parents=True, exist_ok=True)
         write_atomic(settings_path, json.dumps(_settings(c), sort_keys=True) + "\n")
-    log = c.out / "seeds.log"
     progress = Progress()
-    for rec in _read_log(log):  # resume: earlier findings and seeds count
-        progress.seeds.append(rec["seed"])
-        if rec.get("verdict") in ("fail", "crash"):
-            _record_finding(c, progress, rec)
-    schedule = _seed_schedule(c.shard, set(progress.seeds))
-    spec = {"device": c.device, "examples": c.examples_per_seed, "faults": list(c.faults),
-            "runner": c.runner, "target": c.target}
-    start = time.monotonic()
-    sel = selectors.DefaultSelector()
-    workers = []
+    for rec in _read_log(c.out / "seeds.log"):  # resume: earlier seeds and totals count
+        _count(c, progress, rec)
+        progress.elapsed = max(progress.elapsed, rec.get("elapsed", 0.0))
+    progress.resumed = len(progress.seeds)
+    return progress
 
-    def spawn():
-        w = _Worker(spec, c.out / "workers.log")
-        w.give(next(schedule))
-        sel.register(w.proc.stdout, selectors.EVENT_READ, w)
-        workers.append(w)
 
-    def finish(w, rec):
-        progress.seeds.append(rec["seed"])
-        progress.steps += rec.get("steps", 0)
-        progress.examples += rec.get("examples", 0)
-        if rec["verdict"] in ("fail", "crash"):
-            _record_finding(c, progress, rec)
+def _count(c: Campaign, progress: Progress, rec: dict) -> None:
+    progress.seeds.append(rec["seed"])
+    progress.steps += rec.get("steps", 0)
+    progress.examples += rec.get("examples", 0)
+    progress.crashes += rec["verdict"] == "crash"
+    if rec["verdict"] in ("fail", "crash"):
+        _record_finding(c, progress, rec)
+
+
+class _Pool:
+    """The parent's worker pool for one run of a campaign."""
+
+    def __init__(self, c: Campaign, progress: Progress):
+        self.c, self.progress = c, progress
+        self.schedule = _seed_schedule(c.shard, set(progress.seeds))
+        self.spec = {"device": c.device, "examples": c.examples_per_seed,
+                     "faults": list(c.faults), "runner": c.runner, "target": c.target}
+        self.sel = selectors.DefaultSelector()
+        self.workers: list[_Worker] = []
+        self.handed = 0  # seeds handed out in this run
+        self.start = time.monotonic()
+        self.before = progress.elapsed  # wall time of earlier runs
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def more(self) -> bool:
+        """May another seed be handed out?"""
+        c = self.c
+        return self.elapsed() < c.time_budget_s and (c.max_seeds is None
+                                                     or self.handed < c.max_seeds)
+
+    def give(self, w: _Worker) -> None:
+        self.handed += 1
+        w.give(next(self.schedule))
+
+    def spawn(self) -> None:
+        w = _Worker(self.c.worker_command, self.spec, self.c.out / "workers.log")
+        self.give(w)
+        self.sel.register(w.proc.stdout, selectors.EVENT_READ, w)
+        self.workers.append(w)
+
+    def retire(self, w: _Worker) -> None:
+        self.sel.unregister(w.proc.stdout)
+        w.kill()
+        self.workers.remove(w)
+
+    def finish(self, rec: dict) -> None:
+        rec["elapsed"] = round(self.before + self.elapsed(), 3)  # campaign time, all runs
+        _count(self.c, self.progress, rec)
         light = {k: v for k, v in rec.items() if k != "trace"}
-        with log.open("a", encoding="utf-8") as f:
+        with (self.c.out / "seeds.log").open("a", encoding="utf-8") as f:
             f.write(json.dumps(light, sort_keys=True) + "\n")
 
-    def crash(w, why):
-        sel.unregister(w.proc.stdout)
-        w.kill()
-        workers.remove(w)
-        progress.crashes += 1
-        finish(w, {"seed": w.seed, "verdict": "crash", "signature": f"CRASH-seed{w.seed}",
-                   "violation": f"worker {why} on seed {w.seed}; rerun: blockfuzz fuzz --seed "
-                                f"{w.seed} --examples {c.examples_per_seed}"
-                                + "".join(f" --fault {f}" for f in c.faults)})
+    def crash(self, w: _Worker, why: str) -> None:
+        self.retire(w)
+        self.finish({"seed": w.seed, "verdict": "crash", "signature": f"CRASH-seed{w.seed}",
+                     "violation": f"worker {why} on seed {w.seed}"})
+        if self.more():
+            self.spawn()
 
-    for _ in range(c.workers):
-        spawn()
-    try:
-        while workers:
-            remaining = c.time_budget_s - (time.monotonic() - start)
-            for key, _ in sel.select(timeout=1.0):
-                w = key.data
-                line = w.proc.stdout.readline()
-                if not line:
-                    crash(w, f"exited with code {w.proc.wait()}")
-                    if remaining > 0:
-                        spawn()
-                    continue
-                finish(w, json.loads(line))
-                if remaining > 0:
-                    w.give(next(schedule))
-                else:
-                    sel.unregister(w.proc.stdout)
-                    w.kill()
-                    workers.remove(w)
-            for w in list(workers):
-                if time.monotonic() - w.started > c.seed_timeout_s:
-                    crash(w, f"hung past {c.seed_timeout_s:g} s")
-                    if c.time_budget_s - (time.monotonic() - start) > 0:
-                        spawn()
+    def answer(self, w: _Worker) -> None:
+        line = w.proc.stdout.readline()
+        if not line:
+            self.crash(w, f"exited with code {w.proc.wait()}")
+            return
+        self.finish(json.loads(line))
+        if self.more():
+            self.give(w)
+        else:
+            self.retire(w)
+
+    def loop(self, tick) -> None:
+        for _ in range(min(self.c.workers, self.c.max_seeds or self.c.workers)):
+            self.spawn()
+        while self.workers:
             if tick is not None:
-                tick(time.monotonic() - start, progress)
+                tick(self.elapsed(), self.progress)
+            for key, _ in self.sel.select(timeout=1.0):
+                self.answer(key.data)
+            for w in list(self.workers):
+                if time.monotonic() - w.started > self.c.seed_timeout_s:
+                    self.crash(w, f"hung past {self.c.seed_timeout_s:g} s")
+
+
+def run(c: Campaign, tick=None, progress: Progress | None = None) -> Progress:
+    """Run the campaign; returns what it saw (also written to ``c.out``).
+
+    progress: from :func:`prepare` (called here when None).  tick(elapsed_s,
+    progress) is called right away and then about once a second (elapsed_s:
+    this run's wall time).  Ctrl-C stops
+    the run: workers are killed, the reports cover the finished seeds, and
+    ``interrupted`` is set (re-running with the same DIR resumes).
+    """
+    progress = prepare(c) if progress is None else progress
+    pool = _Pool(c, progress)
+    try:
+        pool.loop(tick)
+    except KeyboardInterrupt:
+        progress.interrupted = True
     finally:
-        for w in workers:
+        for w in pool.workers:
             w.kill()
-    progress.elapsed = time.monotonic() - start
+    progress.elapsed = pool.before + pool.elapsed()
     write_reports(c, progress)
     return progress
 
@@ -294,7 +375,9 @@ def write_reports(c: Campaign, p: Progress) -> None:
         "campaign": {"time_budget_s": c.time_budget_s, "workers": c.workers,
                      "shard": f"{c.shard[0]}/{c.shard[1]}", "device": c.device,
                      "runner": c.runner or "drawn", "faults": list(c.faults),
-                     "examples_per_seed": c.examples_per_seed, "target": c.target},
+                     "examples_per_seed": c.examples_per_seed, "target": c.target,
+                     "max_seeds": c.max_seeds},
+        "interrupted": p.interrupted, "resumed_seeds": p.resumed,
         "versions": _versions(), "git_commit": _git_commit(),
         "seeds_run": sorted(p.seeds), "steps": p.steps, "examples": p.examples,
         "seconds": round(elapsed, 3), "steps_per_s": round(p.steps / elapsed, 2) if elapsed else 0,
@@ -310,11 +393,16 @@ def write_reports(c: Campaign, p: Progress) -> None:
     for sig in sorted(p.findings):
         f = p.findings[sig]
         tc = ET.SubElement(suite, "testcase", classname="blockfuzz.findings", name=sig)
-        ET.SubElement(tc, "failure", message=f.get("violation", sig)).text = f.get("replay", "")
+        ET.SubElement(tc, "failure", message=f.get("violation", sig)).text = _commands(f)
     write_atomic(c.out / "junit.xml", ET.tostring(suite, encoding="unicode") + "\n")
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:
         _append_summary(summary, p, elapsed)
+
+
+def _commands(finding: dict) -> str:
+    """The replay (of the shrunk trace) and rerun (of the seed) lines of a finding."""
+    return "\n".join(f"{k}: {finding[k]}" for k in ("replay", "rerun") if finding.get(k))
 
 
 def _append_summary(summary: str, p: Progress, elapsed: float) -> None:
@@ -323,7 +411,8 @@ def _append_summary(summary: str, p: Progress, elapsed: float) -> None:
              f"{len(p.seeds)} seeds, {p.steps} steps in {elapsed:.0f} s", "",
              "| signature | violation | replay |", "|---|---|---|"]
     lines += [f"| {s} | {p.findings[s].get('violation', '')} | "
-              f"`{p.findings[s].get('replay', '')}` |" for s in sorted(p.findings)]
+              f"`{p.findings[s].get('replay') or p.findings[s]['rerun']}` |"
+              for s in sorted(p.findings)]
     try:
         with open(summary, "a", encoding="utf-8") as fh:
             fh.write("\n".join(lines) + "\n")

@@ -3,13 +3,17 @@ errors with nothing written, byte-identical traces across processes."""
 
 import json
 import os
+import shlex
+import stat
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from harness.cli import main
+from harness.cli import build_parser, main
+from harness.core.trace import load
+from harness.search import fuzz as search
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED_TRACE = ROOT / "corpora" / "seeds" / "full-replay-not-restaged.json"
@@ -22,7 +26,7 @@ def test_fuzz_clean_run_prints_seed_first_and_exits_0(capsys, tmp_path):
     assert rc == 0
     assert out[0].startswith("blockfuzz fuzz: seed=3 runner=v1 target=gpu_impl")
     assert out[1].startswith("config: drawn per example")
-    assert out[-1].startswith("PASS: ")
+    assert out[-1].startswith("PASS: 5 examples")  # as many as asked, run to completion
     assert not (tmp_path / "o").exists()
 
 
@@ -35,9 +39,23 @@ def test_fuzz_violation_writes_trace_and_ends_with_replay_command(capsys, tmp_pa
     assert any(line.startswith("FAIL: VACATED_ROWS_ZERO") for line in lines)
     last = lines[-1]
     assert last.startswith("replay: blockfuzz replay ") and "--fault removed-row-not-cleared" in last
+    explain = lines[-2]
+    assert explain.startswith("explain: blockfuzz explain ") and "--fault removed" in explain
+    found = next(x for x in lines if x.startswith("found within "))
+    assert "s of search (" in found and "steps/s); shrunk " in found and " replays (" in found
     (trace_path,) = out_dir.glob("*.json")
-    assert main(last.split()[2:]) == 1  # the printed command reproduces it
+    assert main(shlex.split(last)[2:]) == 1  # the printed command reproduces it
+    assert main(shlex.split(explain)[2:] + ["--format", "json"]) == 1
+    capsys.readouterr()
     assert main(["replay", str(trace_path)]) == 0  # and passes without the fault
+    assert capsys.readouterr().out.startswith("note: ")  # ...and says the fault is off
+
+
+def test_no_shrink_prints_no_shrink_line(capsys, tmp_path):
+    rc = main(["fuzz", "--seed", "0", "--examples", "50", "--fault", "removed-row-not-cleared",
+               "--out", str(tmp_path), "--no-shrink"])
+    out = capsys.readouterr().out
+    assert rc == 1 and "found within " in out and "shrunk" not in out
 
 
 def test_replay_exit_codes(capsys):
@@ -60,12 +78,25 @@ def test_replay_exit_codes(capsys):
     (["fuzz", "--examples", "x"], "invalid int value"),
     (["replay"], "the following arguments are required"),
     (["frobnicate"], "invalid choice"),
+    (["fuzz", "--bogus"], "blockfuzz fuzz: unrecognized arguments: --bogus"),
+    (["fuzz", "--config", "/nonexistent.json"], "/nonexistent.json: cannot read"),
 ])
 def test_usage_errors_are_one_line_exit_2(capsys, tmp_path, argv, needle):
     rc = main(argv + (["--out", str(tmp_path / "o")] if argv[0] == "fuzz" else []))
-    err = capsys.readouterr().err
-    assert rc == 2 and needle in err and err.count("\n") == 1
+    captured = capsys.readouterr()
+    assert rc == 2 and needle in captured.err and captured.err.count("\n") == 1
+    assert captured.out == ""  # no header before an argument error
     assert not (tmp_path / "o").exists()
+
+
+def test_help_is_plain_text_and_lists_exit_codes(capsys):
+    parser = build_parser()
+    texts = [parser.format_help()]
+    sub = next(a for a in parser._actions if a.dest == "verb")
+    texts += [p.format_help() for p in sub.choices.values()]
+    for text in texts:
+        assert "``" not in text and "`" not in text
+        assert "exit codes:" in text and "130" in text
 
 
 def test_bad_trace_among_good_runs_nothing(capsys, tmp_path):
@@ -111,16 +142,36 @@ def test_repro_writes_trace_and_standalone_script(tmp_path, capsys):
     (trace_path,) = out_dir.glob("*.json")
     (script,) = out_dir.glob("*.py")
     assert script.stem == trace_path.stem
+    assert script.stat().st_mode & stat.S_IXUSR  # ./script works
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("reproducer: "))
+    assert shlex.split(line.split(" (")[0])[1:3] == ["python", str(script)]
     check = ("import runpy, sys; sys.argv = [sys.argv[1]] + sys.argv[2:]\n"
              "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\n"
              "except SystemExit as e:\n    code = e.code\n"
              "assert 'hypothesis' not in sys.modules, 'reproducer imported hypothesis'\n"
              "sys.exit(code)\n")
-    for extra, want in (([], 0), (["--fault", "full-replay-not-restaged"], 1)):
+    for extra, want in (([], 1), (["--no-faults"], 0),
+                        (["--fault", "full-replay-not-restaged"], 1)):
         proc = subprocess.run([sys.executable, "-c", check, str(script)] + extra, cwd=tmp_path,
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode == want, proc.stdout + proc.stderr
         assert ("FAIL: NO_STALE_WRITE" in proc.stdout) == bool(want)
+        switched = "none" if want == 0 else "full-replay-not-restaged"
+        assert proc.stdout.startswith(f"faults switched on: {switched}")
+
+
+def test_reproducer_without_blockfuzz_says_what_to_install(tmp_path):
+    from harness.tools.reproducer import reproducer_source
+
+    trace = load(SEED_TRACE)
+    script = tmp_path / "r.py"
+    script.write_text(reproducer_source(trace, script.name))
+    # -I: no PYTHONPATH, no user site; -S: no site-packages, so no blockfuzz install.
+    proc = subprocess.run([sys.executable, "-I", "-S", str(script)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 4 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and "pip install" in proc.stderr
+    assert "4 when blockfuzz is not importable" in script.read_text()
 
 
 def test_explain_names_offending_op_row_and_block(capsys):
@@ -134,8 +185,13 @@ def test_explain_names_offending_op_row_and_block(capsys):
     records = json.loads(capsys.readouterr().out)
     dummy = next(r for r in records if r["op"]["op"] == "dummy_run")
     assert any(w["offending"] and w["value"] == "NaN" and w["group"] == 1 for w in dummy["writes"])
-    assert main(["explain", str(path)]) == 0  # the fixed implementation
-    assert "ok" in capsys.readouterr().out
+    assert main(["explain", str(path), "--format", "json"]) == 0  # the fixed implementation
+    captured = capsys.readouterr()
+    records = json.loads(captured.out)  # the note went to stderr, not into the document
+    assert len(records) == len(json.loads(path.read_text())["ops"])
+    assert all(r["violations"] == [] for r in records)
+    assert captured.err.startswith(f"note: {path} was found with fault(s) ")
+    assert "--faults-from-trace" in captured.err and captured.err.count("\n") == 1
 
 
 def test_shrink_verb_on_a_hand_made_trace(tmp_path, capsys):
@@ -146,7 +202,10 @@ def test_shrink_verb_on_a_hand_made_trace(tmp_path, capsys):
     assert main(["shrink", str(path), "--faults-from-trace"]) == 1
     small = json.loads((tmp_path / "long.shrunk.json").read_text())
     assert len(small["ops"]) < len(src["ops"]) and small["expect"]["verdict"] == "fail"
+    capsys.readouterr()
     assert main(["shrink", str(path)]) == 0  # passes without its fault: nothing to shrink
+    out = capsys.readouterr().out
+    assert out.startswith("note: ") and "vacated-row-not-cleared" in out.splitlines()[0]
 
 
 def test_out_that_is_a_file_is_refused_before_searching(tmp_path, capsys):
@@ -198,3 +257,118 @@ def test_blockfuzz_device_env_is_read(monkeypatch, capsys):
     monkeypatch.setenv("BLOCKFUZZ_DEVICE", "bogus")
     assert main(["replay", str(SEED_TRACE)]) == 2
     assert "BLOCKFUZZ_DEVICE" in capsys.readouterr().err
+
+
+def _unwritable_dir(tmp_path: Path) -> Path:
+    """A folder this process cannot write into: read-only, or (as root, which
+    chmod does not stop) a path under a regular file."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    if not os.access(ro, os.W_OK):
+        return ro
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    return afile / "sub"
+
+
+def test_verbs_that_write_fail_before_the_work(tmp_path, capsys, monkeypatch):
+    bad = _unwritable_dir(tmp_path)
+    trace = bad / "t.json"
+    if bad.name == "ro":
+        bad.chmod(0o755)
+        trace.write_text(SEED_TRACE.read_text())
+        bad.chmod(0o555)
+    else:
+        trace = SEED_TRACE  # its folder is writable; --out is the unwritable one
+    def no_replay(*a, **k):
+        raise AssertionError("ran before refusing")
+
+    monkeypatch.setattr("harness.core.session.replay", no_replay)
+    monkeypatch.setattr(search, "fuzz", no_replay)
+    cases = [["fuzz", "--out", str(bad / "o")], ["repro", "--out", str(bad / "o")],
+             ["nightly", "--time-budget", "1", "--out", str(bad / "n")],
+             ["nightly", "--time-budget", "1", "--out", str(tmp_path / "n"),
+              "--corpus", str(bad / "c")],
+             ["shrink", str(trace), "--faults-from-trace", "--out", str(bad / "s.json")]]
+    if bad.name == "ro":
+        cases.append(["shrink", str(trace), "--faults-from-trace"])  # TRACE.shrunk.json
+    for argv in cases:
+        assert main(argv) == 2, argv
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err.count("\n") == 1, (argv, captured)
+        assert "not writable" in captured.err or "not a directory" in captured.err
+    assert not (tmp_path / "n").exists()
+
+
+def test_interrupted_time_budget_prints_the_chunks_run(tmp_path, capsys, monkeypatch):
+    real, calls = search._search, []
+
+    def search_then_ctrl_c(*args):
+        calls.append(args[1])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(search, "_search", search_then_ctrl_c)
+    assert main(["fuzz", "--runner", "v1", "--time-budget", "600", "--out", str(tmp_path)]) == 130
+    out = capsys.readouterr().out
+    assert f"chunk seeds run: {calls[0]}, {calls[1]} (the last one was cut short)" in out
+
+
+def test_interrupted_shrink_keeps_the_unshrunk_trace(tmp_path, capsys, monkeypatch):
+    def ctrl_c(*args, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(search, "shrink", ctrl_c)
+    assert main(["fuzz", "--seed", "0", "--examples", "50", "--fault",
+                 "removed-row-not-cleared", "--out", str(tmp_path)]) == 130
+    lines = capsys.readouterr().out.splitlines()
+    (path,) = tmp_path.glob("*-unshrunk.json")
+    assert any(x == f"unshrunk trace ({len(load(path).ops)} ops): {path}" for x in lines)
+    monkeypatch.undo()
+    shrink_cmd = next(x for x in lines if x.startswith("shrink: "))
+    assert main(shlex.split(shrink_cmd)[2:]) == 1  # the printed command finishes the job
+
+
+class _ClosedPipe:
+    def write(self, text):
+        raise BrokenPipeError
+
+    def flush(self):
+        raise BrokenPipeError
+
+    def isatty(self):
+        return False
+
+
+def test_exit_code_survives_a_closed_stdout(monkeypatch):
+    path = ROOT / "corpora" / "seeds" / "seed000-stale-row-mamba-into-loading-request.json"
+    monkeypatch.setattr(sys, "stdout", _ClosedPipe())
+    assert main(["explain", str(path), "--faults-from-trace", "--all"]) == 1
+    assert main(["replay", str(SEED_TRACE), "--faults-from-trace"]) == 1
+    assert main(["replay", str(SEED_TRACE)]) == 0
+
+
+def test_check_expect_with_nothing_checked_is_not_a_pass(capsys, monkeypatch):
+    import harness.targets.vllm as vllm_target
+
+    monkeypatch.setattr("harness.cli._select_device", lambda device, target: "cpu")
+    monkeypatch.setattr(vllm_target, "installed_version", lambda: "0.0.0-none", raising=False)
+    monkeypatch.setattr(vllm_target, "refusal", lambda config: None, raising=False)
+    traces = sorted(str(p) for p in (ROOT / "corpora" / "vllm").glob("*.json"))
+    assert main(["replay", "--check-expect", "--target", "vllm", *traces]) == 2
+    captured = capsys.readouterr()
+    assert "nothing was checked" in captured.err and captured.err.count("\n") == 1
+    assert captured.out.count("SKIP ") == len(traces)
+
+
+def test_signature_never_merges_different_shrunk_traces():
+    trace = load(ROOT / "corpora" / "seeds" / "vacated-row-not-cleared.json")
+    same = load(ROOT / "corpora" / "seeds" / "vacated-row-not-cleared.json")
+    assert search.signature(trace) == search.signature(same)
+    # Same op kinds and length, another op: another finding.
+    other = load(ROOT / "corpora" / "seeds" / "vacated-row-not-cleared.json")
+    other.ops[0] = dict(other.ops[0], prompt_len=other.ops[0]["prompt_len"] + 1)
+    assert [o["op"] for o in other.ops] == [o["op"] for o in trace.ops]
+    assert search.signature(other) != search.signature(trace)

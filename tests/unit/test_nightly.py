@@ -1,12 +1,23 @@
-"""harness/nightly.py on the CPU: a short campaign on the fixed implementation,
-resume after an interrupt, a fault's finding, and a worker crash that does not
-stop the campaign."""
+"""harness/search/nightly.py on the CPU: a short campaign on the fixed
+implementation, resume after an interrupt, a fault's finding, and a worker
+crash that does not stop the campaign.  Campaigns are bounded by seeds
+(--max-seeds / Campaign.max_seeds), never by how fast this machine is."""
 
 import json
-import os
+import shlex
+import sys
 import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
 
 from harness.cli import main
+from harness.search import nightly
+from harness.search.nightly import Campaign, run
+
+from tests.unit.crashing_worker import crash_call
+
+CRASHING_WORKER = Path(__file__).with_name("crashing_worker.py")
 
 
 def _report(out):
@@ -15,41 +26,116 @@ def _report(out):
 
 def test_clean_campaign_then_resume(tmp_path, capsys):
     out = tmp_path / "n"
-    argv = ["nightly", "--time-budget", "8", "--workers", "2", "--out", str(out),
-            "--corpus", "", "--runner", "v1", "--examples-per-seed", "4"]
+    argv = ["nightly", "--time-budget", "600", "--max-seeds", "2", "--workers", "2",
+            "--out", str(out), "--corpus", "", "--runner", "v1", "--examples-per-seed", "3"]
     assert main(argv) == 0
     first = _report(out)
-    assert first["findings"] == [] and first["seeds_run"] and first["steps"] > 0
+    assert first["findings"] == [] and len(first["seeds_run"]) == 2 and first["steps"] > 0
+    assert first["examples"] == 2 * 3  # completed examples, as asked
     assert first["versions"]["torch"] and first["campaign"]["shard"] == "0/1"
     suite = ET.parse(out / "junit.xml").getroot()
     assert suite.get("tests") == "1" and suite.get("failures") == "0"
+    first_out = capsys.readouterr().out.splitlines()
+    assert "resuming" not in first_out[0]
+    assert first_out[1].startswith("[    0s] seeds 0")  # progress from the first second
     # A re-run with the same DIR continues after the seeds already finished.
-    assert main(argv) == 0
+    assert main(argv[:4] + ["1"] + argv[5:]) == 0
     second = _report(out)
-    assert set(first["seeds_run"]) < set(second["seeds_run"])
+    assert sorted(second["seeds_run"]) == [0, 1, 2]
+    assert second["examples"] == 3 * 3 and second["steps"] > first["steps"]  # both runs
+    assert second["seconds"] >= first["seconds"] and second["resumed_seeds"] == 2
+    text = capsys.readouterr().out
+    assert text.splitlines()[0].startswith("blockfuzz nightly: resuming (2 seeds done) ")
+    assert "3 seeds, 9 examples" in text and "totals include 2 seeds of earlier runs" in text
     log = [json.loads(x) for x in (out / "seeds.log").read_text().splitlines()]
     assert len({r["seed"] for r in log}) == len(log)  # no seed ran twice
 
 
-def test_fault_finding_and_crash_switch(tmp_path, capsys, monkeypatch):
-    out, corpus = tmp_path / "n", tmp_path / "corpus"
-    monkeypatch.setenv("BLOCKFUZZ_TEST_CRASH_SEED", "1")
-    rc = main(["nightly", "--time-budget", "6", "--workers", "2", "--out", str(out),
-               "--corpus", str(corpus), "--fault", "vacated-row-not-cleared",
-               "--examples-per-seed", "10"])
-    assert rc == 1
+def test_findings_and_crash_print_commands_that_reproduce_them(tmp_path, capsys, monkeypatch):
+    """A fault's finding and a worker crash: the campaign goes on, and each printed
+    command, run as printed, reproduces what was found."""
+    out, corpus, call = tmp_path / "n", tmp_path / "corpus", tmp_path / "call.json"
+    c = Campaign(out, 600.0, workers=2, device="cpu", runner="v1",
+                 faults=("vacated-row-not-cleared",), corpus=corpus, examples_per_seed=10,
+                 max_seeds=3,
+                 worker_command=(sys.executable, str(CRASHING_WORKER), "1", str(call)))
+    progress = run(c)
     report = _report(out)
-    sigs = {f["signature"] for f in report["findings"]}
-    assert "CRASH-seed1" in sigs  # the crashed worker's seed is recorded...
-    assert report["crashes"] == 1 and len(report["seeds_run"]) > 2  # ...and the campaign went on
-    found = [f for f in report["findings"] if f["signature"].startswith("VACATED_ROWS_ZERO")]
-    assert found and all(f["replay"].startswith("blockfuzz replay ") for f in found)
+    assert sorted(report["seeds_run"]) == [0, 1, 2] and report["crashes"] == 1
+    by_sig = {f["signature"]: f for f in report["findings"]}
+    crash = by_sig.pop("CRASH-seed1")
+    assert "exited with code" in crash["violation"]
+    found = [f for s, f in by_sig.items() if s.startswith("VACATED_ROWS_ZERO")]
+    assert found and set(by_sig) == {f["signature"] for f in found}
+    junit = ET.tostring(ET.parse(out / "junit.xml").getroot(), encoding="unicode")
     for f in found:
-        trace = json.loads(open(f["trace"]).read())
+        trace = json.loads(Path(f["trace"]).read_text())
         assert len(trace["ops"]) <= 5 and trace["expect"]["verdict"] == "fail"  # shrunk
-        assert (corpus / os.path.basename(f["trace"])).exists()
-    suite = ET.parse(out / "junit.xml").getroot()
-    assert int(suite.get("failures")) == len(report["findings"])
+        assert (corpus / Path(f["trace"]).name).exists()
+        assert f["replay"] in junit and f == progress.findings[f["signature"]]
+        capsys.readouterr()
+        assert main(shlex.split(f["replay"])[1:]) == 1  # the printed replay reproduces it
+        assert f"FAIL {f['trace']}" in capsys.readouterr().out
+        assert "--profile nightly" in f["rerun"] and "--examples 10" in f["rerun"]
+    # The crash's rerun command makes the very fuzz call that crashed the worker.
+    crashed = json.loads(call.read_text())
+    seen = []
+
+    def fake_fuzz(*args, **kw):
+        seen.append(crash_call(*args, **kw))
+        raise RuntimeError("crash")
+
+    fake_fuzz.__wrapped__ = crash_call.__globals__["inspect"].unwrap(
+        __import__("harness.search.fuzz", fromlist=["fuzz"]).fuzz)
+
+    monkeypatch.setattr("harness.search.fuzz.fuzz", fake_fuzz)
+    argv = shlex.split(crash["rerun"])
+    assert argv[:2] == ["blockfuzz", "fuzz"] and crash["rerun"] in junit
+    with pytest.raises(RuntimeError, match="crash"):
+        main(argv[1:] + ["--out", str(tmp_path / "rerun")])
+    assert seen == [crashed]
+
+
+def test_production_code_has_no_test_crash_switch():
+    source = Path(nightly.__file__).read_text()
+    assert "BLOCKFUZZ_TEST" not in source and "os.abort" not in source
+
+
+def test_interrupt_keeps_reports_and_says_how_to_resume(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "n"
+
+    def ticker(budget):
+        def tick(elapsed, p):
+            if p.seeds:
+                raise KeyboardInterrupt
+        return tick
+
+    monkeypatch.setattr("harness.cli._nightly_ticker", ticker)
+    argv = ["nightly", "--time-budget", "600", "--workers", "1", "--out", str(out),
+            "--corpus", "", "--runner", "v1", "--examples-per-seed", "2"]
+    assert main(argv) == 130
+    text = capsys.readouterr().out
+    report = _report(out)
+    assert report["interrupted"] and len(report["seeds_run"]) >= 1
+    assert ET.parse(out / "junit.xml").getroot().get("tests") == "1"
+    resume = next(x for x in text.splitlines() if x.startswith("resume: "))
+    assert "Traceback" not in (out / "workers.log").read_text()
+    monkeypatch.undo()
+    done = len(report["seeds_run"])
+    assert main(shlex.split(resume)[2:] + ["--max-seeds", "1"]) == 0  # as printed
+    assert capsys.readouterr().out.startswith(f"blockfuzz nightly: resuming ({done} seeds done)")
+    assert len(_report(out)["seeds_run"]) == done + 1
+
+
+def test_worker_ends_quietly_on_ctrl_c(monkeypatch, capsys):
+    def interrupted(spec, seed, device):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(nightly, "run_seed", interrupted)
+    monkeypatch.setattr(sys, "stdin", iter(['{"seed": 0}\n']))
+    spec = {"device": "cpu", "examples": 1, "faults": [], "runner": "v1"}
+    assert nightly.worker_main([json.dumps(spec)]) == 130
+    assert capsys.readouterr().err == ""
 
 
 def test_bad_shard_is_usage_error(tmp_path, capsys):
@@ -57,11 +143,12 @@ def test_bad_shard_is_usage_error(tmp_path, capsys):
     assert "--shard" in capsys.readouterr().err
 
 
-def test_resume_with_other_settings_is_refused(tmp_path, capsys):
+def test_resume_with_other_settings_is_refused_before_the_header(tmp_path, capsys):
     out = tmp_path / "n"
-    assert main(["nightly", "--time-budget", "2", "--out", str(out), "--corpus", "",
-                 "--runner", "v1", "--examples-per-seed", "2"]) == 0
+    assert main(["nightly", "--time-budget", "600", "--max-seeds", "1", "--out", str(out),
+                 "--corpus", "", "--runner", "v1", "--examples-per-seed", "2"]) == 0
     capsys.readouterr()
-    assert main(["nightly", "--time-budget", "2", "--out", str(out), "--corpus", "",
-                 "--runner", "v2", "--examples-per-seed", "2"]) == 2
-    assert "was started with" in capsys.readouterr().err
+    assert main(["nightly", "--time-budget", "600", "--max-seeds", "1", "--out", str(out),
+                 "--corpus", "", "--runner", "v2", "--examples-per-seed", "2"]) == 2
+    captured = capsys.readouterr()
+    assert "was started with" in captured.err and captured.out == ""

@@ -125,3 +125,17 @@ def test_a_registered_op_becomes_a_state_machine_rule(touch_op):
     run_state_machine_as_test(machine, settings=settings(
         profiles.get("ci"), max_examples=10, phases=[Phase.generate]))
     assert "touch" in drawn and "add" in drawn
+
+
+def test_cli_lists_ops_invariants_and_fault_families(capsys):
+    from harness.cli import main
+
+    assert main(["ops", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [o["op"] for o in listed] == list(ops.REGISTRY)
+    assert listed[0]["fields"]["req"] == {"type": "integer"}
+    assert main(["invariants", "--json"]) == 0
+    assert [i["id"] for i in json.loads(capsys.readouterr().out)] == list(inv.ids())
+    assert main(["faults", "--json"]) == 0
+    families = {f["id"]: f["family"] for f in json.loads(capsys.readouterr().out)}
+    assert families["vacated-row-not-cleared"] == "core" and set(families.values()) == {"core"}

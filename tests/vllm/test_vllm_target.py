@@ -180,3 +180,19 @@ def test_check_expect_uses_the_installed_release_verdicts(vllm, capsys, tmp_path
     assert f"SKIP {paths[-1]}" in out
     if any(recorded):
         assert rc == 0 and "0 mismatched" in out, out
+
+
+def test_check_expect_reports_paths_that_are_ours_as_not_applicable(vllm, capsys):
+    """A seed whose bug lives in code the vllm adapter supplies itself (here request
+    removal: our InputBatch) records ``n/a`` for every release, and `replay
+    --check-expect --target vllm` lists it as N/A, neither matched nor mismatched."""
+    path = str(CORPORA / "seeds" / "removed-row-not-cleared.json")
+    recorded = load(path).meta["expect_by_release"].get(vllm.version)
+    if recorded is None:
+        pytest.skip(f"no verdict recorded for vLLM {vllm.version}")
+    assert recorded["verdict"] == "n/a" and "InputBatch" in recorded["reason"]
+    other = str(VLLM_TRACES[0])
+    assert main(["replay", "--check-expect", "--target", "vllm", path, other]) in (0, 1)
+    out = capsys.readouterr().out
+    assert f"N/A {path}: not applicable" in out and "1 not applicable (N/A)" in out
+    assert main(["replay", "--check-expect", "--target", "vllm", path]) == 2  # nothing checked

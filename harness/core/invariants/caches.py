@@ -14,7 +14,7 @@ import numpy as np
 from reference import NULL_BLOCK_ID, Ledger, RunnerConfig, payload, payload_sum
 from reference.dcp import local_slots
 
-from harness.core.invariants import CheckContext, Invariant, Violation, register
+from harness.core.invariants import Invariant, Violation, register
 from harness.core.invariants.writes import WritePermit, classify_writes, fmt_values
 from harness.core.observation import Observation
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from harness.core.invariants import CheckContext, Invariant, Violation, register
+from harness.core.invariants import Invariant, Violation, register
 from harness.core.observation import ROWS_BY_STATE_INDEX, Observation
 
 

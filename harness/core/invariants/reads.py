@@ -14,7 +14,7 @@ import numpy as np
 from reference import Ledger, RunnerConfig
 from reference.dcp import global_position
 
-from harness.core.invariants import CheckContext, Invariant, Violation, register
+from harness.core.invariants import Invariant, Violation, register
 from harness.core.invariants.writes import fmt_values, owner_text
 from harness.core.observation import Observation
 

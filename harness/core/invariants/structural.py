@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from harness.core.invariants import CheckContext, Invariant, Violation, register
+from harness.core.invariants import Invariant, Violation, register
 from harness.core.observation import Observation
 
 

@@ -1,0 +1,73 @@
+"""``blockfuzz faults | ops | invariants``: the three registries, as a table or JSON.
+
+Each listing iterates its registry (the fault catalogue in
+:mod:`gpu_impl.faults`, :data:`harness.core.ops.REGISTRY`,
+:data:`harness.core.invariants.REGISTRY`); nothing here knows an entry by name.
+JSON goes to stdout with sorted keys (for tools); the table is a rich table,
+plain ASCII at 160 columns when stdout is not a terminal.
+"""
+
+from __future__ import annotations
+
+import json
+
+
+def _print_table(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    plain = not console.is_terminal
+    table = Table(title=title, box=box.ASCII if plain else box.SQUARE)
+    for col in columns:
+        table.add_column(col, overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    Console(width=160, no_color=True, highlight=False).print(table) if plain \
+        else console.print(table)
+
+
+def _print_json(records: list[dict]) -> None:
+    print(json.dumps(records, indent=1, sort_keys=True))
+
+
+def print_faults(as_json: bool) -> None:
+    """The fault catalogue: id, family, runners, invariant(s) expected, description, source."""
+    from gpu_impl.faults import CATALOGUE
+
+    faults = [CATALOGUE[k] for k in sorted(CATALOGUE)]
+    if as_json:
+        return _print_json([f.to_json() for f in faults])
+    rows = [(f.id, f.family, ",".join(f.runners),
+             f.invariant + "".join(f" (or {a})" for a in f.also), f.description, f.source)
+            for f in faults]
+    _print_table("blockfuzz faults (gpu_impl, off by default)",
+                 ("id", "family", "runners", "caught by", "description", "source"), rows)
+
+
+def print_ops(as_json: bool) -> None:
+    """The op vocabulary in registry order: name, fields, runners, targets, example."""
+    from harness.core.ops import describe
+
+    records = describe()
+    if as_json:
+        return _print_json(records)
+    rows = [(r["op"], r["family"], ", ".join(r["fields"]) or "-", ",".join(r["runners"]),
+             ",".join(r["targets"]), r["summary"], json.dumps(r["example"], sort_keys=True))
+            for r in records]
+    _print_table("blockfuzz ops (the trace vocabulary)",
+                 ("op", "family", "fields", "runners", "targets", "what", "example"), rows)
+
+
+def print_invariants(as_json: bool) -> None:
+    """The invariants in check order: id, meaning, structural, checked after which ops."""
+    from harness.core.invariants import describe
+
+    records = describe()
+    if as_json:
+        return _print_json(records)
+    rows = [(r["id"], "yes" if r["structural"] else "", ", ".join(r["after"]), r["meaning"])
+            for r in records]
+    _print_table("blockfuzz invariants (checked in this order; the first violation is the "
+                 "verdict)", ("id", "structural", "checked after", "holds when"), rows)
