@@ -23,10 +23,11 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 
 from reference import RunnerConfig
 
-from harness.search.geometry import runner_configs, target_limits
 from harness.core.invariants import Violation
 from harness.core.ops import REGISTRY as OPS
 from harness.core.session import Session
+from harness.search import profiles  # noqa: F401  (generation a function of the seed alone)
+from harness.search.geometry import runner_configs, target_limits
 
 class InvariantViolationError(AssertionError):
     """Raised inside the machine; ``violation`` and the recorded ``ops``."""

@@ -34,6 +34,34 @@ settings.register_profile("replay", max_examples=1, phases=[Phase.explicit], **C
 PROFILES = ("dev", "ci", "nightly", "replay")
 
 
+def _no_local_constants() -> None:
+    """Keep generation a function of the seed alone.
+
+    Hypothesis (6.131 and later) mixes into about one draw in twenty a constant
+    harvested from the source of every *local* module in ``sys.modules`` —
+    here blockfuzz's own modules and whatever tests a pytest worker imported.
+    Which modules are loaded differs between the CLI, a pytest worker and a
+    nightly worker, and every edit to our source changes the harvest, so the
+    same seed drew different examples in different processes (a kill test
+    passed in one pytest worker and missed in another).  Harvest nothing:
+    Hypothesis's fixed global constants still apply.  Private API, guarded:
+    a release without it needs nothing.
+    """
+    try:
+        from hypothesis.internal.conjecture import providers
+    except ImportError:  # pragma: no cover - a Hypothesis without the harvest
+        return
+    if not hasattr(providers, "_get_local_constants"):
+        return
+    empty = providers.Constants(integers=providers.SortedSet(),
+                                floats=providers.SortedSet(key=providers.float_to_int),
+                                bytes=providers.SortedSet(), strings=providers.SortedSet())
+    providers._get_local_constants = lambda: empty
+
+
+_no_local_constants()
+
+
 def get(name: str) -> settings:
     """The registered profile ``name``; raises ValueError for an unknown one."""
     if name not in PROFILES:
