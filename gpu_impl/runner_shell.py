@@ -253,6 +253,14 @@ class RunnerShell(abc.ABC):
         state.num_computed_tokens = state.prompt_len
         self._set_num_computed(req, state.prompt_len)
 
+    def rollback_tokens(self, req: int, num_tokens: int) -> None:
+        """Rejected speculative tokens: the scheduler lowers the request's computed
+        token count (vLLM V1 ``_update_states`` copies the scheduler's
+        ``num_computed_tokens`` into the request state and the batch row)."""
+        state = self.requests[req]
+        state.num_computed_tokens -= num_tokens
+        self._set_num_computed(req, state.num_computed_tokens)
+
     # -- forwards --------------------------------------------------------------
     def execute_model(self, scheduled: list, cudagraph_mode: str) -> None:
         """One real step. scheduled: [(req, num_tokens)], any subset of live requests."""

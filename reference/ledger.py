@@ -45,6 +45,7 @@ class RequestLedger:
     num_computed_tokens: int = 0
     loaded: bool = False  # filled by kv_load and not yet stepped
     stepped: bool = False  # has had its first real step
+    last_step_tokens: int = 0  # tokens its latest step ran, until rolled back (speculation)
 
     def capacity_tokens(self, config: RunnerConfig) -> int:
         """Tokens the request's attention blocks can hold (min over groups)."""
@@ -204,10 +205,31 @@ class Ledger:
         r.loaded = True
         r.num_computed_tokens = r.prompt_len
 
+    def check_rollback(self, req, num_tokens) -> None:
+        """Rejected speculative tokens of ``req``'s latest step: at least one of that
+        step's tokens is accepted, and only tokens past the prompt are rolled back."""
+        r = self.get(req)
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int):
+            raise OpError("num_tokens", f"must be an integer, got {num_tokens!r}")
+        if not 1 <= num_tokens < r.last_step_tokens:
+            raise OpError("num_tokens", f"{num_tokens} not in [1, {r.last_step_tokens - 1}]: "
+                          f"request {req}'s latest step ran {r.last_step_tokens} token(s) "
+                          "(one at least is accepted; a step is rolled back once)")
+        if r.num_computed_tokens - num_tokens < r.prompt_len:
+            raise OpError("num_tokens", f"would roll request {req} back into its prompt "
+                          f"({r.prompt_len} tokens)")
+
+    def rollback(self, req: int, num_tokens: int) -> None:
+        self.check_rollback(req, num_tokens)
+        r = self.requests[req]
+        r.num_computed_tokens -= num_tokens
+        r.last_step_tokens = 0
+
     def step(self, scheduled: list) -> None:
         self.check_step(scheduled)
         for req, n in scheduled:
             r = self.requests[req]
             r.num_computed_tokens += n
+            r.last_step_tokens = n
             r.stepped = True
             r.loaded = False

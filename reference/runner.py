@@ -146,6 +146,21 @@ class ReferenceRunnerBase(abc.ABC):
         if row is not None:
             self.rows.num_computed_tokens[row] = r.prompt_len
 
+    def rollback(self, req: int, num_tokens: int) -> None:
+        """The scheduler rolls back ``num_tokens`` rejected speculative tokens of
+        ``req``'s latest step (vLLM: ``num_computed_tokens -= num_rejected`` in the
+        scheduler's ``update_from_output``).  Their KV stays as garbage that the
+        next step overwrites; reads mask it.  Refused with Mamba groups: one
+        state column per request cannot be rolled back (multi-column rows are
+        issue #14's)."""
+        if self.config.mamba_groups:
+            raise OpError("op", "rollback needs a config without Mamba groups (a single "
+                          "state column per request cannot be rolled back)")
+        self.ledger.rollback(req, num_tokens)
+        row = self.rows.row_of(req)
+        if row is not None:
+            self.rows.num_computed_tokens[row] -= num_tokens
+
     # -- forwards ----------------------------------------------------------
     def step(self, scheduled: list, cudagraph_mode: str) -> None:
         """One real step; scheduled: [[req, num_tokens], ...], any subset of live requests."""

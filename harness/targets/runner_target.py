@@ -38,6 +38,9 @@ class RunnerTarget:
     def kv_load(self, req):
         self.runner.kv_load(req)
 
+    def rollback(self, req, num_tokens):
+        self.runner.rollback_tokens(req, num_tokens)
+
     def step(self, scheduled, cudagraph_mode):
         self.runner.execute_model(scheduled, cudagraph_mode)
 

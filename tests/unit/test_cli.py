@@ -126,7 +126,7 @@ def test_same_command_same_bytes_across_processes(tmp_path):
         env = dict(os.environ, PYTHONHASHSEED=hash_seed)
         proc = subprocess.run(
             [sys.executable, "-m", "harness", "fuzz", "--runner", "v1", "--seed", "0",
-             "--examples", "200", "--fault", "full-replay-not-restaged", "--out", str(out_dir)],
+             "--examples", "200", "--fault", "vacated-row-not-cleared", "--out", str(out_dir)],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 1, proc.stderr
         (path,) = out_dir.glob("*.json")
@@ -136,7 +136,7 @@ def test_same_command_same_bytes_across_processes(tmp_path):
 
 def test_repro_writes_trace_and_standalone_script(tmp_path, capsys):
     out_dir = tmp_path / "found"
-    rc = main(["repro", "--runner", "v1", "--seed", "0", "--fault", "full-replay-not-restaged",
+    rc = main(["repro", "--runner", "v1", "--seed", "0", "--fault", "dummy-slots-not-padded",
                "--out", str(out_dir)])
     assert rc == 1
     (trace_path,) = out_dir.glob("*.json")
@@ -151,12 +151,12 @@ def test_repro_writes_trace_and_standalone_script(tmp_path, capsys):
              "assert 'hypothesis' not in sys.modules, 'reproducer imported hypothesis'\n"
              "sys.exit(code)\n")
     for extra, want in (([], 1), (["--no-faults"], 0),
-                        (["--fault", "full-replay-not-restaged"], 1)):
+                        (["--fault", "dummy-slots-not-padded"], 1)):
         proc = subprocess.run([sys.executable, "-c", check, str(script)] + extra, cwd=tmp_path,
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode == want, proc.stdout + proc.stderr
-        assert ("FAIL: NO_STALE_WRITE" in proc.stdout) == bool(want)
-        switched = "none" if want == 0 else "full-replay-not-restaged"
+        assert ("FAIL: NULL_BLOCK_FINITE" in proc.stdout) == bool(want)
+        switched = "none" if want == 0 else "dummy-slots-not-padded"
         assert proc.stdout.startswith(f"faults switched on: {switched}")
 
 

@@ -137,4 +137,4 @@ def describe() -> list[dict]:
 
 
 # Families, in listing order (their import registers their ops).
-from harness.core.ops import lifecycle, persistent_batch, transfer, forward  # noqa: E402,F401,I001
+from harness.core.ops import lifecycle, persistent_batch, transfer, forward, speculative  # noqa: E402,F401,I001
