@@ -1,4 +1,4 @@
-"""harness/cli.py: the stable interface — first/last lines, exit codes, one-line
+"""harness/cli/: the stable interface — first/last lines, exit codes, one-line
 errors with nothing written, byte-identical traces across processes."""
 
 import json
@@ -353,7 +353,7 @@ def test_exit_code_survives_a_closed_stdout(monkeypatch):
 def test_check_expect_with_nothing_checked_is_not_a_pass(capsys, monkeypatch):
     import harness.targets.vllm as vllm_target
 
-    monkeypatch.setattr("harness.cli._select_device", lambda device, target: "cpu")
+    monkeypatch.setattr("harness.cli.traces._select_device", lambda device, target: "cpu")
     monkeypatch.setattr(vllm_target, "installed_version", lambda: "0.0.0-none", raising=False)
     monkeypatch.setattr(vllm_target, "refusal", lambda config: None, raising=False)
     traces = sorted(str(p) for p in (ROOT / "corpora" / "vllm").glob("*.json"))

@@ -110,7 +110,7 @@ def test_interrupt_keeps_reports_and_says_how_to_resume(tmp_path, capsys, monkey
                 raise KeyboardInterrupt
         return tick
 
-    monkeypatch.setattr("harness.cli._nightly_ticker", ticker)
+    monkeypatch.setattr("harness.cli.search._nightly_ticker", ticker)
     argv = ["nightly", "--time-budget", "600", "--workers", "1", "--out", str(out),
             "--corpus", "", "--runner", "v1", "--examples-per-seed", "2"]
     assert main(argv) == 130

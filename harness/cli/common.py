@@ -1,0 +1,186 @@
+"""What every verb shares: exit codes, one-line usage errors, and the checks
+that run before anything is printed or written (faults, output paths, device,
+what a target can express)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+EXIT_OK, EXIT_VIOLATION, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+EPILOG = """exit codes:
+  0    clean: no invariant violated (replay --check-expect: every verdict matched)
+  1    a violation was found or reproduced (--check-expect: a verdict mismatched)
+  2    bad input or usage: one line on stderr naming the file, field or flag;
+       nothing written (--check-expect: nothing could be checked)
+  130  interrupted (Ctrl-C): what was done is kept and printed"""
+
+
+class UsageError(Exception):
+    """Bad flags or input: reported as one line, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors and the exit codes in every --help."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("epilog", EPILOG)
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message):  # one line, exit 2 (argparse prints usage otherwise)
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _target_names() -> list[str]:
+    from harness.targets import TARGETS
+
+    return list(TARGETS)
+
+
+# -- verbs ---------------------------------------------------------------------
+def _load_config(path: str | None, runner: str | None):
+    from harness.core.trace import read_json
+    from reference import ConfigError, RunnerConfig
+
+    if path is None:
+        return None
+    obj = read_json(path)
+    if isinstance(obj, dict) and "config" in obj:
+        obj = obj["config"]
+    if isinstance(obj, dict) and runner:
+        obj = dict(obj, runner=runner)
+    try:
+        return RunnerConfig.from_json(obj)
+    except ConfigError as e:
+        raise UsageError(f"{path}: {e}") from None
+
+
+def _print_consequence(trace, invariant: str, faults, target: str, device: str) -> None:
+    """For a structural finding (stale ids in a row), replay without the structural
+    checks and say whether this trace also writes through the stale ids — what a
+    maintainer asks first."""
+    from harness.core.invariants import structural_ids
+
+    if invariant not in structural_ids():
+        return
+    from harness.core.session import replay
+
+    seen = replay(trace, faults, target, device, skip={invariant, "MATCHES_REFERENCE"})
+    if seen.violation is None:
+        print("consequence: none in this trace (structural only: no kernel writes through "
+              "the stale ids here)")
+    else:
+        print(f"consequence (with {invariant} unchecked): {seen.violation.line()}")
+
+
+def _fault_source(ids: list[str]) -> str:
+    """The flag or variable that switched faults on, for error messages."""
+    if ids:
+        return "--fault"
+    if os.environ.get("BLOCKFUZZ_FAULTS"):
+        return "$BLOCKFUZZ_FAULTS"
+    return "--faults-from-trace (the trace's meta.faults)"
+
+
+def _check_faults(ids: list[str], runner: str | None = None) -> list[str]:
+    """Validated fault ids, plus those of ``$BLOCKFUZZ_FAULTS`` (so they are reported)."""
+    from gpu_impl.faults import CATALOGUE
+
+    env = [f for f in os.environ.get("BLOCKFUZZ_FAULTS", "").split(",") if f]
+    for fid in [*ids, *env]:
+        flag = "--fault" if fid in ids else "$BLOCKFUZZ_FAULTS"
+        if fid not in CATALOGUE:
+            raise UsageError(f"{flag} {fid}: unknown fault; known: {', '.join(sorted(CATALOGUE))}")
+        if runner and runner not in CATALOGUE[fid].runners:
+            raise UsageError(f"{flag} {fid}: applies to runner(s) "
+                             f"{', '.join(CATALOGUE[fid].runners)}, not {runner}")
+    return sorted(set(ids) | set(env))
+
+
+def _fault_runner(faults: list[str]) -> str | None:
+    """The one runner every fault applies to, if there is exactly one."""
+    from gpu_impl.faults import CATALOGUE
+
+    common = {"v1", "v2"}
+    for fid in faults:
+        common &= set(CATALOGUE[fid].runners)
+    if faults and not common:
+        raise UsageError("--fault: these faults share no runner; fuzz them separately")
+    return common.pop() if len(common) == 1 else None
+
+
+def _check_out(path: str, flag: str, is_dir: bool = True) -> Path:
+    """Refuse an output path that cannot be written, before any work is done.
+
+    is_dir: the path is a directory to create or write into (else a file,
+    written atomically beside itself, so its folder must be writable too).
+    """
+    if not path:
+        raise UsageError(f"{flag}: must not be empty")
+    out = Path(path)
+    if out.exists() and out.is_dir() != is_dir:
+        raise UsageError(f"{flag} {path}: exists and is {'not ' if is_dir else ''}a directory")
+    if is_dir and out.is_dir() and not os.access(out, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: is not writable")
+    for parent in out.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise UsageError(f"{flag} {path}: {parent} is not a directory")
+            if not (is_dir and out.is_dir()) and not os.access(parent, os.W_OK | os.X_OK):
+                raise UsageError(f"{flag} {path}: {parent} is not writable")
+            break
+    return out
+
+
+def _check_trace_faults(faults: list[str], runner: str, source: str) -> None:
+    from gpu_impl.faults import CATALOGUE
+
+    for fid in faults:
+        if runner not in CATALOGUE[fid].runners:
+            raise UsageError(f"{source}: fault {fid} applies to runner(s) "
+                             f"{', '.join(CATALOGUE[fid].runners)}, the trace is {runner}")
+
+
+def _select_device(device: str, target: str) -> str:
+    """The device kind ``target`` runs on (its registered device policy)."""
+    from harness.targets import TargetUnavailable, target_spec
+
+    try:
+        return target_spec(target).select_device(device)
+    except TargetUnavailable as e:
+        raise UsageError(str(e)) from None
+
+
+def _check_target(config, target: str, source: str) -> None:
+    """A config the target cannot express: one line naming the source and field."""
+    if config is None:
+        return
+    from harness.targets import target_spec
+
+    refused = target_spec(target).refusal(config)
+    if refused is not None:
+        raise UsageError(f"{source}: config.{refused}")
+
+
+def _trace_faults(args, trace, source: str = "trace", note: str | None = "stdout") -> list[str]:
+    """The faults to replay ``trace`` with; prints one note (to ``note``: "stdout",
+    "stderr" or None for none) when the trace records faults (meta.faults) that
+    stay off."""
+    faults = _check_faults(args.fault)
+    if args.faults_from_trace:
+        faults = sorted(set(faults) | set(trace.faults))
+    if faults and args.target != "gpu_impl":
+        raise UsageError(f"{_fault_source(args.fault)}: faults live in gpu_impl; use --target "
+                         "gpu_impl")
+    _check_trace_faults(faults, trace.config.runner, source)
+    off = [f for f in trace.faults if f not in faults]
+    if off and note is not None and args.target == "gpu_impl":
+        print(f"note: {source} was found with fault(s) {','.join(off)} (meta.faults), off "
+              "here; --faults-from-trace switches them on",
+              file=sys.stdout if note == "stdout" else sys.stderr)
+    return faults

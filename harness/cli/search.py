@@ -1,0 +1,257 @@
+"""Verbs that search: ``fuzz``, ``repro`` and ``nightly``."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+from harness.cli.common import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_VIOLATION,
+    UsageError,
+    _check_faults,
+    _check_out,
+    _check_target,
+    _fault_runner,
+    _fault_source,
+    _load_config,
+    _print_consequence,
+    _select_device,
+)
+
+
+def _fuzz_setup(args):
+    """Every check of fuzz / repro, before anything is printed or run."""
+    if args.examples is not None and args.examples < 1:
+        raise UsageError("--examples: must be >= 1")
+    if args.time_budget is not None and not (0 < args.time_budget < math.inf):
+        raise UsageError("--time-budget: must be a finite number of seconds > 0")
+    out_dir = _check_out(args.out, "--out")
+    faults = _check_faults(args.fault, args.runner)
+    config = _load_config(args.config, args.runner)
+    runner = config.runner if config is not None else (args.runner or _fault_runner(faults))
+    if config is not None:
+        _check_faults(args.fault, runner)
+    if faults and args.target != "gpu_impl":
+        raise UsageError(f"{_fault_source(args.fault)}: faults live in gpu_impl; use --target "
+                         "gpu_impl")
+    device = _select_device(args.device, args.target)
+    _check_target(config, args.target, args.config)
+    return out_dir, faults, config, runner, device
+
+
+def cmd_fuzz(args) -> int:
+    """fuzz / repro: header, search, shrink, then the trace and the commands to use it."""
+    from harness.tools.commands import RunSettings
+
+    out_dir, faults, config, runner, device = _fuzz_setup(args)
+    examples = args.examples if args.examples is not None else (
+        None if args.time_budget else 200)
+    budget = f"examples={examples}" if examples else f"time_budget={args.time_budget:g}s"
+    print(f"blockfuzz {args.verb}: seed={args.seed} runner={runner or 'drawn'} "
+          f"target={args.target} device={device} faults={','.join(faults) or '-'} {budget} "
+          f"profile={args.profile}")
+    print("config: " + (json.dumps(config.to_json(), sort_keys=True, separators=(",", ":"))
+                        if config else "drawn per example (recorded in any trace written)"))
+    sys.stdout.flush()
+    from harness.search.fuzz import FuzzInterrupted, fuzz
+
+    run = RunSettings(runner=runner, profile=args.profile, target=args.target,
+                      faults=tuple(faults), examples=examples, device=device,
+                      config=args.config)
+    try:
+        result = fuzz(config, args.seed, examples, faults, args.target, device,
+                      args.time_budget, args.profile,
+                      shrink_trace=not getattr(args, "no_shrink", False),
+                      found_by=f"blockfuzz {args.verb}", runner=runner)
+    except FuzzInterrupted as stop:
+        return _fuzz_interrupted(args, stop, out_dir, run)
+    if args.time_budget is not None:
+        print(f"chunk seeds run: {', '.join(map(str, result.chunk_seeds))}")
+    if result.violation is None:
+        print(f"PASS: {_examples_text(result)}, {_rate_text(result)}; no invariant violated")
+        return EXIT_OK
+    print(f"FAIL: {result.violation.line()}")
+    path = _write_finding(out_dir, result.trace, "")
+    if path is None:
+        return EXIT_VIOLATION
+    shrunk = (f"; shrunk {result.hypothesis_ops} -> {len(result.trace.ops)} ops in "
+              f"{result.shrink_replays} replays ({result.shrink_seconds:.1f} s)"
+              if not getattr(args, "no_shrink", False) else "")
+    print(f"found within {_examples_text(result)}, {_rate_text(result)}{shrunk}")
+    _print_consequence(result.trace, result.violation.invariant, faults, args.target, device)
+    print(f"trace: {path}")
+    if args.verb == "repro":
+        _write_reproducer(path, result.trace, run)
+    print(f"explain: {run.on_trace('explain', path)}")
+    print(f"replay: {run.on_trace('replay', path)}")
+    return EXIT_VIOLATION
+
+
+def _examples_text(result) -> str:
+    """How many examples ran to completion, and how many Hypothesis discarded."""
+    text = f"{result.examples} examples"
+    if result.discarded:
+        text += (f" ({result.discarded} more started and discarded by Hypothesis: "
+                 "its choice buffer ran out)")
+    return text
+
+
+def _rate_text(result) -> str:
+    return (f"{result.steps} steps in {result.search_seconds:.1f} s of search "
+            f"({result.steps_per_s:.0f} steps/s)")
+
+
+def _write_finding(out_dir: Path, trace, suffix: str) -> Path | None:
+    """Write a failing trace as DIR/<signature><suffix>.json; on an OSError print it
+    instead (a finding is never lost) and return None."""
+    from harness.core.trace import write_atomic
+    from harness.search.fuzz import signature
+
+    path = out_dir / f"{signature(trace)}{suffix}.json"
+    try:
+        write_atomic(path, trace.dumps())
+    except OSError as e:
+        print(f"cannot write {path}: {e.strerror or e}; the trace follows\n{trace.dumps()}")
+        return None
+    return path
+
+
+def _write_reproducer(path: Path, trace, run) -> None:
+    """repro: the standalone script beside the trace, executable."""
+    from harness.core.trace import write_atomic
+    from harness.tools.reproducer import reproducer_source
+
+    script = path.with_suffix(".py")
+    write_atomic(script, reproducer_source(trace, script.name))
+    script.chmod(script.stat().st_mode | 0o111)
+    print(f"reproducer: {run.reproducer(script)} (switches on the trace's faults; exits 1 "
+          "while the bug is present, 0 with --no-faults or once fixed)")
+
+
+def _fuzz_interrupted(args, stop, out_dir: Path, run) -> int:
+    """Ctrl-C in fuzz / repro: print the chunks run; keep an unshrunk finding."""
+    result = stop.result
+    print("interrupted" + (" while shrinking" if stop.shrinking else ""))
+    if args.time_budget is not None:
+        print(f"chunk seeds run: {', '.join(map(str, result.chunk_seeds))} (the last one "
+              "was cut short)")
+    if stop.shrinking:
+        print(f"FAIL: {result.violation.line()}")
+        path = _write_finding(out_dir, result.trace, "-unshrunk")
+        if path is not None:
+            print(f"unshrunk trace ({len(result.trace.ops)} ops): {path}")
+            print(f"shrink: {run.on_trace('shrink', path)}")
+            print(f"replay: {run.on_trace('replay', path)}")
+    return EXIT_INTERRUPTED
+
+
+def _nightly_campaign(args):
+    """Every check of nightly, before anything is printed or run: the Campaign."""
+    from harness.search.nightly import Campaign
+
+    try:
+        k, n = (int(x) for x in args.shard.split("/"))
+    except ValueError:
+        raise UsageError(f"--shard {args.shard}: expected K/N, e.g. 0/4") from None
+    if not (n >= 1 and 0 <= k < n):
+        raise UsageError(f"--shard {args.shard}: need 0 <= K < N")
+    if not (0 < args.time_budget < math.inf) or not (0 < args.seed_timeout < math.inf) \
+            or args.workers < 1 or args.examples_per_seed < 1:
+        raise UsageError("--time-budget, --seed-timeout, --workers and --examples-per-seed "
+                         "must be positive and finite")
+    if args.max_seeds is not None and args.max_seeds < 1:
+        raise UsageError("--max-seeds: must be >= 1")
+    out = _check_out(args.out, "--out")
+    if args.corpus:
+        _check_out(args.corpus, "--corpus")
+    faults = _check_faults(args.fault, args.runner)
+    runner = args.runner or _fault_runner(faults)
+    if faults and args.target != "gpu_impl":
+        raise UsageError(f"{_fault_source(args.fault)}: faults live in gpu_impl; use --target "
+                         "gpu_impl")
+    device = _select_device(args.device, args.target)
+    return Campaign(out, args.time_budget, args.workers, (k, n), device, runner, tuple(faults),
+                    Path(args.corpus) if args.corpus else None, args.seed_timeout,
+                    args.examples_per_seed, args.target, args.max_seeds)
+
+
+def cmd_nightly(args) -> int:
+    """A campaign: header, progress, totals, findings with their commands."""
+    from harness.search.nightly import CampaignMismatch, prepare, run
+
+    c = _nightly_campaign(args)
+    try:
+        progress = prepare(c)
+    except CampaignMismatch as e:
+        raise UsageError(f"--out {c.out}: {e}") from None
+    resuming = f"resuming ({progress.resumed} seeds done) " if progress.resumed else ""
+    print(f"blockfuzz nightly: {resuming}shard={c.shard[0]}/{c.shard[1]} workers={c.workers} "
+          f"device={c.device} target={c.target} runner={c.runner or 'drawn'} "
+          f"faults={','.join(c.faults) or '-'} time_budget={c.time_budget_s:g}s "
+          + (f"max_seeds={c.max_seeds} " if c.max_seeds else "") + f"out={c.out}")
+    sys.stdout.flush()
+    progress = run(c, tick=_nightly_ticker(args.time_budget), progress=progress)
+    _print_campaign(c, progress, args)
+    if progress.interrupted:
+        return EXIT_INTERRUPTED
+    return EXIT_VIOLATION if progress.findings else EXIT_OK
+
+
+def _print_campaign(c, progress, args) -> None:
+    """Totals (every run of this DIR), findings with their commands, report paths."""
+    from harness.tools.commands import command
+
+    if progress.interrupted:
+        print(f"interrupted: {len(progress.seeds) - progress.resumed} seed(s) finished in "
+              "this run; the reports cover every finished seed")
+    print(f"{len(progress.seeds)} seeds, {progress.examples} examples, {progress.steps} steps "
+          f"in {progress.elapsed:.0f} s ({progress.steps / max(progress.elapsed, 1e-9):.0f} "
+          f"steps/s), {len(progress.findings)} finding(s), {progress.crashes} crash(es)"
+          + (f" (totals include {progress.resumed} seeds of earlier runs)"
+             if progress.resumed else ""))
+    for sig in sorted(progress.findings):
+        f = progress.findings[sig]
+        print(f"FINDING {sig}: {f.get('violation', '')}")
+        for key in ("replay", "rerun"):
+            if f.get(key):
+                print(f"  {key}: {f[key]}")
+    print(f"report: {c.out / 'report.json'}  junit: {c.out / 'junit.xml'}")
+    if progress.interrupted:
+        print("resume: " + command(
+            "nightly", time_budget=args.time_budget, workers=args.workers, shard=args.shard,
+            out=args.out, corpus=args.corpus if args.corpus else "", runner=args.runner,
+            fault=args.fault, seed_timeout=args.seed_timeout,
+            examples_per_seed=args.examples_per_seed, max_seeds=args.max_seeds,
+            device=args.device, target=None if args.target == "gpu_impl" else args.target))
+
+
+def _nightly_ticker(budget: float):
+    """A rich progress bar on a terminal; a plain line right away, then every 10 s
+    when piped."""
+    if sys.stdout.isatty():
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        bar = Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                       transient=True)
+        task = bar.add_task("nightly", total=budget)
+        bar.start()
+
+        def tick(elapsed, p):
+            bar.update(task, completed=min(elapsed, budget),
+                       description=f"seeds {len(p.seeds)} steps {p.steps} "
+                                   f"findings {len(p.findings)}")
+            if elapsed >= budget and not bar.finished:
+                bar.stop()
+        return tick
+    last = [-math.inf]
+
+    def tick(elapsed, p):
+        if elapsed - last[0] >= 10:
+            last[0] = elapsed
+            print(f"[{elapsed:5.0f}s] seeds {len(p.seeds)} steps {p.steps} "
+                  f"findings {len(p.findings)}", flush=True)
+    return tick

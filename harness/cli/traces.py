@@ -1,0 +1,188 @@
+"""Verbs that read traces and registries: ``shrink``, ``explain``, ``replay``,
+``faults``, ``ops``, ``invariants``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.cli.common import (
+    EXIT_OK,
+    EXIT_VIOLATION,
+    UsageError,
+    _check_out,
+    _check_target,
+    _print_consequence,
+    _select_device,
+    _trace_faults,
+)
+
+
+def cmd_shrink(args) -> int:
+    """Shrink a failing trace to TRACE.shrunk.json (or --out)."""
+    from harness.core.session import replay
+    from harness.core.trace import load, write_atomic
+    from harness.search.shrink import shrink
+    from harness.tools.commands import RunSettings
+
+    trace = load(args.trace)
+    faults = _trace_faults(args, trace, args.trace, note=None)
+    out = _check_out(args.out or str(Path(args.trace).with_suffix(".shrunk.json")),
+                     "--out" if args.out else "TRACE (writes TRACE.shrunk.json; --out)",
+                     is_dir=False)
+    device = _select_device(args.device, args.target)
+    _check_target(trace.config, args.target, args.trace)
+    _trace_faults(args, trace, args.trace)  # validated above; now the note, if any
+    verdict = replay(trace, faults, args.target, device)
+    if verdict.violation is None:
+        print(f"PASS {args.trace}: nothing to shrink (no violation"
+              f"{' with faults ' + ','.join(faults) if faults else ''})")
+        return EXIT_OK
+    invariant = verdict.violation.invariant
+    small, replays = shrink(trace, invariant, faults, args.target, device)
+    final = replay(small, faults, args.target, device)
+    small.expect = {"verdict": "fail", "invariant": invariant,
+                    "op_index": final.violation.op_index}
+    small.meta = dict(trace.meta, faults=faults, shrunk_from=str(args.trace))
+    print(f"FAIL: {final.violation.line()}")
+    try:
+        write_atomic(out, small.dumps())
+    except OSError as e:  # checked before, but never lose the result
+        print(f"cannot write {out}: {e.strerror or e}; the trace follows\n{small.dumps()}")
+        return EXIT_VIOLATION
+    print(f"shrunk {len(trace.ops)} -> {len(small.ops)} ops in {replays} replays: {out}")
+    _print_consequence(small, invariant, faults, args.target, device)
+    run = RunSettings(target=args.target, faults=tuple(faults), device=device)
+    print(f"replay: {run.on_trace('replay', out)}")
+    return EXIT_VIOLATION
+
+
+def cmd_explain(args) -> int:
+    """Op-by-op table; the recorded-faults note goes to stderr (stdout is the document)."""
+    from harness.core.trace import load
+    from harness.tools.explain import explain, render
+
+    trace = load(args.trace)
+    faults = _trace_faults(args, trace, args.trace, note=None)
+    device = _select_device(args.device, args.target)
+    _check_target(trace.config, args.target, args.trace)
+    _trace_faults(args, trace, args.trace, note="stderr")
+    records = explain(trace, faults, device, args.target, stop_at_first=not args.all)
+    text = render(records, args.format)
+    if text is not None:
+        print(text)
+    return EXIT_VIOLATION if any(r["violations"] for r in records) else EXIT_OK
+
+
+def _refusals(traces, target: str) -> dict:
+    """path -> one-line reason, for traces the target cannot express."""
+    refused = {}
+    for path, trace in traces:
+        try:
+            _check_target(trace.config, target, str(path))
+        except UsageError as e:
+            refused[str(path)] = str(e)
+    if refused and len(refused) == len(traces):
+        raise UsageError(next(iter(refused.values())))  # nothing could run
+    return refused
+
+
+def _want_text(e: dict) -> str:
+    return e.get("verdict", "pass") + (f" {e['invariant']}" if e.get("invariant") else "") \
+        + (f" at op {e['op_index']}" if e.get("op_index") is not None else "")
+
+
+def _replay_one(args, path, trace, use, device, expect) -> tuple[bool, bool]:
+    """Replay one trace and print its lines; returns (violated, mismatched)."""
+    from harness.core.session import replay
+
+    found_on = trace.meta.get("target", "gpu_impl")
+    if found_on != args.target and not args.check_expect:
+        print(f"note: {path} was found on target {found_on}; replaying on {args.target} "
+              f"(--target {found_on} replays it there)")
+    verdict = replay(trace, use, args.target, device)
+    tag = f" (faults: {','.join(use)})" if use else ""
+    if verdict.violation is None:
+        print(f"PASS {path}: {verdict.ops_run} ops{tag}")
+    else:
+        print(f"FAIL {path}{tag}: {verdict.violation.line()}")
+    if not args.check_expect:
+        return verdict.violation is not None, False
+    got = ("pass" if verdict.violation is None else
+           f"fail {verdict.violation.invariant} at op {verdict.violation.op_index}")
+    ok = verdict.matches(expect)
+    print(f"  expect {_want_text(expect)}: {'matches' if ok else 'MISMATCH, got ' + got}")
+    if not ok and args.target != "vllm" and found_on != args.target:
+        print(f"  (expect is its verdict on target {found_on}: add --target {found_on})")
+    return verdict.violation is not None, not ok
+
+
+def cmd_replay(args) -> int:
+    """Replay traces; --check-expect compares each verdict with the trace's expect."""
+    from harness.core.trace import load
+
+    by_release = args.check_expect and args.target == "vllm"
+    if args.check_expect and not by_release:
+        args.faults_from_trace = True
+    traces = [(p, load(p)) for p in args.traces]  # all validated before anything runs
+    per_trace = [_trace_faults(args, trace, str(p), note=None) for p, trace in traces]
+    device = _select_device(args.device, args.target)
+    version = None
+    if by_release:
+        from harness.targets.vllm import installed_version
+
+        version = installed_version()
+    refused = _refusals(traces, args.target)
+    violations = mismatches = unchecked = not_applicable = 0
+    for (path, trace), use in zip(traces, per_trace):
+        if str(path) in refused:  # one of several: the rest still run
+            print(f"SKIP {refused[str(path)]}")
+            unchecked += 1
+            continue
+        expect = trace.expect
+        if by_release:  # the engine's verdict for the installed release, no faults
+            expect = trace.meta.get("expect_by_release", {}).get(version)
+            if expect is None:
+                print(f"SKIP {path}: no verdict recorded for vLLM {version} "
+                      "(meta.expect_by_release)")
+                unchecked += 1
+                continue
+            if expect.get("verdict") == "n/a":  # the bug's code path is ours, not vLLM's
+                print(f"N/A {path}: not applicable to vLLM {version}: "
+                      f"{expect.get('reason', 'the code path is not the engine’s')}")
+                not_applicable += 1
+                continue
+        _trace_faults(args, trace, str(path))  # the recorded-faults note, if any
+        violated, mismatched = _replay_one(args, path, trace, use, device, expect)
+        violations += violated
+        mismatches += mismatched
+    if not args.check_expect:
+        return EXIT_VIOLATION if violations else EXIT_OK
+    print(f"{len(traces) - mismatches - unchecked - not_applicable} matched, "
+          f"{mismatches} mismatched"
+          + (f", {unchecked} not checked (SKIP)" if unchecked else "")
+          + (f", {not_applicable} not applicable (N/A)" if not_applicable else ""))
+    if unchecked + not_applicable == len(traces):
+        raise UsageError(f"--check-expect: nothing was checked: all {len(traces)} trace(s) "
+                         "skipped (see the SKIP lines)")
+    return EXIT_VIOLATION if mismatches else EXIT_OK
+
+
+def cmd_faults(args) -> int:
+    from harness.tools.catalogues import print_faults
+
+    print_faults(args.json)
+    return EXIT_OK
+
+
+def cmd_ops(args) -> int:
+    from harness.tools.catalogues import print_ops
+
+    print_ops(args.json)
+    return EXIT_OK
+
+
+def cmd_invariants(args) -> int:
+    from harness.tools.catalogues import print_invariants
+
+    print_invariants(args.json)
+    return EXIT_OK
