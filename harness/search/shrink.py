@@ -6,7 +6,9 @@ also serves traces from elsewhere.  Passes, repeated until none helps (bounded):
 
 1. drop one request with every op that mentions it;
 2. drop single ops, last first, then runs of ops (halving sizes);
-3. narrow each step: drop scheduled requests, lower token counts;
+3. merge adjacent ops (two steps of the same requests become one), then
+   narrow each op (its registry entry: drop scheduled requests, lower token
+   counts, a simpler cudagraph mode, ...);
 4. renumber requests and blocks to small ids in order of first use;
 5. simplify the geometry (one DCP rank, no kernel-block split), then lower
    config limits (pool size, batch limits, capture sizes) one at a time.
@@ -94,6 +96,11 @@ def _candidates(ops: list[dict]):
         for start in range(len(ops) - size, -1, -1):
             yield ops[:start] + ops[start + size:]
         size //= 2
+    for i in range(len(ops) - 1):  # then adjacent ops merged into one (their registry entry)
+        merge = spec_of(ops[i]).merge
+        merged = merge(ops[i], ops[i + 1]) if merge is not None else None
+        if merged is not None:
+            yield ops[:i] + [merged] + ops[i + 2:]
     for i, op in enumerate(ops):  # then each op's simpler variants (its registry entry)
         for simpler in spec_of(op).narrow(op):
             yield ops[:i] + [simpler] + ops[i + 1:]

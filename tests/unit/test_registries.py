@@ -139,3 +139,13 @@ def test_cli_lists_ops_invariants_and_fault_families(capsys):
     assert main(["faults", "--json"]) == 0
     families = {f["id"]: f["family"] for f in json.loads(capsys.readouterr().out)}
     assert families["vacated-row-not-cleared"] == "core"
+
+
+def test_shrinker_merges_adjacent_steps_of_the_same_requests():
+    add = {"op": "add", "req": 0, "blocks": [[1, 2], [3]], "prompt_len": 2}
+    steps = [{"op": "step", "scheduled": [[0, 1]], "cudagraph_mode": "NONE"},
+             {"op": "step", "scheduled": [[0, 3]], "cudagraph_mode": "FULL"}]
+    merged = {"op": "step", "scheduled": [[0, 4]], "cudagraph_mode": "FULL"}
+    assert [add, merged] in list(_candidates([add, *steps]))
+    other = dict(steps[1], scheduled=[[1, 3]])
+    assert ops.REGISTRY["step"].merge(steps[0], other) is None

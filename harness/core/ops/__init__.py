@@ -63,7 +63,9 @@ class OpSpec:
     when ``draws_data`` is False; enabled(machine) -> bool.  without_request(op,
     req) -> the op with ``req`` removed, or None to drop it.  rename(op, req,
     block) -> a copy with request ids mapped by ``req(r)`` and block ids by
-    ``block(group, b)``.  narrow(op) -> simpler variants.  permit(config,
+    ``block(group, b)``.  narrow(op) -> simpler variants.  merge(op, next_op)
+    -> one op doing what two adjacent ops of this kind did, or None (the
+    shrinker tries it; legality is checked by its dry run).  permit(config,
     ledger, op) -> (cells, runs): cells[g] = {block: (first_offset, end_offset)
     | None (any cell)}, runs = requests the op writes for.
     """
@@ -82,6 +84,7 @@ class OpSpec:
     without_request: Callable | None = None
     rename: Callable = _rename_nothing
     narrow: Callable = _no_narrowing
+    merge: Callable | None = None
     permit: Callable | None = None
     forward: str | None = None  # "real" (a step), "dummy" (a dummy run), None
     family: str = "core"

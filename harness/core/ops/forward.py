@@ -72,6 +72,15 @@ def _narrow_step(op: dict):
         yield dict(op, cudagraph_mode="NONE")
 
 
+def _merge_steps(op: dict, nxt: dict) -> dict | None:
+    """Two adjacent steps of the same requests as one (tokens summed per request,
+    the second step's mode): a chunked prefill shrunk to a single chunk."""
+    if nxt["op"] != "step" or [r for r, _ in op["scheduled"]] != [r for r, _ in nxt["scheduled"]]:
+        return None
+    summed = [[r, a + b] for (r, a), (_, b) in zip(op["scheduled"], nxt["scheduled"])]
+    return dict(nxt, scheduled=summed)
+
+
 def _permit_step(config, ledger, op):
     """Each scheduled request's new positions (this rank's DCP share) in its own
     attention blocks, and its own Mamba state block."""
@@ -100,7 +109,8 @@ register(OpSpec(
     apply=lambda t, op: t.step([list(x) for x in op["scheduled"]], op["cudagraph_mode"]),
     draw=_draw_step, enabled=lambda m: bool(_steppable(m)),
     requests=lambda op: [r for r, _ in op["scheduled"]], without_request=_step_without,
-    rename=_step_rename, narrow=_narrow_step, permit=_permit_step, forward="real"))
+    rename=_step_rename, narrow=_narrow_step, merge=_merge_steps, permit=_permit_step,
+    forward="real"))
 
 
 def _draw_dummy(m, data) -> dict:
