@@ -16,7 +16,13 @@ import os
 import sys
 import tempfile
 
-from harness.cli.common import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, EXIT_VIOLATION, UsageError  # noqa: F401
+from harness.cli.common import (  # noqa: F401
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    EXIT_VIOLATION,
+    UsageError,
+)
 from harness.cli.parser import build_parser
 from harness.cli.search import cmd_fuzz, cmd_nightly
 from harness.cli.traces import (
@@ -27,6 +33,7 @@ from harness.cli.traces import (
     cmd_replay,
     cmd_shrink,
 )
+from harness.core import interrupt
 
 VERBS = {"fuzz": cmd_fuzz, "repro": cmd_fuzz, "shrink": cmd_shrink, "explain": cmd_explain,
          "replay": cmd_replay, "faults": cmd_faults, "ops": cmd_ops,
@@ -90,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return worker_main(argv[1:])
     stdout, sys.stdout = sys.stdout, _PipeSafeStdout(sys.stdout)
+    previous = interrupt.install()  # Ctrl-C is recorded, so it cannot be swallowed
     try:
         args = _parse(argv)
         return VERBS[args.verb](args)
@@ -100,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     finally:
+        interrupt.restore(previous)
         sys.stdout.flush()
         sys.stdout = stdout
 

@@ -133,8 +133,22 @@ def _check_out(path: str, flag: str, is_dir: bool = True) -> Path:
                 raise UsageError(f"{flag} {path}: {parent} is not a directory")
             if not (is_dir and out.is_dir()) and not os.access(parent, os.W_OK | os.X_OK):
                 raise UsageError(f"{flag} {path}: {parent} is not writable")
+            _probe_write(out if (is_dir and out.is_dir()) else parent, flag, path)
             break
     return out
+
+
+def _probe_write(folder: Path, flag: str, path: str) -> None:
+    """Create and remove a scratch entry in ``folder``: permission bits do not say
+    everything (root ignores them; /proc, read-only mounts and full disks refuse
+    anyway).  Leaves nothing behind."""
+    import tempfile
+
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".blockfuzz-probe-", dir=folder))
+    except OSError as e:
+        raise UsageError(f"{flag} {path}: cannot write in {folder} "
+                         f"({e.strerror or e})") from None
 
 
 def _check_trace_faults(faults: list[str], runner: str, source: str) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from reference import OpError, RunnerConfig
 
+from harness.core import interrupt
 from harness.core import invariants as inv
 from harness.core.ops import apply_op
 from harness.core.trace import Trace
@@ -75,6 +76,7 @@ class Session:
 
         Raises ``OpError`` (nothing applied) when the op is illegal.
         """
+        interrupt.check()  # a Ctrl-C swallowed by a GC callback stops here
         i, kind = self.op_index, op["op"]
         try:
             permit = inv.permit_for(self.config, self.ledger, op)

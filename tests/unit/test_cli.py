@@ -351,11 +351,16 @@ def test_exit_code_survives_a_closed_stdout(monkeypatch):
 
 
 def test_check_expect_with_nothing_checked_is_not_a_pass(capsys, monkeypatch):
+    import dataclasses
+
+    import harness.targets as targets
     import harness.targets.vllm as vllm_target
 
-    monkeypatch.setattr("harness.cli.traces._select_device", lambda device, target: "cpu")
+    # A vllm target that needs no vLLM: no refusal, the CPU, a release no trace records.
+    spec = dataclasses.replace(targets.REGISTRY["vllm"], refusal=lambda config: None,
+                               select_device=lambda device: "cpu")
+    monkeypatch.setitem(targets.REGISTRY, "vllm", spec)
     monkeypatch.setattr(vllm_target, "installed_version", lambda: "0.0.0-none", raising=False)
-    monkeypatch.setattr(vllm_target, "refusal", lambda config: None, raising=False)
     traces = sorted(str(p) for p in (ROOT / "corpora" / "vllm").glob("*.json"))
     assert main(["replay", "--check-expect", "--target", "vllm", *traces]) == 2
     captured = capsys.readouterr()
@@ -372,3 +377,34 @@ def test_signature_never_merges_different_shrunk_traces():
     other.ops[0] = dict(other.ops[0], prompt_len=other.ops[0]["prompt_len"] + 1)
     assert [o["op"] for o in other.ops] == [o["op"] for o in trace.ops]
     assert search.signature(other) != search.signature(trace)
+
+
+def test_a_swallowed_ctrl_c_still_stops_the_run(monkeypatch, capsys):
+    """Python ignores a KeyboardInterrupt raised inside a GC callback (Hypothesis has
+    one), so the SIGINT handler also records the request and the next op re-raises
+    it: the run stops with 130 instead of finishing clean.  Simulated: the request
+    is recorded as a swallowed SIGINT would leave it, before the first op."""
+    from harness.core import interrupt
+    from harness.core.session import Session
+
+    real_apply = Session.apply
+
+    def swallowed_then_apply(self, op):
+        interrupt.REQUESTED.set()  # the handler ran; its exception was ignored
+        return real_apply(self, op)
+    monkeypatch.setattr(Session, "apply", swallowed_then_apply)
+    rc = main(["fuzz", "--runner", "v1", "--seed", "0", "--examples", "5", "--out",
+               str(ROOT / "fuzz-out-never-written")])
+    assert rc == 130 and not interrupt.REQUESTED.is_set()  # cleared for the next command
+    captured = capsys.readouterr()
+    assert "interrupted" in captured.out + captured.err
+
+
+@pytest.mark.skipif(not Path("/proc/self").exists(), reason="needs Linux /proc")
+def test_out_where_nothing_can_be_created_is_refused_before_the_work(capsys):
+    """Permission bits say nothing to root; /proc refuses every new entry anyway.
+    The probe (create and remove a scratch folder) refuses it before any search."""
+    assert main(["fuzz", "--examples", "5", "--out", "/proc/blockfuzz-out"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert "--out /proc/blockfuzz-out: cannot write in /proc" in captured.err
