@@ -77,6 +77,9 @@ class _PipeSafeStdout:
 def _parse(argv: list[str]):
     """Parsed arguments; an unknown flag is named with its sub-command."""
     parser = build_parser()
+    if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+        raise UsageError(f"blockfuzz: {argv[0]}: a verb comes first "
+                         f"({', '.join(VERBS)}; blockfuzz --help)")
     args, extra = parser.parse_known_args(argv)
     if extra:
         raise UsageError(f"blockfuzz {args.verb}: unrecognized arguments: {' '.join(extra)}")

@@ -78,6 +78,7 @@ def test_replay_exit_codes(capsys):
     (["fuzz", "--examples", "x"], "invalid int value"),
     (["replay"], "the following arguments are required"),
     (["frobnicate"], "invalid choice"),
+    (["--bogus"], "--bogus: a verb comes first"),
     (["fuzz", "--bogus"], "blockfuzz fuzz: unrecognized arguments: --bogus"),
     (["fuzz", "--config", "/nonexistent.json"], "/nonexistent.json: cannot read"),
 ])
