@@ -162,9 +162,8 @@ from harness.core.invariants.structural import (  # noqa: E402
 from harness.core.invariants.writes import (  # noqa: E402
     WritePermit, classify_writes, owner_text, permit_for)
 
-ORDER = ids()
 
-__all__ = ["IMPL_CRASH", "ORDER", "REGISTRY", "START", "CheckContext", "Invariant", "Violation",
+__all__ = ["IMPL_CRASH", "REGISTRY", "START", "CheckContext", "Invariant", "Violation",
            "WritePermit", "check", "check_dummy_tables_zero", "check_graph_addresses",
            "check_loaded_blocks", "check_matches_reference", "check_no_stale_write",
            "check_null_block_finite", "check_reads", "check_vacated_rows_zero",
