@@ -209,7 +209,8 @@ class RunnerConfig:
                                   "a mamba group has no kernel blocks: must equal block_size")
             if not 1 <= g.kernel_block_size <= g.block_size or g.block_size % g.kernel_block_size:
                 raise ConfigError(f"groups[{i}].kernel_block_size",
-                                  f"{g.kernel_block_size} must divide block_size {g.block_size}")
+                                  f"{g.kernel_block_size} is not a divisor of block_size "
+                                  f"{g.block_size} (1..{g.block_size}, dividing it)")
             if g.kind == ATTENTION and g.block_size & (g.block_size - 1):
                 raise ConfigError(f"groups[{i}].block_size", "must be a power of two")
         if not self.attention_groups:

@@ -48,7 +48,7 @@ TRACE = json.loads(r"""
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line on stderr, exit 2
-        print(f"error: {{message}}", file=sys.stderr)
+        print(f"error: {{self.prog}}: {{message}}", file=sys.stderr)
         sys.exit(2)
 
 
