@@ -115,4 +115,7 @@ def _add_search(p, verb: str) -> None:
     p.add_argument("--profile", default="dev", choices=["dev", "ci", "nightly"])
     if verb == "fuzz":
         p.add_argument("--no-shrink", action="store_true", help="skip trace shrinking")
+        p.add_argument("--coverage", action="store_true",
+                       help="print the behaviour-coverage features the search hit "
+                            "(ops and examples per feature)")
     _add_common(p)

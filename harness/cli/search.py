@@ -71,6 +71,9 @@ def cmd_fuzz(args) -> int:
         return _fuzz_interrupted(args, stop, out_dir, run)
     if args.time_budget is not None:
         print(f"chunk seeds run: {', '.join(map(str, result.chunk_seeds))}")
+    if getattr(args, "coverage", False):
+        print_coverage(result.coverage, result.coverage_examples,
+                       f"behaviour coverage: seed {args.seed}, search only")
     if result.violation is None:
         print(f"PASS: {_examples_text(result)}, {_rate_text(result)}; no invariant violated")
         return EXIT_OK
@@ -89,6 +92,25 @@ def cmd_fuzz(args) -> int:
     print(f"explain: {run.on_trace('explain', path)}")
     print(f"replay: {run.on_trace('replay', path)}")
     return EXIT_VIOLATION
+
+
+def print_coverage(counts: dict, examples: dict | None, title: str) -> None:
+    """The coverage table: every feature with its hits (ops, examples), unhit first."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from harness.search.coverage import table_rows, unhit
+
+    table = Table(title=title, title_justify="left")
+    for col in ("feature", "ops", "examples", "meaning"):
+        table.add_column(col, no_wrap=col != "meaning")
+    rows = sorted(table_rows(counts, examples), key=lambda r: r[1] > 0)
+    for feature, ops, ex, meaning in rows:
+        table.add_row(feature, str(ops), "-" if ex is None else str(ex), meaning)
+    Console(width=150, soft_wrap=False).print(table)
+    missing = unhit(counts)
+    print(f"coverage: {len(rows) - len(missing)}/{len(rows)} features hit"
+          + (f"; unhit: {', '.join(missing)}" if missing else ""))
 
 
 def _examples_text(result) -> str:

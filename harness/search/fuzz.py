@@ -10,6 +10,8 @@ The budget is checked between chunks: a run stops after the chunk in flight,
 so it may overrun S by up to one chunk of :data:`CHUNK_EXAMPLES` examples.
 
 ``examples`` in a :class:`FuzzResult` counts examples that ran to completion;
+``coverage`` counts the behaviour-coverage features (:mod:`harness.search.coverage`)
+the search hit (shrinking excluded);
 examples Hypothesis started and discarded (it ran out of its choice buffer)
 are counted apart in ``discarded``.  Ctrl-C raises :class:`FuzzInterrupted`
 carrying what was done: the chunk seeds run, and the unshrunk trace when a
@@ -56,6 +58,8 @@ class FuzzResult:
     chunk_seeds: list = field(default_factory=list)
     discarded: int = 0
     search_seconds: float = 0.0
+    coverage: dict = field(default_factory=dict)  # feature -> ops that hit it
+    coverage_examples: dict = field(default_factory=dict)  # feature -> examples that hit it
 
     @property
     def steps_per_s(self) -> float:
@@ -175,6 +179,8 @@ def fuzz(config: RunnerConfig | None, seed: int = 0, examples: int | None = 200,
         result.examples = stats.get("completed", 0) + (result.violation is not None)
         result.discarded = stats.get("discarded", 0)
         result.steps = stats.get("steps", 0)
+        result.coverage = dict(stats.get("coverage", {}))
+        result.coverage_examples = dict(stats.get("coverage_examples", {}))
         result.seconds = time.perf_counter() - start
 
     try:

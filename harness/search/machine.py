@@ -1,17 +1,19 @@
 """The Hypothesis state machine that drives a :class:`Session` with legal ops.
 
-Its rules come from the op registry (:mod:`harness.core.ops`): one rule per op,
-named after it, drawing the op with the op's ``draw`` under the op's
-``enabled`` precondition.  Rules are few and draw small arguments;
+Its ops come from the op registry (:mod:`harness.core.ops`): one rule, ``act``,
+picks an op whose ``enabled`` precondition holds, weighted by the example's
+:class:`~harness.search.swarm.Swarm` (drawn first, with the geometry: swarm
+testing), and applies what the op's ``draw`` drew.  Draws are small;
 preconditions (never ``assume``) keep every op legal, so Hypothesis never
-wastes an example.  Block ids are drawn
-from the whole free pool, so freed blocks are handed to new requests; steps
-schedule any subset of live requests (prefill chunks and decodes mixed, or
-one token each so FULL graphs apply); ``kv_load`` and dummy runs in every
-cudagraph mode are rules of their own.
+wastes an example.  Block ids are drawn from the whole free pool, so freed
+blocks are handed to new requests; steps schedule any subset of live requests
+(prefill chunks and decodes mixed, or one token each so FULL graphs apply);
+``kv_load`` and dummy runs in every cudagraph mode are ops of their own.
 
-Every op is recorded; a violation raises :class:`InvariantViolationError`
-carrying the op list, which after Hypothesis's shrinking is the minimal trace.
+Every op is recorded, and its behaviour-coverage features
+(:mod:`harness.search.coverage`) counted in ``stats``; a violation raises
+:class:`InvariantViolationError` carrying the op list, which the trace
+shrinker then minimises.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from harness.core.invariants import Violation
 from harness.core.ops import REGISTRY as OPS
 from harness.core.session import Session
 from harness.search import profiles  # noqa: F401  (generation a function of the seed alone)
+from harness.search import swarm as swarm_mod
+from harness.search.coverage import Tracker
 from harness.search.geometry import runner_configs, target_limits
 
 class InvariantViolationError(AssertionError):
@@ -53,13 +57,15 @@ def _error_type(invariant: str) -> type:
 
 
 class BlockFuzzMachine(RuleBasedStateMachine):
-    """Subclassed per run by :func:`make_machine` with config / faults / target
-    and one rule per registered op.
+    """Subclassed per run by :func:`make_machine` with config / faults / target;
+    its one rule, ``act``, draws any registered op.
 
     ``config`` None: the geometry is drawn per example (``runner`` pins the
-    runner); a config pins it.  ``stats``: ``examples`` (machines started),
-    ``steps`` (ops applied).  What op draws may use: ``cfg``, ``session``,
-    ``ledger``, ``free(g)``, ``next_req``.
+    runner); a config pins it.  ``swarm`` False keeps the uniform op mix.
+    ``stats``: ``examples`` (machines started), ``steps`` (ops applied),
+    ``coverage`` (feature -> ops that hit it), ``coverage_examples`` (feature ->
+    examples that hit it).  What op draws may use: ``cfg``, ``session``,
+    ``ledger``, ``free(g)``, ``next_req``, ``swarm``.
     """
 
     config: RunnerConfig | None = RunnerConfig()
@@ -68,6 +74,7 @@ class BlockFuzzMachine(RuleBasedStateMachine):
     target: str = "gpu_impl"
     device: str | None = None
     stats: dict = {}
+    use_swarm: bool = True
 
     def __init__(self):
         super().__init__()
@@ -81,7 +88,10 @@ class BlockFuzzMachine(RuleBasedStateMachine):
         config = self.config or data.draw(
             runner_configs(self.runner, **target_limits(self.target)), label="config")
         self.cfg = config
+        self.swarm = (data.draw(swarm_mod.swarms(list(drawable())), label="swarm")
+                      if self.use_swarm else swarm_mod.DEFAULT)
         self.session = Session(config, self.faults, self.target, self.device)
+        self.coverage = Tracker(config)
         if self.session.startup_violations:
             v = self.session.startup_violations[0]
             raise _error_type(v.invariant)(v, [], config)
@@ -90,7 +100,12 @@ class BlockFuzzMachine(RuleBasedStateMachine):
         """Record and apply ``op``; raise on its first violation."""
         self.ops.append(op)
         self.stats["steps"] = self.stats.get("steps", 0) + 1
+        reference = self.session.reference
+        self.coverage.before(op, self.ledger, reference)
         found = self.session.apply(op)
+        counts = self.stats.setdefault("coverage", {})
+        for f in self.coverage.after(op, reference):
+            counts[f] = counts.get(f, 0) + 1
         if found:
             raise _error_type(found[0].invariant)(found[0], list(self.ops), self.cfg)
 
@@ -102,36 +117,42 @@ class BlockFuzzMachine(RuleBasedStateMachine):
         """Free block ids of group ``g`` (the whole pool: freed blocks get reused)."""
         return self.ledger.free_blocks(g)
 
+    def enabled_ops(self) -> list:
+        """Drawable ops whose precondition holds now, in registry order."""
+        return [spec for spec in drawable().values() if spec.enabled(self)]
 
-def _rule_for(spec):
-    """A Hypothesis rule applying ops drawn by ``spec`` (named after the op)."""
-    if spec.draws_data:
-        def body(self, data):
-            self.do(spec.draw(self, data))
-        decorated = rule(data=st.data())(body)
-    else:
-        def body(self):
-            self.do(spec.draw(self))
-        decorated = rule()(body)
-    body.__name__ = body.__qualname__ = spec.name
-    return precondition(lambda self: spec.enabled(self))(decorated)
+    @precondition(lambda self: bool(self.enabled_ops()))
+    @rule(data=st.data())
+    def act(self, data):
+        spec = swarm_mod.pick(self.enabled_ops(), self.swarm, data)
+        self.do(spec.draw(self, data) if spec.draws_data else spec.draw(self))
+
+    def teardown(self):
+        per_example = self.stats.setdefault("coverage_examples", {})
+        if getattr(self, "coverage", None) is not None:
+            for f in self.coverage.first:
+                per_example[f] = per_example.get(f, 0) + 1
+        super().teardown()
 
 
-def op_rules() -> dict:
-    """{op name: rule} for every registered op that can be drawn."""
-    return {spec.name: _rule_for(spec) for spec in OPS.values() if spec.draw is not None}
+def drawable() -> dict:
+    """{op name: OpSpec} of every registered op the machine can draw (read per
+    call: an op registered later, e.g. by a test, is drawn too)."""
+    return {name: spec for name, spec in OPS.items() if spec.draw is not None}
 
 
 def make_machine(config: RunnerConfig | None, faults=(), target: str = "gpu_impl",
                  device: str | None = None, stats: dict | None = None,
-                 runner: str | None = None, base: type = BlockFuzzMachine) -> type:
+                 runner: str | None = None, base: type = BlockFuzzMachine,
+                 swarm: bool = True) -> type:
     """A fresh machine class bound to one run's parameters (and stats dict).
 
     config None draws the geometry per example; runner pins its runner; base:
     the class to bind (a subclass of :class:`BlockFuzzMachine` — e.g. the
-    bench's, which records the generated ops in its ``teardown``).
+    bench's, which records the generated ops in its ``teardown``); swarm:
+    False draws every example from the uniform op mix.
     """
     return type("BlockFuzzMachine_run", (base,),
-                {**op_rules(), "config": config, "runner": runner, "faults": tuple(faults),
+                {"config": config, "use_swarm": swarm, "runner": runner, "faults": tuple(faults),
                  "target": target, "device": device,
                  "stats": {} if stats is None else stats})

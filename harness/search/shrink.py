@@ -2,15 +2,18 @@
 same invariant.
 
 Hypothesis shrinks the draws of its state machine; this works on traces, so it
-also serves traces from elsewhere.  Passes, repeated until none helps (bounded):
+also serves traces from elsewhere.  Passes (:data:`PASSES`), each repeated on
+its own candidates while it helps, in rounds until no pass helps (bounded):
 
 1. drop one request with every op that mentions it;
-2. drop single ops, last first, then runs of ops (halving sizes);
-3. merge adjacent ops (two steps of the same requests become one), then
+2. drop chunks of ops, delta-debugging style (halves, quarters, ... pairs) —
+   a long Hypothesis trace loses most of its ops in a few replays;
+3. drop single ops, last first, then sliding pairs;
+4. merge adjacent ops (two steps of the same requests become one), then
    narrow each op (its registry entry: drop scheduled requests, lower token
    counts, a simpler cudagraph mode, ...);
-4. renumber requests and blocks to small ids in order of first use;
-5. simplify the geometry (one DCP rank, no kernel-block split), then lower
+5. renumber requests and blocks to small ids in order of first use;
+6. simplify the geometry (one DCP rank, no kernel-block split), then lower
    config limits (pool size, batch limits, capture sizes) one at a time.
 
 Each candidate is repaired before it is replayed: ops that became illegal
@@ -29,7 +32,7 @@ from harness.core.ops import apply_op, requests_of, spec_of
 from harness.core.session import replay
 from harness.core.trace import Trace
 
-MAX_PASSES = 200  # accepted improvements; each restarts the candidate list
+MAX_PASSES = 200  # accepted config improvements
 MAX_REPLAYS = 400
 
 
@@ -85,25 +88,55 @@ def _smaller_configs(config):
         yield dict(fields, cudagraph_capture_sizes=sizes[:k] + sizes[k + 1:])
 
 
-def _candidates(ops: list[dict]):
+def _drop_requests(ops: list[dict]):
+    """Each request dropped with every op that mentions it."""
     reqs = sorted({r for op in ops if op["op"] == "add" for r in requests_of(op)})
     for req in reqs:
         yield _without_req(ops, req)
-    for i in reversed(range(len(ops))):
-        yield ops[:i] + ops[i + 1:]
-    size = len(ops) // 2  # then runs of ops (a pair of swaps only cancels out together)
+
+
+def _drop_chunks(ops: list[dict]):
+    """Delta debugging's complements: aligned chunks of half the trace, then a
+    quarter, ... down to pairs, last chunk first (the failing op is last, the
+    ops before it are the likeliest to matter)."""
+    size = len(ops) // 2
     while size >= 2:
-        for start in range(len(ops) - size, -1, -1):
+        for start in range((len(ops) - 1) // size * size, -1, -size):
             yield ops[:start] + ops[start + size:]
         size //= 2
-    for i in range(len(ops) - 1):  # then adjacent ops merged into one (their registry entry)
+
+
+def _drop_singles(ops: list[dict]):
+    """Single ops, last first; then sliding pairs (two swaps only cancel out together)."""
+    for i in reversed(range(len(ops))):
+        yield ops[:i] + ops[i + 1:]
+    for start in range(len(ops) - 2, -1, -1):
+        yield ops[:start] + ops[start + 2:]
+
+
+def _merge_adjacent(ops: list[dict]):
+    """Adjacent ops merged into one (their registry entry: two steps become one)."""
+    for i in range(len(ops) - 1):
         merge = spec_of(ops[i]).merge
         merged = merge(ops[i], ops[i + 1]) if merge is not None else None
         if merged is not None:
             yield ops[:i] + [merged] + ops[i + 2:]
-    for i, op in enumerate(ops):  # then each op's simpler variants (its registry entry)
+
+
+def _narrow_ops(ops: list[dict]):
+    """Each op's simpler variants (its registry entry)."""
+    for i, op in enumerate(ops):
         for simpler in spec_of(op).narrow(op):
             yield ops[:i] + [simpler] + ops[i + 1:]
+
+
+PASSES = (_drop_requests, _drop_chunks, _drop_singles, _merge_adjacent, _narrow_ops)
+
+
+def _candidates(ops: list[dict]):
+    """Every candidate of every pass, in pass order (what one round tries)."""
+    for make in PASSES:
+        yield from make(ops)
 
 
 def legalize(config, ops: list[dict]) -> list[dict]:
@@ -142,25 +175,31 @@ def shrink(trace: Trace, invariant: str, faults=(), target: str = "gpu_impl",
     best = trace
     replays = 0
     seen: set[str] = set()
-    for _ in range(MAX_PASSES):
-        improved = False
-        for ops in _candidates(best.ops):
-            if replays >= MAX_REPLAYS:
-                return best, replays
-            ops = legalize(best.config, ops)
-            key = repr(ops)
-            if ops == best.ops or key in seen:
-                continue
-            seen.add(key)
-            replays += 1
-            ran = _fails(Trace(best.config, ops, best.expect, best.meta), invariant, faults,
-                         target, device)
-            if ran is not None:
-                best = Trace(best.config, ops[:ran], best.expect, best.meta)
-                improved = True
-                break
-        if not improved:
-            break
+    improved_any = True
+    while improved_any:  # rounds of every pass until none improves
+        improved_any = False
+        for make in PASSES:
+            while True:  # a pass restarts on its own candidates after each improvement
+                if replays >= MAX_REPLAYS:
+                    return best, replays
+                found = None
+                for ops in make(best.ops):
+                    if replays >= MAX_REPLAYS:
+                        return best, replays
+                    ops = legalize(best.config, ops)
+                    key = repr(ops)
+                    if ops == best.ops or key in seen:
+                        continue
+                    seen.add(key)
+                    replays += 1
+                    ran = _fails(Trace(best.config, ops, best.expect, best.meta), invariant,
+                                 faults, target, device)
+                    if ran is not None:
+                        found = Trace(best.config, ops[:ran], best.expect, best.meta)
+                        break
+                if found is None:
+                    break
+                best, improved_any = found, True
     ops = renumber(best.ops)
     if ops != best.ops and legalize(best.config, ops) == ops:
         replays += 1

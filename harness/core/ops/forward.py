@@ -36,17 +36,20 @@ def _draw_step(m, data) -> dict:
     from hypothesis import strategies as st  # search only: reproducers import no Hypothesis
 
     cands = _steppable(m)
-    reqs = data.draw(st.lists(st.sampled_from(cands), min_size=1,
-                              max_size=min(len(cands), m.cfg.max_num_batched_tokens),
-                              unique=True))
+    most = min(len(cands), m.cfg.max_num_batched_tokens)
+    if m.swarm.whole_batch(data):  # every steppable request (in a drawn order)
+        reqs = data.draw(st.permutations(cands))[:most]
+    else:
+        reqs = data.draw(st.lists(st.sampled_from(cands), min_size=1, max_size=most,
+                                  unique=True))
     budget = m.cfg.max_num_batched_tokens - len(reqs)
-    decode_only = data.draw(st.booleans())  # one token each: FULL graphs apply
+    decode_only = m.swarm.decode(data)  # one token each: FULL graphs apply
     scheduled = []
     for req in reqs:
         n = 1 if decode_only else data.draw(st.integers(1, 1 + min(_room(m, req) - 1, budget)))
         budget -= n - 1
         scheduled.append([req, n])
-    mode = data.draw(st.sampled_from(MODES))
+    mode = data.draw(st.sampled_from(m.swarm.modes))
     return {"op": "step", "scheduled": scheduled, "cudagraph_mode": mode}
 
 
@@ -118,10 +121,10 @@ def _draw_dummy(m, data) -> dict:
 
     cfg = m.cfg
     num_reqs = data.draw(st.integers(1, cfg.max_num_reqs))
-    uniform = data.draw(st.booleans())  # num_tokens == num_reqs: FULL applies
+    uniform = m.swarm.decode(data)  # num_tokens == num_reqs: FULL applies
     num_tokens = num_reqs if uniform else data.draw(
         st.integers(num_reqs, cfg.max_num_batched_tokens))
-    mode = data.draw(st.sampled_from(MODES))
+    mode = data.draw(st.sampled_from(m.swarm.modes))
     return {"op": "dummy_run", "num_reqs": num_reqs, "num_tokens": num_tokens,
             "cudagraph_mode": mode}
 

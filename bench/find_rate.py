@@ -1,0 +1,136 @@
+"""Find rate: how often, and how fast, the default search finds each catalogue fault.
+
+For every catalogue fault (or ``--faults``) and every seed in ``--seeds``, runs
+what a user runs — ``blockfuzz fuzz --seed S --examples N --fault F`` with the
+runner drawn — and records whether the fault was found, after how many
+examples (completed examples, the failing one included) and how many seconds
+of search, and what shrinking the finding cost (replays, seconds).  Prints one
+row per fault: found on how many seeds, median and worst examples and seconds
+to find, worst shrink.  A miss counts as ``N`` examples in the worst column
+and is shown as ``miss`` there.
+
+Examples-to-find are deterministic (a pure function of seed and code);
+seconds depend on machine load, so compare them only within one run.
+
+Usage: python bench/find_rate.py [--seeds 0..9] [--examples 200] [--jobs 2]
+                                 [--faults A,B] [--no-shrink] [--json OUT] [--save DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``0..9`` (inclusive) or ``0,3,5``."""
+    if ".." in text:
+        lo, hi = text.split("..")
+        return list(range(int(lo), int(hi) + 1))
+    return [int(s) for s in text.split(",")]
+
+
+def one(job: tuple) -> dict:
+    """Run one (fault, seed) fuzz; returns its row (in a worker process)."""
+    fault, seed, examples, do_shrink, save = job
+    from harness.search.fuzz import fuzz
+
+    r = fuzz(None, seed=seed, examples=examples, faults=(fault,), shrink_trace=False)
+    if r.trace is not None and save:
+        (Path(save) / f"{fault}-seed{seed}.json").write_text(r.trace.dumps())
+    if r.trace is not None and do_shrink:  # what fuzz does next, timed apart
+        import time
+
+        from harness.search.shrink import shrink
+
+        start = time.perf_counter()
+        small, r.shrink_replays = shrink(r.trace, r.violation.invariant, (fault,))
+        r.shrink_seconds, r.trace = time.perf_counter() - start, small
+    return {"fault": fault, "seed": seed, "found": r.violation is not None,
+            "invariant": r.violation.invariant if r.violation else None,
+            "examples": r.examples, "search_s": round(r.search_seconds, 2),
+            "steps": r.steps, "shrink_replays": r.shrink_replays,
+            "shrink_s": round(r.shrink_seconds, 2),
+            "ops": len(r.trace.ops) if r.trace is not None else None}
+
+
+def summarise(rows: list[dict], examples: int) -> list[dict]:
+    """One summary per fault: found count, median/worst examples and seconds to find."""
+    out = []
+    for fault in sorted({r["fault"] for r in rows}):
+        mine = [r for r in rows if r["fault"] == fault]
+        hits = [r for r in mine if r["found"]]
+        ex = [r["examples"] if r["found"] else examples for r in mine]
+        secs = [r["search_s"] for r in hits]
+        out.append({
+            "fault": fault, "seeds": len(mine), "found": len(hits),
+            "median_examples": statistics.median(ex),
+            "worst_examples": "miss" if len(hits) < len(mine) else max(ex),
+            "median_s": statistics.median(secs) if secs else None,
+            "worst_s": max(secs) if secs else None,
+            "worst_shrink_s": max((r["shrink_s"] for r in hits), default=None),
+            "worst_shrink_replays": max((r["shrink_replays"] for r in hits), default=None),
+            "missed_seeds": [r["seed"] for r in mine if not r["found"]]})
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seeds", default="0..9", type=parse_seeds)
+    p.add_argument("--examples", type=int, default=200)
+    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--faults", default=None, help="comma-separated ids (default: all)")
+    p.add_argument("--no-shrink", action="store_true", help="search only")
+    p.add_argument("--json", dest="json_out", default=None, help="write rows + summary here")
+    p.add_argument("--save", default=None, metavar="DIR",
+                   help="write each unshrunk finding here (input for bench/shrink_speed.py)")
+    args = p.parse_args(argv)
+
+    from gpu_impl.faults import CATALOGUE
+    from rich.console import Console
+    from rich.table import Table
+
+    faults = args.faults.split(",") if args.faults else sorted(CATALOGUE)
+    for f in faults:
+        if f not in CATALOGUE:
+            print(f"find_rate.py: --faults: unknown fault {f!r}", file=sys.stderr)
+            return 2
+    if args.save:
+        Path(args.save).mkdir(parents=True, exist_ok=True)
+    jobs = [(f, s, args.examples, not args.no_shrink, args.save)
+            for f in faults for s in args.seeds]
+    rows = []
+    with ProcessPoolExecutor(args.jobs) as pool:
+        for row in pool.map(one, jobs):
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr, flush=True)
+    summary = summarise(rows, args.examples)
+    table = Table(title=f"find rate: seeds {args.seeds[0]}..{args.seeds[-1]}, "
+                        f"--examples {args.examples}, runner drawn")
+    for col in ("fault", "found", "median ex", "worst ex", "median s", "worst s",
+                "worst shrink s (replays)", "missed seeds"):
+        table.add_column(col)
+    for s in summary:
+        shrink = ("-" if s["worst_shrink_s"] is None
+                  else f"{s['worst_shrink_s']:.1f} ({s['worst_shrink_replays']})")
+        table.add_row(s["fault"], f"{s['found']}/{s['seeds']}", f"{s['median_examples']:g}",
+                      str(s["worst_examples"]),
+                      "-" if s["median_s"] is None else f"{s['median_s']:.1f}",
+                      "-" if s["worst_s"] is None else f"{s['worst_s']:.1f}", shrink,
+                      ",".join(map(str, s["missed_seeds"])) or "-")
+    Console(width=160).print(table)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps({"rows": rows, "summary": summary}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,160 @@
+"""Behaviour coverage: which situations of this bug family a search exercised.
+
+A *feature* is a situation known to matter for block-table / dummy-run bugs —
+a FULL replay after a batch of another size, a dummy run right after the
+persistent batch was condensed, a freed block handed out again a few ops
+later.  :class:`Tracker` watches one example's ops (what the reference runner
+did: its dispatched mode and padded sizes, its persistent rows, the ledger)
+and reports the features each op hit; the fuzz machine counts them per run
+(``fuzz --coverage``) and nightly per campaign (``report.json``).
+
+Every feature lives in :data:`FEATURES` (id -> meaning); detectors are the
+``_hits`` methods below.  Features are judged on the reference, so they mean
+the same for every target and do not depend on a fault.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from reference import ATTENTION, MAMBA
+
+from harness.core.ops.forward import MODES  # the cudagraph modes, FULL first
+RUNNERS = ("v1", "v2")
+GROUP_KINDS = (ATTENTION, MAMBA)
+REUSE_WINDOW = 4  # ops: "a freed block reallocated soon"
+
+FEATURES: dict[str, str] = {
+    "full-replay-after-smaller": "a FULL replay whose padded batch is larger than the "
+                                 "previous forward's",
+    "full-replay-after-larger": "a FULL replay whose padded batch is smaller than the "
+                                "previous forward's",
+    "full-step-after-larger-step": "a FULL real step with fewer requests than the real step "
+                                   "right before it (no dummy run between)",
+    "batch-up-across-full": "a forward with more tokens than the FULL capture size the "
+                            "previous forward replayed",
+    "batch-down-across-full": "a forward padded to a smaller size than the FULL capture "
+                              "size the previous forward replayed",
+    "dummy-after-condense": "a dummy run right after a condense",
+    "dummy-after-swap": "a dummy run right after a swap",
+    "dummy-after-remove": "a dummy run right after a remove",
+    "freed-block-reused": f"a block freed by a remove handed out again within "
+                          f"{REUSE_WINDOW} ops (same KV-cache group)",
+    "row-vacated-reused": "a persistent row (V1 batch row / V2 state index) vacated by a "
+                          "remove and later taken by another request",
+    "loaded-next-to-padded": "a forward over a request whose KV was loaded (kv_load) "
+                             "with padded rows or tokens beside it",
+    **{f"forward:{m}:{r}:{k}": f"a forward dispatched {m} on runner {r}, config with {k} group(s)"
+       for m in MODES for r in RUNNERS for k in GROUP_KINDS},
+}
+
+
+@dataclass
+class Tracker:
+    """Feature detection over one example (one session, one config).
+
+    Call :meth:`before` with the op and the ledger before it is applied, then
+    :meth:`after` with the reference runner once it has been; ``after``
+    returns the ids this op hit (each at most once per op).  ``first``:
+    {feature id: op index of its first hit in this example}.
+    """
+
+    config: object
+    op_index: int = 0
+    prev_forward: object = None
+    prev_real_forward: object = None
+    prev_op: str | None = None
+    freed: dict = field(default_factory=dict)  # (group, block) -> op index freed
+    vacated: set = field(default_factory=set)  # rows vacated by a remove, not yet reused
+    loaded: set = field(default_factory=set)  # requests that arrived by kv_load
+    first: dict = field(default_factory=dict)
+    _pending_free: list = field(default_factory=list)
+    _rows_before: object = None
+
+    def before(self, op: dict, ledger, reference) -> None:
+        self._pending_free = []
+        if op["op"] == "remove" and op["req"] in ledger.requests:
+            r = ledger.requests[op["req"]]
+            self._pending_free = [(g, b) for g, ids in enumerate(r.blocks) for b in ids]
+        self._rows_before = reference.rows.req_ids.copy()
+
+    def after(self, op: dict, reference) -> list[str]:
+        hit = self._hits(op, reference)
+        for f in hit:
+            self.first.setdefault(f, self.op_index)
+        for gb in self._pending_free:
+            self.freed[gb] = self.op_index
+        self.prev_op = op["op"]
+        self.op_index += 1
+        return hit
+
+    def _hits(self, op: dict, reference) -> list[str]:
+        kind, hit = op["op"], []
+        rows_after = reference.rows.req_ids
+        # Rows vacated by this op; rows reused after an earlier vacate.
+        for row, (was, now) in enumerate(zip(self._rows_before, rows_after)):
+            if now >= 0 and now != was and row in self.vacated:
+                hit.append("row-vacated-reused")
+                self.vacated.discard(row)
+            if kind == "remove" and was >= 0 and now < 0:
+                self.vacated.add(row)
+        if kind == "kv_load":
+            self.loaded.add(op["req"])
+        if kind in ("add", "kv_load", "append"):
+            for g, ids in enumerate(op.get("blocks", [])):
+                if any(self.op_index - self.freed.get((g, b), -10**9) <= REUSE_WINDOW
+                       for b in ids):
+                    hit.append("freed-block-reused")
+                    break
+        if kind == "dummy_run" and self.prev_op in ("condense", "swap", "remove"):
+            hit.append(f"dummy-after-{self.prev_op}")
+        fwd = reference.last_forward if kind in ("step", "dummy_run") else None
+        if fwd is not None:
+            hit += self._forward_hits(fwd)
+            self.prev_forward = fwd
+            self.prev_real_forward = None if fwd.dummy else fwd
+        # dedupe, keep order
+        return list(dict.fromkeys(hit))
+
+    def _forward_hits(self, fwd) -> list[str]:
+        cfg, hit = self.config, []
+        for k in {cfg.groups[g].kind for g in range(len(cfg.groups))}:
+            hit.append(f"forward:{fwd.cudagraph_mode}:{cfg.runner}:{k}")
+        prev = self.prev_forward
+        if prev is not None:
+            if fwd.cudagraph_mode == "FULL" and fwd.num_tokens_padded > prev.num_tokens_padded:
+                hit.append("full-replay-after-smaller")
+            if fwd.cudagraph_mode == "FULL" and fwd.num_tokens_padded < prev.num_tokens_padded:
+                hit.append("full-replay-after-larger")
+            if prev.cudagraph_mode == "FULL" and fwd.num_tokens > prev.num_tokens_padded:
+                hit.append("batch-up-across-full")
+            if prev.cudagraph_mode == "FULL" and fwd.num_tokens_padded < prev.num_tokens_padded:
+                hit.append("batch-down-across-full")
+        real = self.prev_real_forward
+        if (not fwd.dummy and fwd.cudagraph_mode == "FULL" and real is not None
+                and prev is real and fwd.num_reqs < real.num_reqs):
+            hit.append("full-step-after-larger-step")
+        if not fwd.dummy and self.loaded & set(fwd.req_ids) and (
+                fwd.num_reqs_padded > fwd.num_reqs or fwd.num_tokens_padded > fwd.num_tokens):
+            hit.append("loaded-next-to-padded")
+        return hit
+
+
+def merge(into: Counter, counts) -> Counter:
+    """Add feature counts (``{id: n}``) into ``into``; returns it."""
+    into.update(counts)
+    return into
+
+
+def table_rows(counts: dict, examples: dict | None = None) -> list[tuple]:
+    """(feature, ops that hit it, examples that hit it or None, meaning) for every
+    feature, in :data:`FEATURES` order (zero counts included: an unhit
+    feature is the news)."""
+    return [(f, counts.get(f, 0), None if examples is None else examples.get(f, 0), meaning)
+            for f, meaning in FEATURES.items()]
+
+
+def unhit(counts: dict) -> list[str]:
+    """Feature ids with no hit."""
+    return [f for f in FEATURES if not counts.get(f)]

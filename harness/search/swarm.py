@@ -1,0 +1,94 @@
+"""Swarm testing (Groce et al., ISSTA 2012): each example first draws its own mix.
+
+A uniform mix of every op makes long runs of one kind rare: a bug that needs
+six FULL decodes of shrinking batches with no dummy run between is drawn
+once in hundreds of examples.  So every example begins by drawing a
+:class:`Swarm` — a weight per op (some off, some heavy), the cudagraph modes
+its forwards may request, and how often a step is a pure decode — and the
+machine draws every op under it.  The draw comes from Hypothesis's data, so
+it is a function of the seed; what a failing example did is recorded as ops,
+so the trace shrinker never sees the swarm.
+
+The geometry is swarmed the same way by :func:`harness.search.geometry.runner_configs`
+(each example draws its runner, groups, kernel split, DCP, capture sizes).
+
+Knobs for op draws (read as ``m.swarm.<knob>``): ``modes`` (the cudagraph
+modes a forward may request), ``decode_eighths`` (share, in eighths, of
+steps and dummy runs that are uniform one-token-per-request batches),
+``whole_batch_eighths`` (share of steps that schedule every steppable request).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from harness.core.ops.forward import MODES  # the cudagraph modes, FULL first
+# Mode sets an example may keep (first: all of them, what shrinking moves towards).
+MODE_SETS = (MODES, ("FULL",), ("FULL", "PIECEWISE"), ("FULL", "NONE"),
+             ("PIECEWISE", "NONE"))
+WEIGHTS = (2, 2, 6, 0, 1)  # per op; 0 turns the op off for this example
+ALWAYS_ON = ("add", "step")  # an example without them exercises nothing
+
+
+@dataclass(frozen=True)
+class Swarm:
+    """One example's op mix; :data:`DEFAULT` is the plain uniform mix."""
+
+    weights: dict = field(default_factory=dict)  # op name -> weight; missing: 2
+    modes: tuple = MODES
+    decode_eighths: int = 4
+    whole_batch_eighths: int = 0
+
+    def weight(self, op: str) -> int:
+        return self.weights.get(op, 2)
+
+    def decode(self, data) -> bool:
+        """Draw whether a forward is a uniform decode batch (one token per request)."""
+        from hypothesis import strategies as st
+
+        return data.draw(st.integers(0, 7)) < self.decode_eighths
+
+    def whole_batch(self, data) -> bool:
+        """Draw whether a step schedules every steppable request."""
+        from hypothesis import strategies as st
+
+        return self.whole_batch_eighths > 0 and data.draw(st.integers(0, 7)) < \
+            self.whole_batch_eighths
+
+
+DEFAULT = Swarm()
+
+
+def swarms(op_names: list[str]):
+    """Strategy for a :class:`Swarm` over the drawable ``op_names``."""
+    from hypothesis import strategies as st
+
+    @st.composite
+    def draw(d):
+        weights = {}
+        for name in op_names:
+            w = d(st.sampled_from(WEIGHTS))
+            weights[name] = max(w, 1) if name in ALWAYS_ON else w
+        return Swarm(weights=weights,
+                     modes=d(st.sampled_from(MODE_SETS)),
+                     decode_eighths=d(st.sampled_from([4, 7, 2, 8])),
+                     whole_batch_eighths=d(st.sampled_from([0, 4, 0, 2])))
+
+    return draw()
+
+
+def pick(ops: list, swarm: Swarm, data):
+    """Draw one of ``ops`` (OpSpecs whose precondition holds) by swarm weight;
+    when every one of them is weighted 0, all are equally likely (the example
+    must go on)."""
+    from hypothesis import strategies as st
+
+    weights = [swarm.weight(s.name) for s in ops]
+    if not any(weights):
+        weights = [1] * len(ops)
+    k = data.draw(st.integers(0, sum(weights) - 1), label="op")
+    for spec, w in zip(ops, weights):
+        if k < w:
+            return spec
+        k -= w
+    raise AssertionError("unreachable")
