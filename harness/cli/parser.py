@@ -80,6 +80,9 @@ def _add_nightly(p) -> None:
     p.add_argument("--seed-timeout", type=float, default=300.0, metavar="S",
                    help="a seed running longer is killed and recorded as a crash")
     p.add_argument("--examples-per-seed", type=int, default=25)
+    p.add_argument("--seed-corpus", default=None, metavar="DIR",
+                   help="traces examples may start from, e.g. an earlier campaign's "
+                        "DIR/learned (snapshotted into this campaign's DIR/seed-corpus)")
     p.add_argument("--max-seeds", type=int, default=None, metavar="N",
                    help="stop handing out seeds after N seeds in this run (default: the "
                         "time budget alone bounds it)")
@@ -113,6 +116,10 @@ def _add_search(p, verb: str) -> None:
                    help="pin the geometry: a JSON runner config, or a trace whose config is "
                         "used (default: geometry drawn per example)")
     p.add_argument("--profile", default="dev", choices=["dev", "ci", "nightly"])
+    p.add_argument("--seed-corpus", default=None, metavar="DIR",
+                   help="traces examples may start from (earlier findings, a nightly "
+                        "campaign's learned/ directory); the run is a function of seed "
+                        "and corpus")
     if verb == "fuzz":
         p.add_argument("--no-shrink", action="store_true", help="skip trace shrinking")
         p.add_argument("--coverage", action="store_true",

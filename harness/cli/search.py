@@ -43,11 +43,21 @@ def _fuzz_setup(args):
     return out_dir, faults, config, runner, device
 
 
+def _seed_corpus(path: str | None) -> list:
+    """The --seed-corpus traces (TraceError, one line naming the file, if unusable)."""
+    if path is None:
+        return []
+    from harness.search.corpus import load_dir
+
+    return load_dir(path)
+
+
 def cmd_fuzz(args) -> int:
     """fuzz / repro: header, search, shrink, then the trace and the commands to use it."""
     from harness.tools.commands import RunSettings
 
     out_dir, faults, config, runner, device = _fuzz_setup(args)
+    seed_corpus = _seed_corpus(args.seed_corpus)
     examples = args.examples if args.examples is not None else (
         None if args.time_budget else 200)
     budget = f"examples={examples}" if examples else f"time_budget={args.time_budget:g}s"
@@ -61,12 +71,13 @@ def cmd_fuzz(args) -> int:
 
     run = RunSettings(runner=runner, profile=args.profile, target=args.target,
                       faults=tuple(faults), examples=examples, device=device,
-                      config=args.config)
+                      config=args.config, seed_corpus=args.seed_corpus)
     try:
         result = fuzz(config, args.seed, examples, faults, args.target, device,
                       args.time_budget, args.profile,
                       shrink_trace=not getattr(args, "no_shrink", False),
-                      found_by=f"blockfuzz {args.verb}", runner=runner)
+                      found_by=f"blockfuzz {args.verb}", runner=runner,
+                      seed_corpus=seed_corpus)
     except FuzzInterrupted as stop:
         return _fuzz_interrupted(args, stop, out_dir, run)
     if args.time_budget is not None:
@@ -196,9 +207,12 @@ def _nightly_campaign(args):
         raise UsageError(f"{_fault_source(args.fault)}: faults live in gpu_impl; use --target "
                          "gpu_impl")
     device = _select_device(args.device, args.target)
+    if args.seed_corpus is not None:
+        _seed_corpus(args.seed_corpus)  # every trace usable, or one line naming the file
     return Campaign(out, args.time_budget, args.workers, (k, n), device, runner, tuple(faults),
                     Path(args.corpus) if args.corpus else None, args.seed_timeout,
-                    args.examples_per_seed, args.target, args.max_seeds)
+                    args.examples_per_seed, args.target, args.max_seeds,
+                    seed_corpus=Path(args.seed_corpus) if args.seed_corpus else None)
 
 
 def cmd_nightly(args) -> int:
@@ -241,6 +255,12 @@ def _print_campaign(c, progress, args) -> None:
         for key in ("replay", "rerun"):
             if f.get(key):
                 print(f"  {key}: {f[key]}")
+    from harness.search.coverage import FEATURES, unhit
+
+    missing = unhit(progress.coverage)
+    print(f"coverage: {len(FEATURES) - len(missing)}/{len(FEATURES)} features hit"
+          + (f"; unhit: {', '.join(missing)}" if missing else "")
+          + f"; learned: {c.out / 'learned'} (the next campaign's --seed-corpus)")
     print(f"report: {c.out / 'report.json'}  junit: {c.out / 'junit.xml'}")
     if progress.interrupted:
         print("resume: " + command(
@@ -248,6 +268,7 @@ def _print_campaign(c, progress, args) -> None:
             out=args.out, corpus=args.corpus if args.corpus else "", runner=args.runner,
             fault=args.fault, seed_timeout=args.seed_timeout,
             examples_per_seed=args.examples_per_seed, max_seeds=args.max_seeds,
+            seed_corpus=args.seed_corpus,
             device=args.device, target=None if args.target == "gpu_impl" else args.target))
 
 

@@ -60,6 +60,7 @@ class FuzzResult:
     search_seconds: float = 0.0
     coverage: dict = field(default_factory=dict)  # feature -> ops that hit it
     coverage_examples: dict = field(default_factory=dict)  # feature -> examples that hit it
+    prefixes: dict = field(default_factory=dict)  # feature -> (config, shortest ops prefix)
 
     @property
     def steps_per_s(self) -> float:
@@ -104,8 +105,10 @@ def chunk_seed(seed: int, k: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{k}".encode()).digest()[:4], "big")
 
 
-def _search(config, seed, examples, faults, target, device, profile, stats, runner):
-    bound = make_machine(config, faults, target, device, stats, runner)
+def _search(config, seed, examples, faults, target, device, profile, stats, runner,
+            seed_corpus=()):
+    bound = make_machine(config, faults, target, device, stats, runner,
+                         seed_corpus=seed_corpus)
     machine = type("BlockFuzzMachine_counted", (_CountEndings, bound), {})
     hypothesis_seed(seed)(machine)
     # Hypothesis's own shrinker re-runs hundreds of examples through the Triton
@@ -120,19 +123,20 @@ def _search(config, seed, examples, faults, target, device, profile, stats, runn
 
 
 def _run_chunks(config, seed, examples, faults, target, device, time_budget_s, profile,
-                stats, runner, chunks: list):
+                stats, runner, chunks: list, seed_corpus=()):
     """The search: one run of ``examples``, or budgeted chunks; appends each chunk's
     seed to ``chunks`` as it starts. Returns the first violation error or None."""
     if time_budget_s is None:
         chunks.append(seed)
-        return _search(config, seed, examples, faults, target, device, profile, stats, runner)
+        return _search(config, seed, examples, faults, target, device, profile, stats, runner,
+                       seed_corpus)
     start = time.perf_counter()
     for k in range(1_000_000):
         if time.perf_counter() - start >= time_budget_s:
             break
         chunks.append(chunk_seed(seed, k))
         error = _search(config, chunks[-1], CHUNK_EXAMPLES, faults, target, device, profile,
-                        stats, runner)
+                        stats, runner, seed_corpus)
         if error is not None:
             return error
     return None
@@ -163,13 +167,18 @@ def fuzz(config: RunnerConfig | None, seed: int = 0, examples: int | None = 200,
          faults=(), target: str = "gpu_impl", device: str | None = None,
          time_budget_s: float | None = None, profile: str = "dev",
          shrink_trace: bool = True, found_by: str = "blockfuzz fuzz",
-         runner: str | None = None) -> FuzzResult:
+         runner: str | None = None, seed_corpus=()) -> FuzzResult:
     """Search for a violation; returns a :class:`FuzzResult` (never raises on one).
 
     config None draws the geometry per example (``runner`` pins the runner);
-    the failing trace records the config it ran on.  Raises
+    the failing trace records the config it ran on.  seed_corpus: traces an
+    example may start from (:mod:`harness.search.corpus`; those this run
+    cannot express are left out).  Raises
     :class:`FuzzInterrupted` on Ctrl-C, carrying what was done.
     """
+    from harness.search.corpus import usable
+
+    seed_corpus = usable(seed_corpus, config, runner, target)
     stats: dict = {}
     start = time.perf_counter()
     chunks: list = []
@@ -181,11 +190,12 @@ def fuzz(config: RunnerConfig | None, seed: int = 0, examples: int | None = 200,
         result.steps = stats.get("steps", 0)
         result.coverage = dict(stats.get("coverage", {}))
         result.coverage_examples = dict(stats.get("coverage_examples", {}))
+        result.prefixes = dict(stats.get("prefixes", {}))
         result.seconds = time.perf_counter() - start
 
     try:
         error = _run_chunks(config, seed, examples, faults, target, device, time_budget_s,
-                            profile, stats, runner, chunks)
+                            profile, stats, runner, chunks, seed_corpus)
     except KeyboardInterrupt:
         settle()
         result.search_seconds = result.seconds

@@ -27,6 +27,7 @@ from reference import RunnerConfig
 
 from harness.core.invariants import Violation
 from harness.core.ops import REGISTRY as OPS
+from harness.core.ops import requests_of
 from harness.core.session import Session
 from harness.search import profiles  # noqa: F401  (generation a function of the seed alone)
 from harness.search import swarm as swarm_mod
@@ -75,6 +76,7 @@ class BlockFuzzMachine(RuleBasedStateMachine):
     device: str | None = None
     stats: dict = {}
     use_swarm: bool = True
+    seed_corpus: tuple = ()  # traces an example may start from (harness.search.corpus)
 
     def __init__(self):
         super().__init__()
@@ -85,7 +87,10 @@ class BlockFuzzMachine(RuleBasedStateMachine):
 
     @initialize(data=st.data())
     def start(self, data):
-        config = self.config or data.draw(
+        prefix = None
+        if self.seed_corpus and data.draw(st.booleans(), label="from corpus"):
+            prefix = data.draw(st.sampled_from(self.seed_corpus), label="corpus trace")
+        config = prefix.config if prefix is not None else self.config or data.draw(
             runner_configs(self.runner, **target_limits(self.target)), label="config")
         self.cfg = config
         self.swarm = (data.draw(swarm_mod.swarms(list(drawable())), label="swarm")
@@ -95,6 +100,10 @@ class BlockFuzzMachine(RuleBasedStateMachine):
         if self.session.startup_violations:
             v = self.session.startup_violations[0]
             raise _error_type(v.invariant)(v, [], config)
+        if prefix is not None:  # its ops first, recorded like drawn ones
+            for op in prefix.ops:
+                self.do(op)
+                self.next_req = max([self.next_req, *(r + 1 for r in requests_of(op))])
 
     def do(self, op: dict) -> None:
         """Record and apply ``op``; raise on its first violation."""
@@ -128,10 +137,16 @@ class BlockFuzzMachine(RuleBasedStateMachine):
         self.do(spec.draw(self, data) if spec.draws_data else spec.draw(self))
 
     def teardown(self):
+        """Count the features this example hit, and keep, per feature, the
+        shortest op prefix that first hit it (``stats["prefixes"]``: feature ->
+        (config, ops); a nightly campaign's seed corpus comes from them)."""
         per_example = self.stats.setdefault("coverage_examples", {})
+        prefixes = self.stats.setdefault("prefixes", {})
         if getattr(self, "coverage", None) is not None:
-            for f in self.coverage.first:
+            for f, i in self.coverage.first.items():
                 per_example[f] = per_example.get(f, 0) + 1
+                if f not in prefixes or len(prefixes[f][1]) > i + 1:
+                    prefixes[f] = (self.cfg, list(self.ops[:i + 1]))
         super().teardown()
 
 
@@ -144,15 +159,18 @@ def drawable() -> dict:
 def make_machine(config: RunnerConfig | None, faults=(), target: str = "gpu_impl",
                  device: str | None = None, stats: dict | None = None,
                  runner: str | None = None, base: type = BlockFuzzMachine,
-                 swarm: bool = True) -> type:
+                 swarm: bool = True, seed_corpus=()) -> type:
     """A fresh machine class bound to one run's parameters (and stats dict).
 
     config None draws the geometry per example; runner pins its runner; base:
     the class to bind (a subclass of :class:`BlockFuzzMachine` — e.g. the
     bench's, which records the generated ops in its ``teardown``); swarm:
-    False draws every example from the uniform op mix.
+    False draws every example from the uniform op mix; seed_corpus: traces
+    (already filtered by :func:`harness.search.corpus.usable`) an example may
+    start from.
     """
     return type("BlockFuzzMachine_run", (base,),
-                {"config": config, "use_swarm": swarm, "runner": runner, "faults": tuple(faults),
+                {"config": config, "use_swarm": swarm, "seed_corpus": tuple(seed_corpus),
+                 "runner": runner, "faults": tuple(faults),
                  "target": target, "device": device,
                  "stats": {} if stats is None else stats})

@@ -16,6 +16,15 @@
   (:mod:`harness.tools.commands`).
 - **Findings** are deduplicated by signature, already shrunk by the worker,
   and written atomically to ``DIR/findings/`` and the corpus directory.
+- **Coverage and what it learns.** Each seed reports its behaviour-coverage
+  counts (:mod:`harness.search.coverage`) and, per feature, the shortest op
+  prefix that first hit it; ``report.json`` has the campaign's counts and
+  the features nothing hit.  ``DIR/learned/`` holds the findings' traces and
+  the prefixes of the :data:`LEARNED_PREFIXES` rarest features hit: pass it
+  as ``--seed-corpus`` to the next campaign, whose examples may then start
+  from them (:mod:`harness.search.corpus`).  A campaign snapshots its seed
+  corpus into ``DIR/seed-corpus/`` when it starts, so every seed of it —
+  and its ``rerun`` command — sees the same corpus.
 - **Reports.** ``DIR/report.json``, ``DIR/junit.xml`` (one test case per
   finding signature plus one for the campaign) and a Markdown summary appended
   to ``$GITHUB_STEP_SUMMARY`` when set.  A progress bar on a terminal, plain
@@ -36,9 +45,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.core.trace import write_atomic
+from harness.search.coverage import FEATURES
 from harness.tools.commands import RunSettings
 
 EXAMPLES_PER_SEED = 25
+LEARNED_PREFIXES = 8  # coverage-rarest prefixes kept in DIR/learned
 SEED_TIMEOUT_S = 300.0
 PROFILE = "nightly"  # the Hypothesis profile every seed runs under
 WORKER_COMMAND = (sys.executable, "-m", "harness", "_worker")  # + the spec as JSON
@@ -66,13 +77,21 @@ class Campaign:
     target: str = "gpu_impl"
     max_seeds: int | None = None
     worker_command: tuple[str, ...] = WORKER_COMMAND
+    seed_corpus: Path | None = None  # traces to snapshot into DIR/seed-corpus at the start
+
+    @property
+    def corpus_snapshot(self) -> Path | None:
+        """Where this campaign's seed corpus lives (None: it has none)."""
+        return self.out / "seed-corpus" if self.seed_corpus is not None else None
 
     def run_settings(self, faults=None, target=None) -> RunSettings:
         """What a seed of this campaign ran with (for the commands a report prints)."""
         return RunSettings(runner=self.runner, profile=PROFILE,
                            target=target or self.target,
                            faults=tuple(self.faults if faults is None else faults),
-                           examples=self.examples_per_seed, device=self.device)
+                           examples=self.examples_per_seed, device=self.device,
+                           seed_corpus=str(self.corpus_snapshot) if self.corpus_snapshot
+                           else None)
 
 
 @dataclass
@@ -91,18 +110,26 @@ class Progress:
     elapsed: float = 0.0
     resumed: int = 0
     interrupted: bool = False
+    coverage: dict = field(default_factory=dict)  # feature -> ops that hit it
+    coverage_examples: dict = field(default_factory=dict)  # feature -> examples
+    prefixes: dict = field(default_factory=dict)  # feature -> shortest prefix (trace JSON)
 
 
 # -- worker side -------------------------------------------------------------------
-def run_seed(spec: dict, seed: int, device: str) -> dict:
+def run_seed(spec: dict, seed: int, device: str, seed_corpus=()) -> dict:
     """One seed of a campaign in this process: its record for the parent."""
     from harness.search import fuzz as search
+    from harness.search.corpus import prefix_trace
 
+    found_by = f"blockfuzz nightly seed {seed}"
     result = search.fuzz(None, seed, spec["examples"], spec["faults"], spec["target"], device,
-                         profile=PROFILE, found_by=f"blockfuzz nightly seed {seed}",
-                         runner=spec["runner"])
+                         profile=PROFILE, found_by=found_by, runner=spec["runner"],
+                         seed_corpus=seed_corpus)
     record = {"seed": seed, "examples": result.examples, "steps": result.steps,
-              "seconds": result.seconds, "verdict": "pass"}
+              "seconds": result.seconds, "verdict": "pass",
+              "coverage": result.coverage, "coverage_examples": result.coverage_examples,
+              "prefixes": {f: prefix_trace(cfg, ops, f, found_by).to_json()
+                           for f, (cfg, ops) in sorted(result.prefixes.items())}}
     if result.violation is not None:
         record.update(verdict="fail", signature=search.signature(result.trace),
                       violation=result.violation.line(), trace=result.trace.to_json())
@@ -126,8 +153,13 @@ def worker_main(argv: list[str]) -> int:
             from gpu_impl.device import select_device
 
             device = select_device(spec["device"]).type
+        seed_corpus = []
+        if spec.get("seed_corpus"):
+            from harness.search.corpus import load_dir
+
+            seed_corpus = load_dir(spec["seed_corpus"])
         for line in sys.stdin:
-            record = run_seed(spec, json.loads(line)["seed"], device)
+            record = run_seed(spec, json.loads(line)["seed"], device, seed_corpus)
             print(json.dumps(record, sort_keys=True), flush=True)
     except KeyboardInterrupt:
         return 130
@@ -212,7 +244,8 @@ def _record_finding(c: Campaign, progress: Progress, record: dict) -> None:
 
 def _settings(c: Campaign) -> dict:
     return {"shard": list(c.shard), "runner": c.runner, "faults": sorted(c.faults),
-            "examples_per_seed": c.examples_per_seed, "target": c.target}
+            "examples_per_seed": c.examples_per_seed, "target": c.target,
+            "seed_corpus": str(c.seed_corpus) if c.seed_corpus is not None else None}
 
 
 def prepare(c: Campaign) -> Progress:
@@ -225,13 +258,22 @@ def prepare(c: Campaign) -> Progress:
     if settings_path.exists():
         before = json.loads(settings_path.read_text(encoding="utf-8"))
         before.setdefault("target", "gpu_impl")  # campaigns from before targets were named
+        before.setdefault("seed_corpus", None)  # ... and before seed corpora
         if before != _settings(c):
             raise CampaignMismatch(f"was started with {json.dumps(before, sort_keys=True)}; "
                                    "resume with the same settings or use a new directory")
     else:
         c.out.mkdir(parents=True, exist_ok=True)
+        if c.seed_corpus is not None:  # the snapshot every seed of this campaign reads
+            from harness.search.corpus import load_dir, write_dir
+
+            write_dir(c.corpus_snapshot, {f"{i:04d}": t.to_json()
+                                          for i, t in enumerate(load_dir(c.seed_corpus))})
         write_atomic(settings_path, json.dumps(_settings(c), sort_keys=True) + "\n")
     progress = Progress()
+    for path in sorted((c.out / "prefixes").glob("*.json")):  # resume: shortest so far
+        obj = json.loads(path.read_text(encoding="utf-8"))
+        progress.prefixes[obj["meta"]["coverage_prefix"]] = obj
     for rec in _read_log(c.out / "seeds.log"):  # resume: earlier seeds and totals count
         _count(c, progress, rec)
         progress.elapsed = max(progress.elapsed, rec.get("elapsed", 0.0))
@@ -244,8 +286,46 @@ def _count(c: Campaign, progress: Progress, rec: dict) -> None:
     progress.steps += rec.get("steps", 0)
     progress.examples += rec.get("examples", 0)
     progress.crashes += rec["verdict"] == "crash"
+    for key in ("coverage", "coverage_examples"):
+        total = getattr(progress, key)
+        for f, n in rec.get(key, {}).items():
+            total[f] = total.get(f, 0) + n
     if rec["verdict"] in ("fail", "crash"):
         _record_finding(c, progress, rec)
+
+
+def _keep_prefixes(c: Campaign, progress: Progress, prefixes: dict) -> None:
+    """Keep each feature's shortest prefix (ties: the one seen first), on disk too."""
+    for f, obj in sorted(prefixes.items()):
+        mine = progress.prefixes.get(f)
+        if mine is None or len(obj["ops"]) < len(mine["ops"]):
+            from harness.core.trace import canonical_json
+
+            progress.prefixes[f] = obj
+            write_atomic(c.out / "prefixes" / f"{_file_safe(f)}.json", canonical_json(obj))
+
+
+def _file_safe(feature: str) -> str:
+    return feature.replace(":", "-")
+
+
+def _write_learned(c: Campaign, p: Progress) -> dict:
+    """DIR/learned: the findings' traces and the prefixes of the rarest features hit
+    (fewest examples; ties by name).  Returns what report.json says about it."""
+    from harness.core.trace import canonical_json
+
+    learned = c.out / "learned"
+    learned.mkdir(parents=True, exist_ok=True)
+    for old in learned.glob("*.json"):
+        old.unlink()
+    rarest = sorted(p.prefixes, key=lambda f: (p.coverage_examples.get(f, 0), f))
+    rarest = rarest[:LEARNED_PREFIXES]
+    for f in rarest:
+        write_atomic(learned / f"prefix-{_file_safe(f)}.json", canonical_json(p.prefixes[f]))
+    findings = sorted((c.out / "findings").glob("*.json"))
+    for path in findings:
+        write_atomic(learned / f"finding-{path.name}", path.read_text(encoding="utf-8"))
+    return {"dir": str(learned), "prefixes": rarest, "findings": len(findings)}
 
 
 class _Pool:
@@ -255,7 +335,8 @@ class _Pool:
         self.c, self.progress = c, progress
         self.schedule = _seed_schedule(c.shard, set(progress.seeds))
         self.spec = {"device": c.device, "examples": c.examples_per_seed,
-                     "faults": list(c.faults), "runner": c.runner, "target": c.target}
+                     "faults": list(c.faults), "runner": c.runner, "target": c.target,
+                     "seed_corpus": str(c.corpus_snapshot) if c.corpus_snapshot else None}
         self.sel = selectors.DefaultSelector()
         self.workers: list[_Worker] = []
         self.handed = 0  # seeds handed out in this run
@@ -288,6 +369,7 @@ class _Pool:
 
     def finish(self, rec: dict) -> None:
         rec["elapsed"] = round(self.before + self.elapsed(), 3)  # campaign time, all runs
+        _keep_prefixes(self.c, self.progress, rec.pop("prefixes", {}))
         _count(self.c, self.progress, rec)
         light = {k: v for k, v in rec.items() if k != "trace"}
         with (self.c.out / "seeds.log").open("a", encoding="utf-8") as f:
@@ -383,6 +465,11 @@ def write_reports(c: Campaign, p: Progress) -> None:
         "seconds": round(elapsed, 3), "steps_per_s": round(p.steps / elapsed, 2) if elapsed else 0,
         "crashes": p.crashes,
         "findings": [p.findings[k] for k in sorted(p.findings)],
+        "coverage": {f: {"ops": p.coverage.get(f, 0), "examples": p.coverage_examples.get(f, 0)}
+                     for f in FEATURES},
+        "coverage_unhit": [f for f in FEATURES if not p.coverage.get(f)],
+        "seed_corpus": str(c.corpus_snapshot) if c.corpus_snapshot else None,
+        "learned": _write_learned(c, p),
     }
     write_atomic(c.out / "report.json", json.dumps(report, indent=1, sort_keys=True) + "\n")
     suite = ET.Element("testsuite", name="blockfuzz-nightly", tests=str(len(p.findings) + 1),

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 # Flags in the order they are printed; a flag whose value is None or False is left out.
 FLAG_ORDER = ("runner", "seed", "examples", "time_budget", "profile", "config", "fault",
               "faults_from_trace", "no_faults", "target", "device", "workers", "shard",
-              "out", "corpus", "seed_timeout", "examples_per_seed", "max_seeds")
+              "out", "corpus", "seed_corpus", "seed_timeout", "examples_per_seed",
+              "max_seeds")
 
 
 def command(verb: str | None, *positionals, program: str = "blockfuzz", **flags) -> str:
@@ -52,6 +53,7 @@ class RunSettings:
     """What produced a finding: everything a command needs to redo it.
 
     config: path of a pinned ``--config`` (None: geometry drawn per example);
+    seed_corpus: the ``--seed-corpus`` directory examples could start from;
     device: the device it ran on (``cpu`` / ``cuda``); target ``gpu_impl`` is
     the default and is not printed.
     """
@@ -63,6 +65,7 @@ class RunSettings:
     examples: int | None = None
     device: str | None = None
     config: str | None = None
+    seed_corpus: str | None = None
 
     def _target(self) -> str | None:
         return None if self.target == "gpu_impl" else self.target
@@ -71,7 +74,7 @@ class RunSettings:
         """``blockfuzz fuzz`` that re-runs ``seed`` exactly as it ran."""
         return command(verb, runner=self.runner, seed=seed, examples=self.examples,
                        profile=self.profile, config=self.config, fault=sorted(self.faults),
-                       target=self._target(), device=self.device)
+                       seed_corpus=self.seed_corpus, target=self._target(), device=self.device)
 
     def on_trace(self, verb: str, path) -> str:
         """``blockfuzz replay|explain|shrink PATH`` with these faults, target, device."""
