@@ -1,0 +1,199 @@
+"""Search power (harness/search: coverage, swarm, corpus, shrink passes): each
+feature detector on a hand-built trace, swarm knobs obeyed and deterministic,
+seed-corpus prefixes really started from, nightly's coverage and learned
+corpus, and the CLI's --coverage / --seed-corpus."""
+
+import json
+
+import pytest
+from hypothesis import Phase, seed, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from harness.cli import main
+from harness.core.session import Session
+from harness.core.trace import Trace
+from harness.search import profiles
+from harness.search.coverage import FEATURES, Tracker
+from harness.search.machine import BlockFuzzMachine, make_machine
+from harness.search.shrink import _drop_chunks
+from reference import RunnerConfig
+
+V1 = RunnerConfig(runner="v1", cudagraph_capture_sizes=(1, 2, 4))
+
+
+def _features(config, ops):
+    """Feature ids hit by each op of ``ops`` replayed on the reference + gpu_impl."""
+    session, tracker, hits = Session(config), Tracker(config), []
+    for op in ops:
+        tracker.before(op, session.ledger, session.reference)
+        assert session.apply(op) == []
+        hits.append(set(tracker.after(op, session.reference)))
+    return hits
+
+
+def _step(reqs, mode="FULL"):
+    return {"op": "step", "scheduled": [[r, 1] for r in reqs], "cudagraph_mode": mode}
+
+
+def test_each_feature_detector_fires_where_its_situation_happens():
+    ops = [{"op": "add", "req": 0, "blocks": [[1], [2]], "prompt_len": 1},
+           {"op": "add", "req": 1, "blocks": [[3], [4]], "prompt_len": 1},
+           {"op": "add", "req": 2, "blocks": [[5], [6]], "prompt_len": 1},
+           _step([0, 1, 2]),                                # 3: FULL, padded to 4
+           _step([0, 1]),                                   # 4: FULL 2 after 4
+           {"op": "remove", "req": 0},                      # 5: row 0 vacated
+           {"op": "dummy_run", "num_reqs": 1, "num_tokens": 1, "cudagraph_mode": "FULL"},
+           {"op": "add", "req": 3, "blocks": [[1], [2]], "prompt_len": 1},  # 7: reuse
+           {"op": "kv_load", "req": 3},
+           _step([3, 1, 2]),                                # 9: FULL 4 after 1; padded row
+           {"op": "condense"},
+           {"op": "dummy_run", "num_reqs": 2, "num_tokens": 2, "cudagraph_mode": "NONE"}]
+    hits = _features(V1, ops)
+    assert {"forward:FULL:v1:attention", "forward:FULL:v1:mamba"} <= hits[3]
+    assert {"full-replay-after-larger", "full-step-after-larger-step",
+            "batch-down-across-full"} <= hits[4]
+    assert "dummy-after-remove" in hits[6] and "full-replay-after-larger" in hits[6]
+    assert {"freed-block-reused", "row-vacated-reused"} <= hits[7]
+    assert {"full-replay-after-smaller", "batch-up-across-full",
+            "loaded-next-to-padded"} <= hits[9]
+    assert "full-step-after-larger-step" not in hits[9]  # a larger batch
+    assert {"dummy-after-condense", "forward:NONE:v1:mamba"} <= hits[11]
+    assert not hits[0] and not hits[5]  # an add / a remove alone hit nothing
+    assert set().union(*hits) <= set(FEATURES)
+
+
+def test_block_reuse_outside_the_window_is_not_counted():
+    ops = [{"op": "add", "req": 0, "blocks": [[1], [2]], "prompt_len": 1},
+           {"op": "remove", "req": 0}]
+    ops += [{"op": "dummy_run", "num_reqs": 1, "num_tokens": 1, "cudagraph_mode": "NONE"}
+            for _ in range(4)]
+    ops += [{"op": "add", "req": 2, "blocks": [[1], [2]], "prompt_len": 1}]
+    assert "freed-block-reused" not in _features(V1, ops)[-1]  # freed 5 ops before
+    assert "freed-block-reused" in _features(V1, ops[:2] + ops[3:])[-1]  # 4 ops before
+
+
+def _run(machine, n, s=0):
+    seed(s)(machine)
+    run_state_machine_as_test(machine, settings=settings(
+        profiles.get("ci"), max_examples=n, phases=[Phase.generate]))
+
+
+def _recording(out):
+    class Recording(BlockFuzzMachine):
+        def teardown(self):
+            if getattr(self, "session", None) is not None:
+                out.append((self.swarm, self.cfg, list(self.ops)))
+            super().teardown()
+    return Recording
+
+
+def test_swarm_knobs_are_obeyed_and_the_draw_is_a_function_of_the_seed():
+    first, again = [], []
+    _run(make_machine(None, target="reference", base=_recording(first)), 25)
+    _run(make_machine(None, target="reference", base=_recording(again)), 25)
+    assert [ops for _, _, ops in first] == [ops for _, _, ops in again]
+    assert len({repr(sw) for sw, _, _ in first}) > 5  # examples differ in their mix
+    for sw, _, ops in first:
+        modes = {op["cudagraph_mode"] for op in ops if "cudagraph_mode" in op}
+        assert modes <= set(sw.modes)
+        assert sw.weight("add") >= 1 and sw.weight("step") >= 1
+
+
+def test_pick_draws_ops_in_proportion_to_their_weights():
+    from types import SimpleNamespace
+
+    from harness.search.swarm import Swarm, pick
+
+    class Fixed:  # stands in for Hypothesis's data: returns the k it is given
+        def __init__(self, k):
+            self.k = k
+
+        def draw(self, strategy, label=None):
+            return self.k
+
+    ops = [SimpleNamespace(name=n) for n in ("add", "remove", "step")]
+    sw = Swarm(weights={"add": 1, "remove": 0, "step": 3})
+    picked = [pick(ops, sw, Fixed(k)).name for k in range(4)]
+    assert picked == ["add", "step", "step", "step"]  # remove is off
+    only_off = [pick(ops[1:2], sw, Fixed(0)).name]  # nothing else enabled: it still runs
+    assert only_off == ["remove"]
+
+
+def test_uniform_mix_without_swarm():
+    drawn = []
+    _run(make_machine(None, target="reference", base=_recording(drawn), swarm=False), 5)
+    assert {repr(sw) for sw, _, _ in drawn} == {repr(drawn[0][0])}
+    assert drawn[0][0].modes == ("FULL", "PIECEWISE", "NONE")
+
+
+def test_examples_start_from_seed_corpus_traces():
+    prefix = [{"op": "add", "req": 7, "blocks": [[5], [6]], "prompt_len": 3},
+              _step([7], "PIECEWISE")]
+    corpus = [Trace(RunnerConfig(runner="v2"), prefix)]
+    drawn = []
+    _run(make_machine(None, target="reference", base=_recording(drawn),
+                      seed_corpus=corpus), 20)
+    started = [ops for _, cfg, ops in drawn if ops[:2] == prefix]
+    assert started and len(started) < len(drawn)  # some examples, not all
+    for ops in started:  # new requests never reuse the corpus's ids
+        assert all(op["req"] > 7 for op in ops[2:] if op["op"] == "add")
+
+
+def test_usable_drops_traces_a_run_cannot_express():
+    from harness.search.corpus import usable
+
+    v1, v2 = Trace(RunnerConfig(runner="v1"), []), Trace(RunnerConfig(runner="v2"), [])
+    assert usable([v1, v2], runner="v2") == [v2]
+    assert usable([v1, v2], config=RunnerConfig(runner="v1")) == [v1]
+    assert usable([v1, v2]) == [v1, v2]
+
+
+def test_chunk_pass_removes_halves_then_quarters_last_first():
+    ops = [{"op": "condense", "i": i} for i in range(8)]
+    cands = [[o["i"] for o in c] for c in _drop_chunks(ops)]
+    assert cands[:2] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert cands[2] == [0, 1, 2, 3, 4, 5] and len(cands) == 2 + 4
+
+
+def test_fuzz_coverage_flag_prints_every_feature(capsys):
+    assert main(["fuzz", "--seed", "0", "--examples", "3", "--runner", "v2",
+                 "--coverage"]) == 0
+    out = capsys.readouterr().out
+    assert "behaviour coverage: seed 0" in out
+    for f in ("loaded-next-to-padded", "forward:FULL:v2:mamba"):
+        assert f in out
+    assert f"features hit" in out and f"/{len(FEATURES)} features hit" in out
+
+
+@pytest.mark.parametrize("make", ["missing", "empty", "bad"])
+def test_bad_seed_corpus_is_one_line_exit_2(tmp_path, capsys, make):
+    path = tmp_path / "corpus"
+    if make != "missing":
+        path.mkdir()
+    if make == "bad":
+        (path / "a.json").write_text('{"format": "blockfuzz-trace"}')
+    assert main(["fuzz", "--examples", "1", "--seed-corpus", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(path) in err
+
+
+def test_nightly_reports_coverage_and_learns_a_seed_corpus(tmp_path, capsys):
+    first, second = tmp_path / "a", tmp_path / "b"
+    base = ["nightly", "--time-budget", "600", "--max-seeds", "1", "--corpus", "",
+            "--runner", "v1", "--examples-per-seed", "4"]
+    assert main(base + ["--out", str(first)]) == 0
+    report = json.loads((first / "report.json").read_text())
+    assert set(report["coverage"]) == set(FEATURES)
+    hit = [f for f, n in report["coverage"].items() if n["ops"]]
+    assert hit and set(report["coverage_unhit"]) == set(FEATURES) - set(hit)
+    learned = sorted((first / "learned").glob("prefix-*.json"))
+    assert learned and len(learned) == len(report["learned"]["prefixes"])
+    assert "learned:" in capsys.readouterr().out
+    # The next campaign starts from them: snapshot, settings, rerun commands.
+    assert main(base + ["--out", str(second), "--seed-corpus", str(first / "learned")]) == 0
+    report = json.loads((second / "report.json").read_text())
+    snapshot = second / "seed-corpus"
+    assert len(list(snapshot.glob("*.json"))) == len(learned)
+    assert report["seed_corpus"] == str(snapshot)
+    # Resuming with another seed corpus is refused (the seeds would mix corpora).
+    assert main(base + ["--out", str(second)]) == 2
