@@ -95,8 +95,21 @@ def _throughput(config, args, device):
             session.apply(op)
             sess_steps += 1
     sess_s = time.perf_counter() - start
+    from harness.search.coverage import Tracker
+
+    start = time.perf_counter()
+    cov_steps = 0
+    for ops in workload:
+        session, tracker = Session(config, (), "gpu_impl", device), Tracker(config)
+        for op in ops:
+            tracker.before(op, session.ledger, session.reference)
+            session.apply(op)
+            tracker.after(op, session.reference)
+            cov_steps += 1
+    cov_s = time.perf_counter() - start
     rows = [("reference alone", ref_steps, ref_s), ("gpu_impl alone", gpu_steps, gpu_s),
             ("session (ref + gpu_impl + invariants)", sess_steps, sess_s),
+            ("session + coverage tracker", cov_steps, cov_s),
             ("fuzz loop (Hypothesis + session)", fuzz_steps, fuzz_s)]
     return rows, (fuzz_s - clock[0]) / fuzz_s, fuzz_steps / fuzz_s
 

@@ -36,6 +36,10 @@ FEATURES: dict[str, str] = {
                             "previous forward replayed",
     "batch-down-across-full": "a forward padded to a smaller size than the FULL capture "
                               "size the previous forward replayed",
+    "padded-tail-over-previous-tokens": "a forward with padded tokens where the previous "
+                                        "forward had more real tokens (its tail is stale)",
+    "padded-rows-over-previous-rows": "a forward with padded rows where the previous "
+                                      "forward had more real rows",
     "dummy-after-condense": "a dummy run right after a condense",
     "dummy-after-swap": "a dummy run right after a swap",
     "dummy-after-remove": "a dummy run right after a remove",
@@ -131,6 +135,10 @@ class Tracker:
                 hit.append("batch-up-across-full")
             if prev.cudagraph_mode == "FULL" and fwd.num_tokens_padded < prev.num_tokens_padded:
                 hit.append("batch-down-across-full")
+            if fwd.num_tokens_padded > fwd.num_tokens and prev.num_tokens > fwd.num_tokens:
+                hit.append("padded-tail-over-previous-tokens")
+            if fwd.num_reqs_padded > fwd.num_reqs and prev.num_reqs > fwd.num_reqs:
+                hit.append("padded-rows-over-previous-rows")
         real = self.prev_real_forward
         if (not fwd.dummy and fwd.cudagraph_mode == "FULL" and real is not None
                 and prev is real and fwd.num_reqs < real.num_reqs):

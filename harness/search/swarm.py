@@ -15,7 +15,10 @@ The geometry is swarmed the same way by :func:`harness.search.geometry.runner_co
 Knobs for op draws (read as ``m.swarm.<knob>``): ``modes`` (the cudagraph
 modes a forward may request), ``decode_eighths`` (share, in eighths, of
 steps and dummy runs that are uniform one-token-per-request batches),
-``whole_batch_eighths`` (share of steps that schedule every steppable request).
+``whole_batch_eighths`` (share of steps that schedule every steppable
+request), ``boundary_eighths`` (share of batch sizes drawn at boundaries,
+:meth:`Swarm.size`: one off a capture size, one below the previous forward —
+where padding starts and padded tails cover what the last batch wrote).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ MODE_SETS = (MODES, ("FULL",), ("FULL", "PIECEWISE"), ("FULL", "NONE"),
              ("PIECEWISE", "NONE"))
 WEIGHTS = (2, 2, 6, 0, 1)  # per op; 0 turns the op off for this example
 ALWAYS_ON = ("add", "step")  # an example without them exercises nothing
+FORWARD_FACTOR = 2  # forwards (step, dummy run) are where kernels write: drawn more often
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,7 @@ class Swarm:
     modes: tuple = MODES
     decode_eighths: int = 4
     whole_batch_eighths: int = 0
+    boundary_eighths: int = 0
 
     def weight(self, op: str) -> int:
         return self.weights.get(op, 2)
@@ -56,6 +61,22 @@ class Swarm:
             self.whole_batch_eighths
 
 
+    def size(self, data, lo: int, hi: int, config, last_forward, field: str) -> int:
+        """A batch size in [lo, hi]: with the boundary share, one of the boundary
+        values in range — a capture size +- 1, the previous forward's ``field``
+        (``num_tokens`` / ``num_reqs``) - 1 — otherwise any."""
+        from hypothesis import strategies as st
+
+        if self.boundary_eighths and data.draw(st.integers(0, 7)) < self.boundary_eighths:
+            near = {s + d for s in config.cudagraph_capture_sizes for d in (-1, 1)}
+            if last_forward is not None:
+                near.add(getattr(last_forward, field) - 1)
+            near = sorted(v for v in near if lo <= v <= hi)
+            if near:
+                return data.draw(st.sampled_from(near))
+        return data.draw(st.integers(lo, hi))
+
+
 DEFAULT = Swarm()
 
 
@@ -72,18 +93,20 @@ def swarms(op_names: list[str]):
         return Swarm(weights=weights,
                      modes=d(st.sampled_from(MODE_SETS)),
                      decode_eighths=d(st.sampled_from([4, 7, 2, 8])),
-                     whole_batch_eighths=d(st.sampled_from([0, 4, 0, 2])))
+                     whole_batch_eighths=d(st.sampled_from([0, 4, 0, 2])),
+                     boundary_eighths=d(st.sampled_from([0, 6, 3])))
 
     return draw()
 
 
 def pick(ops: list, swarm: Swarm, data):
-    """Draw one of ``ops`` (OpSpecs whose precondition holds) by swarm weight;
+    """Draw one of ``ops`` (OpSpecs whose precondition holds) by swarm weight
+    (forward ops times :data:`FORWARD_FACTOR`);
     when every one of them is weighted 0, all are equally likely (the example
     must go on)."""
     from hypothesis import strategies as st
 
-    weights = [swarm.weight(s.name) for s in ops]
+    weights = [swarm.weight(s.name) * (FORWARD_FACTOR if s.forward else 1) for s in ops]
     if not any(weights):
         weights = [1] * len(ops)
     k = data.draw(st.integers(0, sum(weights) - 1), label="op")

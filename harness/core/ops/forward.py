@@ -39,6 +39,9 @@ def _draw_step(m, data) -> dict:
     most = min(len(cands), m.cfg.max_num_batched_tokens)
     if m.swarm.whole_batch(data):  # every steppable request (in a drawn order)
         reqs = data.draw(st.permutations(cands))[:most]
+    elif m.swarm.boundary_eighths:  # a batch size at a padding boundary, when one fits
+        k = m.swarm.size(data, 1, most, m.cfg, m.session.reference.last_forward, "num_reqs")
+        reqs = data.draw(st.permutations(cands))[:k]
     else:
         reqs = data.draw(st.lists(st.sampled_from(cands), min_size=1, max_size=most,
                                   unique=True))
@@ -119,11 +122,11 @@ register(OpSpec(
 def _draw_dummy(m, data) -> dict:
     from hypothesis import strategies as st  # search only: reproducers import no Hypothesis
 
-    cfg = m.cfg
-    num_reqs = data.draw(st.integers(1, cfg.max_num_reqs))
+    cfg, last = m.cfg, m.session.reference.last_forward
+    num_reqs = m.swarm.size(data, 1, cfg.max_num_reqs, cfg, last, "num_reqs")
     uniform = m.swarm.decode(data)  # num_tokens == num_reqs: FULL applies
-    num_tokens = num_reqs if uniform else data.draw(
-        st.integers(num_reqs, cfg.max_num_batched_tokens))
+    num_tokens = num_reqs if uniform else m.swarm.size(
+        data, num_reqs, cfg.max_num_batched_tokens, cfg, last, "num_tokens")
     mode = data.draw(st.sampled_from(m.swarm.modes))
     return {"op": "dummy_run", "num_reqs": num_reqs, "num_tokens": num_tokens,
             "cudagraph_mode": mode}
