@@ -102,7 +102,7 @@ def test_swarm_knobs_are_obeyed_and_the_draw_is_a_function_of_the_seed():
 def test_pick_draws_ops_in_proportion_to_their_weights():
     from types import SimpleNamespace
 
-    from harness.search.swarm import Swarm, pick
+    from harness.search.swarm import FORWARD_FACTOR, Swarm, pick
 
     class Fixed:  # stands in for Hypothesis's data: returns the k it is given
         def __init__(self, k):
@@ -111,10 +111,11 @@ def test_pick_draws_ops_in_proportion_to_their_weights():
         def draw(self, strategy, label=None):
             return self.k
 
-    ops = [SimpleNamespace(name=n) for n in ("add", "remove", "step")]
+    ops = [SimpleNamespace(name=n, forward=f)
+           for n, f in (("add", None), ("remove", None), ("step", "real"))]
     sw = Swarm(weights={"add": 1, "remove": 0, "step": 3})
-    picked = [pick(ops, sw, Fixed(k)).name for k in range(4)]
-    assert picked == ["add", "step", "step", "step"]  # remove is off
+    picked = [pick(ops, sw, Fixed(k)).name for k in range(1 + 3 * FORWARD_FACTOR)]
+    assert picked == ["add"] + ["step"] * 3 * FORWARD_FACTOR  # remove is off
     only_off = [pick(ops[1:2], sw, Fixed(0)).name]  # nothing else enabled: it still runs
     assert only_off == ["remove"]
 
