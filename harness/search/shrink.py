@@ -5,7 +5,8 @@ Hypothesis shrinks the draws of its state machine; this works on traces, so it
 also serves traces from elsewhere.  Passes (:data:`PASSES`), each repeated on
 its own candidates while it helps, in rounds until no pass helps (bounded):
 
-1. drop one request with every op that mentions it;
+1. drop one request with every op that mentions it, then with its work
+   folded onto another request (the op's ``fold``: a step keeps its tokens);
 2. drop chunks of ops, delta-debugging style (halves, quarters, ... pairs) —
    a long Hypothesis trace loses most of its ops in a few replays;
 3. drop single ops, last first, then sliding pairs;
@@ -88,11 +89,36 @@ def _smaller_configs(config):
         yield dict(fields, cudagraph_capture_sizes=sizes[:k] + sizes[k + 1:])
 
 
+def _folded(ops: list[dict], req: int, into: int) -> list[dict] | None:
+    """``req`` dropped, its work moved onto ``into`` where an op can fold it (a
+    step keeps its token count); None when no op folds anything."""
+    out, folded = [], False
+    for op in ops:
+        spec = spec_of(op)
+        moved = spec.fold(op, req, into) if spec.fold is not None else None
+        if moved is not None:
+            out.append(moved)
+            folded = True
+            continue
+        kept = spec.drop_request(op, req)
+        if kept is not None:
+            out.append(kept)
+    return out if folded else None
+
+
 def _drop_requests(ops: list[dict]):
-    """Each request dropped with every op that mentions it."""
+    """Each request dropped with every op that mentions it; then each dropped
+    with its work folded onto another request (three one-token requests of a
+    four-token batch become one request of four tokens)."""
     reqs = sorted({r for op in ops if op["op"] == "add" for r in requests_of(op)})
     for req in reqs:
         yield _without_req(ops, req)
+    for req in reqs:
+        for into in reqs:
+            if into != req:
+                folded = _folded(ops, req, into)
+                if folded is not None:
+                    yield folded
 
 
 def _drop_chunks(ops: list[dict]):

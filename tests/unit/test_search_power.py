@@ -198,3 +198,27 @@ def test_nightly_reports_coverage_and_learns_a_seed_corpus(tmp_path, capsys):
     assert report["seed_corpus"] == str(snapshot)
     # Resuming with another seed corpus is refused (the seeds would mix corpora).
     assert main(base + ["--out", str(second)]) == 2
+
+
+def test_shrinker_folds_a_request_into_another_keeping_the_batch_size():
+    """Three one-token requests of a four-token step are one request of four
+    tokens to the bug (the padded dummy tail needs four written slots)."""
+    from harness.core.session import replay
+    from harness.search.shrink import shrink
+
+    config = RunnerConfig.from_json({
+        "runner": "v2", "cudagraph_capture_sizes": [4], "max_num_batched_tokens": 4,
+        "max_num_blocks_per_req": 1, "max_num_reqs": 3, "num_blocks": 4,
+        "groups": [{"kind": "attention", "block_size": 16},
+                   {"kind": "attention", "block_size": 4}]})
+    ops = [{"op": "add", "req": r, "blocks": [[r + 1], [r + 1]], "prompt_len": 1}
+           for r in range(3)]
+    ops += [{"op": "step", "scheduled": [[2, 1], [1, 1], [0, 2]], "cudagraph_mode": "NONE"},
+            {"op": "dummy_run", "num_reqs": 3, "num_tokens": 3, "cudagraph_mode": "PIECEWISE"}]
+    fault = ["dummy-slots-partial-fill"]
+    trace = Trace(config, ops, meta={"faults": fault})
+    verdict = replay(trace, fault)
+    assert verdict.violation is not None
+    small, _ = shrink(trace, verdict.violation.invariant, fault)
+    assert [op["op"] for op in small.ops] == ["add", "step", "dummy_run"]
+    assert small.ops[1]["scheduled"] == [[0, 4]]

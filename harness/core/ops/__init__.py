@@ -65,7 +65,10 @@ class OpSpec:
     block) -> a copy with request ids mapped by ``req(r)`` and block ids by
     ``block(group, b)``.  narrow(op) -> simpler variants.  merge(op, next_op)
     -> one op doing what two adjacent ops of this kind did, or None (the
-    shrinker tries it; legality is checked by its dry run).  permit(config,
+    shrinker tries it; legality is checked by its dry run).  fold(op, req,
+    into) -> the op with ``req``'s work moved onto request ``into`` (a step
+    keeps its token count), or None when the op has nothing to fold: the
+    shrinker drops ``req`` everywhere else.  permit(config,
     ledger, op) -> (cells, runs): cells[g] = {block: (first_offset, end_offset)
     | None (any cell)}, runs = requests the op writes for.
     """
@@ -85,6 +88,7 @@ class OpSpec:
     rename: Callable = _rename_nothing
     narrow: Callable = _no_narrowing
     merge: Callable | None = None
+    fold: Callable | None = None
     permit: Callable | None = None
     forward: str | None = None  # "real" (a step), "dummy" (a dummy run), None
     family: str = "core"

@@ -87,6 +87,16 @@ def _merge_steps(op: dict, nxt: dict) -> dict | None:
     return dict(nxt, scheduled=summed)
 
 
+def _fold_step(op: dict, req: int, into: int) -> dict | None:
+    """``req``'s tokens scheduled for ``into`` instead (the batch keeps its token
+    count, so its padding stays what it was), when both are in this step."""
+    sched = {r: n for r, n in op["scheduled"]}
+    if req not in sched or into not in sched:
+        return None
+    return dict(op, scheduled=[[r, n + sched[req] if r == into else n]
+                               for r, n in op["scheduled"] if r != req])
+
+
 def _permit_step(config, ledger, op):
     """Each scheduled request's new positions (this rank's DCP share) in its own
     attention blocks, and its own Mamba state block."""
@@ -115,7 +125,8 @@ register(OpSpec(
     apply=lambda t, op: t.step([list(x) for x in op["scheduled"]], op["cudagraph_mode"]),
     draw=_draw_step, enabled=lambda m: bool(_steppable(m)),
     requests=lambda op: [r for r, _ in op["scheduled"]], without_request=_step_without,
-    rename=_step_rename, narrow=_narrow_step, merge=_merge_steps, permit=_permit_step,
+    rename=_step_rename, narrow=_narrow_step, merge=_merge_steps, fold=_fold_step,
+    permit=_permit_step,
     forward="real"))
 
 
