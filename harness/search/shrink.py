@@ -5,14 +5,15 @@ Hypothesis shrinks the draws of its state machine; this works on traces, so it
 also serves traces from elsewhere.  Passes (:data:`PASSES`), each repeated on
 its own candidates while it helps, in rounds until no pass helps (bounded):
 
-1. drop one request with every op that mentions it, then with its work
-   folded onto another request (the op's ``fold``: a step keeps its tokens);
-2. drop chunks of ops, delta-debugging style (halves, quarters, ... pairs) —
-   a long Hypothesis trace loses most of its ops in a few replays;
+1. drop chunks of ops, delta-debugging style (halves, quarters, ... pairs) —
+   a long Hypothesis trace loses most of its ops in a few replays; the last
+   (failing) op is never dropped;
+2. drop one request with every op that mentions it;
 3. drop single ops, last first, then sliding pairs;
-4. merge adjacent ops (two steps of the same requests become one), then
-   narrow each op (its registry entry: drop scheduled requests, lower token
-   counts, a simpler cudagraph mode, ...);
+4. fold a request's work onto another (the op's ``fold``: a step keeps its
+   token count), then merge adjacent ops (two steps of the same requests
+   become one), then narrow each op (its registry entry: drop scheduled
+   requests, lower token counts, a simpler cudagraph mode, ...);
 5. renumber requests and blocks to small ids in order of first use;
 6. simplify the geometry (one DCP rank, no kernel-block split), then lower
    config limits (pool size, batch limits, capture sizes) one at a time.
@@ -106,13 +107,20 @@ def _folded(ops: list[dict], req: int, into: int) -> list[dict] | None:
     return out if folded else None
 
 
+def _added(ops: list[dict]) -> list[int]:
+    return sorted({r for op in ops if op["op"] == "add" for r in requests_of(op)})
+
+
 def _drop_requests(ops: list[dict]):
-    """Each request dropped with every op that mentions it; then each dropped
-    with its work folded onto another request (three one-token requests of a
-    four-token batch become one request of four tokens)."""
-    reqs = sorted({r for op in ops if op["op"] == "add" for r in requests_of(op)})
-    for req in reqs:
+    """Each request dropped with every op that mentions it."""
+    for req in _added(ops):
         yield _without_req(ops, req)
+
+
+def _fold_requests(ops: list[dict]):
+    """Each request dropped with its work folded onto another request (three
+    one-token requests of a four-token batch become one request of four)."""
+    reqs = _added(ops)
     for req in reqs:
         for into in reqs:
             if into != req:
@@ -123,21 +131,25 @@ def _drop_requests(ops: list[dict]):
 
 def _drop_chunks(ops: list[dict]):
     """Delta debugging's complements: aligned chunks of half the trace, then a
-    quarter, ... down to pairs, last chunk first (the failing op is last, the
-    ops before it are the likeliest to matter)."""
-    size = len(ops) // 2
+    quarter, ... down to pairs, last chunk first.  The last op (the one that
+    fails: a shrunk candidate is cut there) is never dropped — without it the
+    trace passes, and the replay would only prove it."""
+    body, last = ops[:-1], ops[-1:]
+    size = len(body) // 2
     while size >= 2:
-        for start in range((len(ops) - 1) // size * size, -1, -size):
-            yield ops[:start] + ops[start + size:]
+        for start in range((len(body) - 1) // size * size, -1, -size):
+            yield body[:start] + body[start + size:] + last
         size //= 2
 
 
 def _drop_singles(ops: list[dict]):
-    """Single ops, last first; then sliding pairs (two swaps only cancel out together)."""
-    for i in reversed(range(len(ops))):
-        yield ops[:i] + ops[i + 1:]
-    for start in range(len(ops) - 2, -1, -1):
-        yield ops[:start] + ops[start + 2:]
+    """Single ops, last first (but the failing last op); then sliding pairs (two
+    swaps only cancel out together)."""
+    body, last = ops[:-1], ops[-1:]
+    for i in reversed(range(len(body))):
+        yield body[:i] + body[i + 1:] + last
+    for start in range(len(body) - 2, -1, -1):
+        yield body[:start] + body[start + 2:] + last
 
 
 def _merge_adjacent(ops: list[dict]):
@@ -156,7 +168,10 @@ def _narrow_ops(ops: list[dict]):
             yield ops[:i] + [simpler] + ops[i + 1:]
 
 
-PASSES = (_drop_requests, _drop_chunks, _drop_singles, _merge_adjacent, _narrow_ops)
+# Cheap, large cuts first: chunks (a replay stops at the failure, and a chunk cut
+# early leaves a short trace), then requests, single ops, folds, merges, narrowing.
+PASSES = (_drop_chunks, _drop_requests, _drop_singles, _fold_requests, _merge_adjacent,
+          _narrow_ops)
 
 
 def _candidates(ops: list[dict]):

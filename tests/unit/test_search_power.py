@@ -149,11 +149,12 @@ def test_usable_drops_traces_a_run_cannot_express():
     assert usable([v1, v2]) == [v1, v2]
 
 
-def test_chunk_pass_removes_halves_then_quarters_last_first():
-    ops = [{"op": "condense", "i": i} for i in range(8)]
+def test_chunk_pass_removes_halves_then_quarters_last_first_keeping_the_failing_op():
+    ops = [{"op": "condense", "i": i} for i in range(9)]  # op 8 is the failing one
     cands = [[o["i"] for o in c] for c in _drop_chunks(ops)]
-    assert cands[:2] == [[0, 1, 2, 3], [4, 5, 6, 7]]
-    assert cands[2] == [0, 1, 2, 3, 4, 5] and len(cands) == 2 + 4
+    assert cands[:2] == [[0, 1, 2, 3, 8], [4, 5, 6, 7, 8]]
+    assert cands[2] == [0, 1, 2, 3, 4, 5, 8] and len(cands) == 2 + 4
+    assert all(c[-1] == 8 for c in cands)
 
 
 def test_fuzz_coverage_flag_prints_every_feature(capsys):
