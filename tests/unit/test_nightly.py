@@ -128,7 +128,7 @@ def test_interrupt_keeps_reports_and_says_how_to_resume(tmp_path, capsys, monkey
 
 
 def test_worker_ends_quietly_on_ctrl_c(monkeypatch, capsys):
-    def interrupted(spec, seed, device):
+    def interrupted(spec, seed, device, seed_corpus=()):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(nightly, "run_seed", interrupted)

@@ -159,9 +159,16 @@ def test_fuzz_from_seed_0_finds_the_stale_row_bug_or_passes(vllm, runner):
     if _keeps_stale_rows(vllm, runner):
         result = fuzz(None, 0, 200, (), "vllm", "cpu", runner=runner)  # the CLI default
         assert result.violation is not None, "the pre-fix release was not caught"
-        want = {"v1": ("VACATED_ROWS_ZERO", "NO_STALE_WRITE"), "v2": ("DUMMY_TABLES_ZERO",)}
+        want = {"v1": ("VACATED_ROWS_ZERO", "NO_STALE_WRITE"),
+                "v2": ("DUMMY_TABLES_ZERO", "NO_STALE_WRITE")}
         assert result.violation.invariant in want[runner]
         assert len(result.trace.ops) <= 6
+        if runner == "v2" and result.violation.invariant == "NO_STALE_WRITE":
+            # The release's other V2 bug, found first by the swarmed search: DCP
+            # slots dealt in kernel blocks (corpora/vllm/v2-dcp-kernel-split-slot-layout.json).
+            cfg = result.trace.config
+            assert cfg.dcp_world_size > 1 and any(
+                g.kernel_block_size < g.block_size for g in cfg.groups), result.trace.dumps()
     else:
         result = fuzz(None, 0, 25, (), "vllm", "cpu", profile="ci", runner=runner)
         assert result.violation is None, result.violation.line()
