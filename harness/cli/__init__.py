@@ -23,6 +23,7 @@ from harness.cli.common import (  # noqa: F401
     EXIT_VIOLATION,
     UsageError,
 )
+from harness.cli.bisect import cmd_bisect
 from harness.cli.parser import build_parser
 from harness.cli.search import cmd_fuzz, cmd_nightly
 from harness.cli.traces import (
@@ -37,7 +38,7 @@ from harness.core import interrupt
 
 VERBS = {"fuzz": cmd_fuzz, "repro": cmd_fuzz, "shrink": cmd_shrink, "explain": cmd_explain,
          "replay": cmd_replay, "faults": cmd_faults, "ops": cmd_ops,
-         "invariants": cmd_invariants, "nightly": cmd_nightly}
+         "invariants": cmd_invariants, "nightly": cmd_nightly, "bisect": cmd_bisect}
 
 
 class _PipeSafeStdout:
@@ -95,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     from harness.core.trace import TraceError
 
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["_verdicts"]:  # a bisect measurement in a release's environment
+        from harness.tools.bisect import verdicts_main
+
+        return verdicts_main(argv[1:])
     if argv[:1] == ["_worker"]:  # a nightly worker subprocess
         from harness.search.nightly import worker_main
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from harness.cli.common import _Parser, _target_names
 
@@ -51,6 +52,19 @@ def build_parser() -> argparse.ArgumentParser:
                         "could be checked (--target vllm: meta.expect_by_release of the "
                         "installed release, no faults)")
     _add_common(p)
+
+    p = sub.add_parser("bisect", help="the first vLLM release where a trace's verdict "
+                                      "changes (binary search, one environment per release)")
+    p.add_argument("traces", nargs="+", metavar="TRACE")
+    p.add_argument("--releases", default="0.26.0..0.33.0", metavar="A..B|X,Y,Z",
+                   help="releases to search, oldest to newest (default 0.26.0..0.33.0: the "
+                        "nine releases on the index between them)")
+    p.add_argument("--cache", default=str(Path.home() / ".cache" / "blockfuzz" / "vllm-envs"),
+                   metavar="DIR", help="where each release's environment is made once and "
+                                       "reused")
+    p.add_argument("--json", action="store_true", help="machine-readable result")
+    p.add_argument("--write", action="store_true",
+                   help="record the measured verdicts in each trace's meta.expect_by_release")
 
     _add_nightly(sub.add_parser("nightly", help="time-budgeted, crash-isolated, sharded "
                                                 "campaign with report.json and JUnit XML"))

@@ -10,6 +10,7 @@ there, not guessed.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import os
 
 import pytest
@@ -203,3 +204,25 @@ def test_check_expect_reports_paths_that_are_ours_as_not_applicable(vllm, capsys
     out = capsys.readouterr().out
     assert f"N/A {path}: not applicable" in out and "1 not applicable (N/A)" in out
     assert main(["replay", "--check-expect", "--target", "vllm", path]) == 2  # nothing checked
+
+
+@pytest.mark.slow  # installs up to four vLLM releases (cached after): nightly-sized
+def test_real_bisect_names_the_release_that_cleared_the_stale_row(vllm, capsys):
+    """The issue's acceptance command, for real: 0.26.0 fails, a later release
+    passes, and the change point agrees with the recorded verdicts."""
+    import shutil
+    import tempfile
+
+    from harness.cli import main
+
+    trace = CORPORA / "vllm" / "v1-vacated-row-stale-after-condense.json"
+    with tempfile.TemporaryDirectory() as d:
+        copy = Path(d) / trace.name
+        shutil.copy(trace, copy)
+        rc = main(["bisect", str(copy), "--releases", "0.26.0..0.33.0", "--json"])
+    out = capsys.readouterr().out
+    report = json.loads(out[out.index("{"):out.rindex("}") + 1])
+    assert rc == 0 and len(report["installed"]) <= 4
+    old, new = report["change"]
+    recorded = load(trace).meta["expect_by_release"]
+    assert recorded[old]["verdict"] == "fail" and recorded[new]["verdict"] == "pass"

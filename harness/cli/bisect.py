@@ -1,0 +1,85 @@
+"""Verb ``bisect``: the first vLLM release where a trace's verdict changes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from harness.cli.common import EXIT_OK, EXIT_VIOLATION, UsageError
+
+DEFAULT_CACHE = Path.home() / ".cache" / "blockfuzz" / "vllm-envs"
+
+
+def _cell(v: dict) -> str:
+    if v["verdict"] == "fail":
+        return f"fail {v['invariant']} at op {v['op_index']} ({v['op']})"
+    return v["verdict"]
+
+
+def cmd_bisect(args) -> int:
+    """Load the traces, bisect the releases, print the table and the change point."""
+    from harness.core.trace import canonical_json, load, write_atomic
+    from harness.tools.bisect import BisectError, ReleaseEnvs, bisect, measure_in, \
+        parse_releases
+
+    traces = [(p, load(p)) for p in args.traces]  # all validated before anything runs
+    try:
+        releases = parse_releases(args.releases)
+    except BisectError as e:
+        raise UsageError(str(e)) from None
+    envs = ReleaseEnvs(Path(args.cache))
+    print(f"blockfuzz bisect: {len(traces)} trace(s) over {', '.join(releases)} "
+          f"(cache {args.cache})", flush=True)
+    paths = [str(p) for p, _ in traces]
+
+    def measure(release: str) -> list[dict]:
+        verdicts = measure_in(envs.python(release), paths)
+        print(f"  {release}: " + "; ".join(_cell(v) for v in verdicts), flush=True)
+        return verdicts
+
+    try:
+        result = bisect(releases, measure)
+    except BisectError as e:
+        raise UsageError(str(e)) from None
+    rows = [{"release": r, "measured": r in result.measured,
+             "environment": envs.where(r) if r in result.measured else None,
+             "verdicts": result.measured.get(r)} for r in releases]
+    if args.json:
+        print(json.dumps({"releases": rows, "change": result.change,
+                          "installed": envs.installed}, indent=1))
+    else:
+        _print_table(rows, paths)
+    if result.change is None:
+        print(f"no change: {releases[0]} and {releases[-1]} give the same verdicts; "
+              "the releases between were not run")
+    else:
+        old, new = result.change
+        print(f"first release where the verdict changes: {new} (after {old}; "
+              f"{len(result.measured)} of {len(releases)} releases run, "
+              f"{len(envs.installed)} installed now)")
+    if args.write:
+        for path, trace in traces:
+            i = paths.index(str(path))
+            recorded = trace.meta.setdefault("expect_by_release", {})
+            for r in result.measured:
+                recorded[r] = {k: v for k, v in result.measured[r][i].items() if k != "op"}
+            write_atomic(Path(path), canonical_json(trace.to_json()))
+        print(f"wrote meta.expect_by_release for {', '.join(result.measured)} into "
+              f"{len(traces)} trace(s)")
+    return EXIT_OK if result.change is not None else EXIT_VIOLATION
+
+
+def _print_table(rows: list[dict], paths: list[str]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="verdict per release (vllm target, no faults)", title_justify="left")
+    table.add_column("release")
+    for p in paths:
+        table.add_column(Path(p).name)
+    table.add_column("environment")
+    for row in rows:
+        cells = [_cell(v) for v in row["verdicts"]] if row["verdicts"] else \
+            ["(not run)"] * len(paths)
+        table.add_row(row["release"], *cells, row["environment"] or "-")
+    Console(width=160).print(table)

@@ -1,0 +1,240 @@
+"""``blockfuzz bisect``: which vLLM release changed a trace's verdict.
+
+A trace that fails on one release and passes on another raises an engine
+developer's next question: which release changed it?  :func:`bisect` answers
+it by binary search over an ordered list of releases, measuring only the
+releases it needs: both ends, then the middle of the interval whose ends
+disagree, until two neighbours disagree.  Nine releases take at most five
+measurements (both ends and three probes), and none is measured twice.
+
+A measurement replays every trace on one release (``--target vllm``, no
+faults) and gives one verdict per trace: ``pass``, ``fail`` (invariant, op)
+or ``n/a`` (the release refuses the trace's geometry).  Releases are compared
+by (verdict, invariant) of every trace.
+
+Each release runs in its own environment (:class:`ReleaseEnvs`): the
+interpreter running blockfuzz when its installed vLLM is that release,
+otherwise a virtual environment under the cache directory, made once and
+reused.  It is an *overlay* on the current environment: its ``.pth`` puts
+the current environment's packages (torch, Triton, blockfuzz's
+dependencies) behind its own, so installing a release
+(``scripts/install-vllm-target.sh``) adds vLLM itself and little else.
+Measurements run in a subprocess with this checkout on ``PYTHONPATH``
+(``python -m harness _verdicts TRACE...``, one JSON line of verdicts).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# vLLM releases on the package index between 0.26.0 and 0.33.0 (all pin the same
+# torch); ``A..B`` ranges are taken from this list.
+KNOWN_RELEASES = ("0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0",
+                  "0.32.0", "0.33.0")
+ROOT = Path(__file__).resolve().parents[2]
+INSTALL_SCRIPT = ROOT / "scripts" / "install-vllm-target.sh"
+
+
+class BisectError(ValueError):
+    """Bad releases or an environment that could not be made: one line."""
+
+
+def _version(text: str):
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(text)
+    except InvalidVersion:
+        raise BisectError(f"--releases: {text!r} is not a version") from None
+
+
+def parse_releases(text: str, known=KNOWN_RELEASES) -> list[str]:
+    """``A..B`` (the known releases from A to B, both known) or ``X,Y,Z`` (any
+    versions); returned in version order, at least two, no repeats."""
+    if ".." in text:
+        lo, hi = (part.strip() for part in text.split("..", 1))
+        for end in (lo, hi):
+            if end not in known:
+                raise BisectError(f"--releases {text}: {end} is not a known release "
+                                  f"({', '.join(known)}); list releases as X,Y,Z instead")
+        if _version(lo) >= _version(hi):
+            raise BisectError(f"--releases {text}: {lo} is not older than {hi}")
+        chosen = [r for r in known if _version(lo) <= _version(r) <= _version(hi)]
+    else:
+        chosen = [r.strip() for r in text.split(",") if r.strip()]
+        for r in chosen:
+            _version(r)
+        if len(set(chosen)) != len(chosen):
+            raise BisectError(f"--releases {text}: a release is listed twice")
+    chosen = sorted(chosen, key=_version)
+    if len(chosen) < 2:
+        raise BisectError(f"--releases {text}: need at least two releases")
+    return chosen
+
+
+def verdict_key(verdicts: list[dict]) -> tuple:
+    """What two releases are compared by: (verdict, invariant) per trace."""
+    return tuple((v["verdict"], v.get("invariant")) for v in verdicts)
+
+
+@dataclass
+class BisectResult:
+    """``measured``: release -> per-trace verdicts, for the releases run (in
+    the order run); ``change``: (last release with the old verdict, first
+    with the new one), None when both ends agree."""
+
+    releases: list
+    measured: dict = field(default_factory=dict)
+    change: tuple | None = None
+
+    @property
+    def first_changed(self) -> str | None:
+        return None if self.change is None else self.change[1]
+
+
+def bisect(releases: list[str], measure) -> BisectResult:
+    """Binary search for the first release whose verdicts differ from the
+    oldest's.  measure(release) -> list of per-trace verdict dicts.
+
+    Assumes one change between the ends (the usual fix or regression); when
+    the verdict flips more than once, the change found is one of them and
+    the releases measured show it.
+    """
+    result = BisectResult(list(releases))
+
+    def key(i: int) -> tuple:
+        r = releases[i]
+        if r not in result.measured:
+            result.measured[r] = measure(r)
+        return verdict_key(result.measured[r])
+
+    lo, hi = 0, len(releases) - 1
+    if key(lo) == key(hi):
+        return result
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if key(mid) == key(lo):
+            lo = mid
+        else:
+            hi = mid
+    result.change = (releases[lo], releases[hi])
+    return result
+
+
+# -- environments ----------------------------------------------------------------
+def active_release() -> str | None:
+    """The vLLM release installed where blockfuzz runs, or None."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+@dataclass
+class ReleaseEnvs:
+    """One Python per release: the running one when it has that release, else a
+    cached overlay venv ``cache/vllm-RELEASE`` (made on first use; ``installed``
+    lists the releases installed by this run)."""
+
+    cache: Path
+    installed: list = field(default_factory=list)
+
+    def python(self, release: str) -> str:
+        if active_release() == release:
+            return sys.executable
+        env = self.cache / f"vllm-{release}"
+        python = env / "bin" / "python"
+        if (env / ".ready").exists():
+            return str(python)
+        self._make(env, release)
+        return str(python)
+
+    def where(self, release: str) -> str:
+        """How a release's environment was had: active, cached or installed."""
+        if active_release() == release:
+            return "active environment"
+        return "installed now" if release in self.installed else "cached"
+
+    def _make(self, env: Path, release: str) -> None:
+        print(f"bisect: installing vLLM {release} into {env} (once; reused after)",
+              file=sys.stderr, flush=True)
+        python = str(env / "bin" / "python")
+        try:
+            _run([sys.executable, "-m", "venv", "--clear", str(env)])
+            site = Path(_run([python, "-c", "import sysconfig; "
+                              "print(sysconfig.get_paths()['purelib'])"]).strip())
+            base = sysconfig.get_paths()["purelib"]
+            (site / "_blockfuzz_base.pth").write_text(
+                f"import site; site.addsitedir({base!r})\n")
+            ready = _run(["bash", str(INSTALL_SCRIPT), release],
+                         {"PYTHON": python, "PYTHONPATH": str(ROOT)})
+        except BisectError as e:
+            raise BisectError(f"vLLM {release}: the environment {env} could not be made: "
+                              f"{e}") from None
+        print("bisect: " + (ready.strip().splitlines() or ["ready"])[-1], file=sys.stderr,
+              flush=True)
+        (env / ".ready").write_text(release + "\n")
+        self.installed.append(release)
+
+
+def _run(command: list[str], extra_env: dict | None = None) -> str:
+    """Run ``command``; its stdout, or BisectError with the last line it printed."""
+    try:
+        done = subprocess.run(command, capture_output=True, text=True,
+                              env=dict(os.environ, **(extra_env or {})))
+    except OSError as e:
+        raise BisectError(f"{command[0]}: {e.strerror or e}") from None
+    if done.returncode != 0:
+        last = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()[-1]
+        raise BisectError(f"{' '.join(command[:3])} ... exited {done.returncode}: {last}")
+    return done.stdout
+
+
+def measure_in(python: str, traces: list[str]) -> list[dict]:
+    """Per-trace verdicts of ``traces`` replayed by ``python`` (vllm target)."""
+    done = subprocess.run([python, "-m", "harness", "_verdicts", *traces],
+                          capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    if done.returncode != 0:
+        raise BisectError(f"{python}: measuring failed (exit {done.returncode}): "
+                          + (done.stderr.strip().splitlines() or ["no output"])[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def verdicts_main(paths: list[str]) -> int:
+    """``python -m harness _verdicts TRACE...``: one JSON line, a verdict per
+    trace on the installed vLLM (no faults)."""
+    from harness.targets.vllm import load
+
+    load()  # its environment must be set before Triton is imported
+    from harness.core.session import replay
+    from harness.core.trace import load as load_trace
+    from harness.targets import TargetRefused, target_spec
+
+    out = []
+    for path in paths:
+        trace = load_trace(path)
+        refused = target_spec("vllm").refusal(trace.config)
+        if refused is not None:
+            out.append({"verdict": "n/a", "reason": str(refused)})
+            continue
+        try:
+            v = replay(trace, (), "vllm", "cpu")
+        except TargetRefused as e:
+            out.append({"verdict": "n/a", "reason": str(e)})
+            continue
+        if v.violation is None:
+            out.append({"verdict": "pass"})
+        else:
+            out.append({"verdict": "fail", "invariant": v.violation.invariant,
+                        "op_index": v.violation.op_index, "op": v.violation.op})
+    print(json.dumps(out))
+    return 0

@@ -1,0 +1,104 @@
+"""blockfuzz bisect without installing anything: the search over a fake
+per-release verdict function, release parsing, and the CLI (table, exit
+codes, --json, --write) with measurement stubbed."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+from harness.tools import bisect as b
+
+NINE = list(b.KNOWN_RELEASES)
+FAIL = [{"verdict": "fail", "invariant": "VACATED_ROWS_ZERO", "op_index": 3, "op": "step"}]
+PASS = [{"verdict": "pass"}]
+TRACE = Path(__file__).resolve().parents[2] / "corpora" / "vllm" / \
+    "v1-vacated-row-stale-after-condense.json"
+
+
+def _fixed_at(first_fixed: str, runs: list):
+    def measure(release):
+        runs.append(release)
+        return PASS if NINE.index(release) >= NINE.index(first_fixed) else FAIL
+    return measure
+
+
+@pytest.mark.parametrize("first_fixed", NINE[1:])
+def test_bisect_finds_the_first_changed_release_within_five_runs(first_fixed):
+    runs = []
+    result = b.bisect(NINE, _fixed_at(first_fixed, runs))
+    assert result.first_changed == first_fixed
+    assert result.change[0] == NINE[NINE.index(first_fixed) - 1]
+    assert len(runs) == len(set(runs)) <= 5  # both ends + log2(8) probes, none twice
+    assert runs[:2] == [NINE[0], NINE[-1]]
+
+
+def test_same_verdict_at_both_ends_runs_only_the_ends():
+    runs = []
+    result = b.bisect(NINE, lambda r: runs.append(r) or FAIL)
+    assert result.change is None and runs == [NINE[0], NINE[-1]]
+
+
+def test_verdicts_differ_by_invariant_too():
+    other = [dict(FAIL[0], invariant="NO_STALE_WRITE")]
+    result = b.bisect(["1.0", "2.0"], lambda r: FAIL if r == "1.0" else other)
+    assert result.change == ("1.0", "2.0")
+
+
+def test_release_lists():
+    assert b.parse_releases("0.26.0..0.33.0") == NINE
+    assert b.parse_releases("0.28.0..0.30.0") == ["0.28.0", "0.29.0", "0.30.0"]
+    assert b.parse_releases("0.33.0, 0.26.0,0.30.0") == ["0.26.0", "0.30.0", "0.33.0"]
+    for bad, says in (("0.26.0..0.25.0", "not a known release"),
+                      ("0.30.0..0.26.0", "not older"), ("0.26.0", "at least two"),
+                      ("0.26.0,0.26.0", "twice"), ("0.26.0,banana", "not a version")):
+        with pytest.raises(b.BisectError, match=says):
+            b.parse_releases(bad)
+
+
+@pytest.fixture
+def stubbed(monkeypatch, tmp_path):
+    """Measurement without environments: 0.30.0 and later pass."""
+    runs = []
+    monkeypatch.setattr(b, "active_release", lambda: "0.26.0")
+    monkeypatch.setattr(b.ReleaseEnvs, "python", lambda self, r: r)
+    monkeypatch.setattr(b, "measure_in",
+                        lambda python, paths: _fixed_at("0.30.0", runs)(python) * len(paths))
+    trace = tmp_path / "t.json"
+    shutil.copy(TRACE, trace)
+    return runs, trace
+
+
+def test_cli_prints_the_change_point_and_exits_0(stubbed, capsys):
+    runs, trace = stubbed
+    assert main(["bisect", str(trace), "--releases", "0.26.0..0.33.0"]) == 0
+    out = capsys.readouterr().out
+    assert "first release where the verdict changes: 0.30.0 (after 0.29.0;" in out
+    assert "(not run)" in out and len(runs) <= 5
+
+
+def test_cli_json_and_write(stubbed, capsys):
+    runs, trace = stubbed
+    before = json.loads(trace.read_text())["meta"]["expect_by_release"]
+    assert main(["bisect", str(trace), "--releases", "0.26.0,0.33.0", "--json",
+                 "--write"]) == 0
+    out = capsys.readouterr().out
+    report = json.loads(out[out.index("{"):out.rindex("}") + 1])
+    assert report["change"] == ["0.26.0", "0.33.0"]
+    assert [r["release"] for r in report["releases"] if r["measured"]] == ["0.26.0", "0.33.0"]
+    recorded = json.loads(trace.read_text())["meta"]["expect_by_release"]
+    assert recorded["0.33.0"] == {"verdict": "pass"}
+    assert recorded["0.26.0"] == {"verdict": "fail", "invariant": "VACATED_ROWS_ZERO",
+                                  "op_index": 3}
+    assert recorded["0.30.0"] == before["0.30.0"]  # not measured: left as it was
+
+
+def test_cli_no_change_exits_1_and_bad_releases_exit_2(stubbed, capsys):
+    runs, trace = stubbed
+    assert main(["bisect", str(trace), "--releases", "0.30.0..0.33.0"]) == 1
+    assert "no change" in capsys.readouterr().out
+    assert main(["bisect", str(trace), "--releases", "0.26.0..9.9.9"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "9.9.9" in err
