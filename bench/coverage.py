@@ -29,12 +29,7 @@ from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-
-def parse_seeds(text: str) -> list[int]:
-    if ".." in text:
-        lo, hi = text.split("..")
-        return list(range(int(lo), int(hi) + 1))
-    return [int(s) for s in text.split(",")]
+from _args import parse_seeds  # noqa: E402  (bench/ is sys.path[0] when run as a script)
 
 
 def record(seeds: list[int], examples: int) -> dict:

@@ -27,15 +27,9 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from _args import parse_seeds  # noqa: E402  (bench/ is sys.path[0] when run as a script)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-
-def parse_seeds(text: str) -> list[int]:
-    """``0..9`` (inclusive) or ``0,3,5``."""
-    if ".." in text:
-        lo, hi = text.split("..")
-        return list(range(int(lo), int(hi) + 1))
-    return [int(s) for s in text.split(",")]
 
 
 def one(job: tuple) -> dict:
