@@ -7,8 +7,8 @@ Everything the harness knows about an op lives in its family's module:
 - how it is applied to a target (``apply``: calls the target's op method);
 - which requests it mentions and how it changes when a request is dropped or
   renamed (``requests``, ``without_request``, ``rename``: the shrinker);
-- simpler versions of it (``narrow``: the shrinker);
-- its Hypothesis rule (``draw``) and precondition (``enabled``);
+- simpler versions of it, merged or folded forms (``narrow``, ``merge``, ``fold``: the shrinker);
+- how the state machine draws it (``draw``) and when it may (``enabled``);
 - the cache cells it may write (``permit``: ``NO_STALE_WRITE`` and ``explain``);
 - whether it runs a forward (``forward``: ``"real"`` / ``"dummy"``), which the
   invariant registry uses to decide what to check after it.
