@@ -15,7 +15,6 @@ the same for every target and do not depend on a fault.
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 
 from reference import ATTENTION, MAMBA
@@ -147,12 +146,6 @@ class Tracker:
                 fwd.num_reqs_padded > fwd.num_reqs or fwd.num_tokens_padded > fwd.num_tokens):
             hit.append("loaded-next-to-padded")
         return hit
-
-
-def merge(into: Counter, counts) -> Counter:
-    """Add feature counts (``{id: n}``) into ``into``; returns it."""
-    into.update(counts)
-    return into
 
 
 def table_rows(counts: dict, examples: dict | None = None) -> list[tuple]:
