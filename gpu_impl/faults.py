@@ -16,7 +16,10 @@ class Fault:
     and the invariant expected to catch it first (``also``: others that do on
     some traces — e.g. a wrong slot that lands in a cell the owner may write is
     only visible as a value the reference does not have); ``family`` groups the
-    catalogue (``core``: the block-table / dummy-run / graph bugs)."""
+    catalogue (``core``: the block-table / dummy-run / graph bugs); ``sites``:
+    the upstream files the bug lived in, as vLLM paths — a target that drives
+    the engine's own code says which of them it runs (the vllm target's
+    ``ENGINE_SITES``), so a trace's verdict there is real or ``n/a``."""
 
     id: str
     runners: tuple[str, ...]
@@ -25,11 +28,13 @@ class Fault:
     invariant: str
     also: tuple[str, ...] = ()  # invariants that catch it first on some traces
     family: str = "core"  # the fault family (catalogue grouping); every fault so far: core
+    sites: tuple[str, ...] = ()  # the upstream files the bug lived in (vLLM paths)
 
     def to_json(self) -> dict:
         return {"id": self.id, "family": self.family, "runners": list(self.runners),
                 "description": self.description, "source": self.source,
-                "invariant": self.invariant, "also": list(self.also)}
+                "invariant": self.invariant, "also": list(self.also),
+                "sites": list(self.sites)}
 
     def caught_by(self, invariant: str) -> bool:
         return invariant == self.invariant or invariant in self.also
@@ -40,57 +45,66 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "remove_request leaves the removed row's block ids and num_blocks_per_row in place",
           "vLLM PR #37728 'Clear block-table rows in remove_request' "
           "(vllm/v1/worker/gpu_input_batch.py; the row was not cleared before it)",
-          "VACATED_ROWS_ZERO"),
+          "VACATED_ROWS_ZERO",
+          sites=("vllm/v1/worker/gpu_input_batch.py",)),
     Fault("vacated-row-not-cleared", ("v1",),
           "BlockTable.move_row copies the row into the hole but leaves the vacated source "
           "row's block ids and count (stale rows after condense)",
           "seed 000: fix to BlockTable.move_row in vllm/v1/worker/block_table.py "
           "(dummy runs wrote Mamba state into freed blocks)",
-          "VACATED_ROWS_ZERO"),
+          "VACATED_ROWS_ZERO",
+          sites=("vllm/v1/worker/block_table.py",)),
     Fault("full-replay-not-restaged", ("v1", "v2"),
           "a FULL-cudagraph dummy replay reuses the persistent state indices staged by the "
           "previous real batch instead of re-staging them from the dummy rows",
           "seed 000: _dummy_run in vllm/v1/worker/gpu_model_runner.py (V1) and execute_model "
           "in vllm/v1/worker/gpu/model_runner.py (V2) now re-stage metadata for FULL dummy "
           "replays (for_cudagraph_capture / for_capture)",
-          "NO_STALE_WRITE"),
+          "NO_STALE_WRITE",
+          sites=("vllm/v1/worker/gpu_model_runner.py", "vllm/v1/worker/gpu/model_runner.py")),
     Fault("dummy-slots-not-padded", ("v1",),
           "dummy runs leave slot mappings as a zero-initialised buffer, so every dummy token "
           "maps to slot 0 of the null block",
           "seed 001: _dummy_run in vllm/v1/worker/gpu_model_runner.py now fills dummy slot "
           "mappings with PAD_SLOT_ID (-1)",
-          "NULL_BLOCK_FINITE"),
+          "NULL_BLOCK_FINITE",
+          sites=("vllm/v1/worker/gpu_model_runner.py",)),
     Fault("dummy-slots-unpadded-count", ("v1",),
           "dummy runs PAD-fill only the unpadded token count; the padded tail keeps the "
           "previous batch's slots, so padded dummy tokens write into other requests' blocks",
           "seed 001: _get_slot_mappings was called with num_tokens instead of "
           "num_tokens_padded in _dummy_run (vllm/v1/worker/gpu_model_runner.py)",
-          "NO_STALE_WRITE"),
+          "NO_STALE_WRITE",
+          sites=("vllm/v1/worker/gpu_model_runner.py",)),
     Fault("dummy-tables-not-zeroed", ("v2",),
           "BlockTables.get_dummy_block_tables returns the persistent input block tables as "
           "the previous real batch left them, so dummy Mamba writes follow stale block ids",
           "seed 000: get_dummy_block_tables in vllm/v1/worker/gpu/block_table.py now zeroes "
           "the rows (keeping the persistent address); vLLM 0.26.0 still has the bug",
-          "DUMMY_TABLES_ZERO"),
+          "DUMMY_TABLES_ZERO",
+          sites=("vllm/v1/worker/gpu/block_table.py",)),
     Fault("dummy-slots-partial-fill", ("v2",),
           "get_dummy_slot_mappings PAD-fills only the first num_tokens entries; the padded "
           "tail of the persistent buffer keeps the previous batch's slots",
           "seed 001: the V1 fix aligned _dummy_run with V2's get_dummy_slot_mappings, which "
           "fills the whole persistent buffer (vllm/v1/worker/gpu/block_table.py)",
-          "MATCHES_REFERENCE", ("NO_STALE_WRITE",)),
+          "MATCHES_REFERENCE", ("NO_STALE_WRITE",),
+          sites=("vllm/v1/worker/gpu/block_table.py",)),
     Fault("kernel-block-size-ignored", ("v1", "v2"),
           "slot mapping picks the block-table column with the allocation block size "
           "(pos // block_size) although the table holds kernel blocks",
           "vLLM #24486 (kernel block size decoupled from the KV page size) and its follow-ups "
           "#31540 (EAGLE slot mapping used the wrong block size) and #38831 (V2 block table "
           "and slot mapping switched to kernel block sizes)",
-          "NO_STALE_WRITE", ("MATCHES_REFERENCE",)),
+          "NO_STALE_WRITE", ("MATCHES_REFERENCE",),
+          sites=("vllm/v1/worker/block_table.py", "vllm/v1/worker/gpu/block_table.py")),
     Fault("kernel-blocks-count-unscaled", ("v1", "v2"),
           "num_blocks_per_row counts allocation blocks after they were expanded into k kernel "
           "blocks, so copies of the row (move_row, the V2 gather) and appends use a short count",
           "vLLM #24486 (map_to_kernel_blocks: a row's capacity is multiplied by "
           "block_size // kernel_block_size) and #38831 (V2 gather with per-group widths)",
-          "MATCHES_REFERENCE"),
+          "MATCHES_REFERENCE",
+          sites=("vllm/v1/worker/block_table.py", "vllm/v1/worker/gpu/block_table.py")),
     Fault("captured-buffer-rebound", ("v1", "v2"),
           "after start-up graph capture the runner re-allocates a persistent slot-mapping "
           "buffer instead of writing it in place: eager steps stage into the new tensor, "
@@ -99,7 +113,8 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "('Persistent buffers for CUDA graphs') and fills them in place, because a captured "
           "graph replays the addresses it recorded; vllm-project/vllm PR #5074 (cudagraph "
           "input/output buffers shared across capture sizes)",
-          "GRAPH_ADDRESSES_STABLE"),
+          "GRAPH_ADDRESSES_STABLE",
+          sites=("vllm/v1/worker/gpu_model_runner.py", "vllm/v1/worker/gpu/model_runner.py"))
 )}
 
 

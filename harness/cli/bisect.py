@@ -38,7 +38,7 @@ def cmd_bisect(args) -> int:
         return verdicts
 
     try:
-        result = bisect(releases, measure)
+        result = bisect(releases, measure, every=args.every)
     except BisectError as e:
         raise UsageError(str(e)) from None
     rows = [{"release": r, "measured": r in result.measured,
@@ -50,7 +50,8 @@ def cmd_bisect(args) -> int:
     else:
         _print_table(rows, paths)
     if result.change is None:
-        print(f"no change: {releases[0]} and {releases[-1]} give the same verdicts; "
+        print("no change: every release listed gives the same verdicts" if args.every else
+              f"no change: {releases[0]} and {releases[-1]} give the same verdicts; "
               "the releases between were not run")
     else:
         old, new = result.change

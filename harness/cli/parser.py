@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
                    metavar="DIR", help="where each release's environment is made once and "
                                        "reused")
     p.add_argument("--json", action="store_true", help="machine-readable result")
+    p.add_argument("--every", action="store_true",
+                   help="replay on every release listed, oldest first (no binary search); "
+                        "the first change between neighbours is reported")
     p.add_argument("--write", action="store_true",
                    help="record the measured verdicts in each trace's meta.expect_by_release")
 

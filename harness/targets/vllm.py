@@ -53,6 +53,30 @@ from harness.targets.registry import TargetRefused, TargetSpec, TargetUnavailabl
 __all__ = ["SPEC", "TargetRefused", "TargetUnavailable", "load", "make_vllm_runner", "refusal"]
 
 
+ENGINE_SITES = {
+    "v1": ("vllm/v1/worker/block_table.py", "vllm/v1/worker/gpu_input_batch.py"),
+    "v2": ("vllm/v1/worker/gpu/block_table.py",),
+}
+"""Per runner, the upstream files whose code this target runs as vLLM's own (the
+rest of a model runner — dummy runs, metadata staging, graph buffers — is
+gpu_impl's fault-free shell).  A catalogue fault lives at ``Fault.sites``."""
+
+
+def unexercised(trace) -> str | None:
+    """Why a passing replay of ``trace`` here says nothing about the bug it was
+    recorded for: every one of its faults lived in engine code this target does
+    not run (None when some fault's site is driven, or the trace has none)."""
+    from gpu_impl.faults import CATALOGUE
+
+    driven = ENGINE_SITES[trace.config.runner]
+    faults = [CATALOGUE[f] for f in trace.faults if f in CATALOGUE]
+    if not faults or any(set(f.sites) & set(driven) for f in faults):
+        return None
+    sites = sorted({s for f in faults for s in f.sites})
+    return (f"the recorded fault's code path ({', '.join(sites)}) is blockfuzz's runner "
+            f"shell in the vllm adapter, not vLLM's; only {', '.join(driven)} run as vLLM's")
+
+
 def installed_version() -> str | None:
     """The installed vLLM distribution's version, without importing it (None if absent)."""
     try:
@@ -69,7 +93,8 @@ def load() -> SimpleNamespace:
     shims they need on a CPU-only machine.
 
     Returns a namespace: ``version``, ``MultiGroupBlockTable``, ``BlockTables``,
-    ``SlotMappingMode`` (None where the release has none) and the capability
+    ``SlotMappingMode`` (None where the release has none), V1's ``InputBatch``,
+    ``CachedRequestState`` and ``SamplingParams``, and the capability
     flags read off the signatures (``v1_kernel_blocks``, ``v2_kernel_blocks``,
     ``v1_slot_mapping_modes``, ``v2_slot_mapping_enabled``, ``v2_dcp_sharded``).
     Raises :class:`TargetUnavailable`.
@@ -99,10 +124,12 @@ def load() -> SimpleNamespace:
         from vllm.v1.worker import block_table as v1_block_table
         from vllm.v1.worker.gpu import block_table as v2_block_table
         from vllm.v1.worker.gpu import buffer_utils
+        from vllm.v1.worker import gpu_input_batch
+        from vllm.sampling_params import SamplingParams
     except Exception as e:  # noqa: BLE001 - any import failure means "cannot use"
         raise TargetUnavailable(f"vLLM {version} failed to import ({type(e).__name__}: {e}); "
                                 "reinstall with scripts/install-vllm-target.sh") from None
-    for module in (torch_utils, v1_utils, buffer_utils, v1_block_table):
+    for module in (torch_utils, v1_utils, buffer_utils, v1_block_table, gpu_input_batch):
         if hasattr(module, "PIN_MEMORY"):
             module.PIN_MEMORY = False
     _shim_uva_buffer(buffer_utils.UvaBuffer)
@@ -114,6 +141,9 @@ def load() -> SimpleNamespace:
         MultiGroupBlockTable=v1_block_table.MultiGroupBlockTable,
         BlockTables=v2_block_table.BlockTables,
         SlotMappingMode=getattr(v1_block_table, "SlotMappingMode", None),
+        InputBatch=gpu_input_batch.InputBatch,
+        CachedRequestState=gpu_input_batch.CachedRequestState,
+        SamplingParams=SamplingParams,
         v1_kernel_blocks="kernel_block_size" in v1_params,
         v1_slot_mapping_modes="slot_mapping_modes" in mg_params,
         v2_kernel_blocks="kernel_block_sizes" in v2_params,

@@ -13,9 +13,112 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpu_impl.runner_shell_v1 import PersistentBatch, RunnerShellV1
+from gpu_impl.runner_shell_v1 import EMPTY_ROW, RunnerShellV1
 from gpu_impl.runner_shell_v2 import RunnerShellV2
-from harness.targets.vllm import _group_sizes, _kwargs_for, load, staged_rows
+from harness.targets.vllm import _group_sizes, _kwargs_for, load, max_model_len, staged_rows
+
+VOCAB_SIZE = 32
+"""Vocabulary of the requests handed to vLLM's ``InputBatch`` (sampling state is
+sized by it; no token is ever sampled)."""
+
+
+class VllmInputBatch:
+    """vLLM's own V1 persistent batch (``InputBatch`` in
+    ``vllm/v1/worker/gpu_input_batch.py``) behind the interface the V1 runner
+    shell drives (:class:`gpu_impl.runner_shell_v1.PersistentBatch`): which
+    request sits in which row, ``add_request`` (a free row: the lowest one
+    removal left, else the end), ``remove_request`` (``clear_row``),
+    ``condense`` (``move_row``), ``swap_states`` (``swap_row``) — vLLM's code
+    paths, on vLLM's ``MultiGroupBlockTable`` (``block_table``).
+
+    Request ids are vLLM's strings (``str(req)``); ``req_ids`` reads them back
+    as int64 (max_num_reqs,), -1 for an empty row.  ``num_computed_tokens`` /
+    ``num_prompt_tokens`` are vLLM's host arrays, int32 (max_num_reqs,) — an
+    empty row keeps what its last request left (vLLM never clears them;
+    nothing reads them past the live rows).
+
+    One adapter rule, ours: vLLM applies a scheduler output as removals, then
+    additions, then ``condense`` + ``refresh_metadata`` (``_update_states``),
+    and its ``BatchUpdateBuilder`` refuses a removal once an addition has
+    read the removed rows.  A trace may remove after it added with no condense
+    in between; the adapter then starts the next update itself, carrying the
+    rows still empty over into it, as the next scheduler output would find them.
+    """
+
+    def __init__(self, config, device):
+        vllm = load()
+        sizes, kernel = _group_sizes(config)
+        cand = dict(max_num_reqs=config.max_num_reqs, max_model_len=max_model_len(config),
+                    max_num_batched_tokens=config.max_num_batched_tokens, device=device,
+                    vocab_size=VOCAB_SIZE, block_sizes=sizes, kernel_block_sizes=kernel,
+                    max_num_blocks_per_req=[config.blocks_per_req_max(g)
+                                            for g in range(len(config.groups))],
+                    cp_kv_cache_interleave_size=config.cp_kv_cache_interleave_size)
+        if vllm.v1_slot_mapping_modes and vllm.SlotMappingMode is not None:
+            modes = vllm.SlotMappingMode
+            cand["slot_mapping_modes"] = [
+                modes.TOKEN_TO_KV_SLOT if s.kind == "attention" else modes.NONE
+                for s in config.groups]
+        self.batch = vllm.InputBatch(**_kwargs_for(vllm.InputBatch.__init__, cand))
+        self.max_num_reqs = config.max_num_reqs
+        self._vllm = vllm
+
+    @property
+    def block_table(self):
+        return self.batch.block_table
+
+    @property
+    def num_computed_tokens(self) -> np.ndarray:
+        return self.batch.num_computed_tokens_cpu
+
+    @property
+    def num_prompt_tokens(self) -> np.ndarray:
+        return self.batch.num_prompt_tokens
+
+    @property
+    def req_ids(self) -> np.ndarray:
+        out = np.full(self.max_num_reqs, EMPTY_ROW, np.int64)
+        for row, req in enumerate(self.batch._req_ids):
+            if req is not None:
+                out[row] = int(req)
+        return out
+
+    @property
+    def num_reqs(self) -> int:
+        return self.batch.num_reqs
+
+    def row_of(self, req: int) -> int | None:
+        return self.batch.req_id_to_index.get(str(req))
+
+    def add_request(self, req: int, block_ids: list[list[int]], num_computed_tokens: int,
+                    num_prompt_tokens: int) -> int:
+        vllm = self._vllm
+        state = vllm.CachedRequestState(**_kwargs_for(vllm.CachedRequestState.__init__, dict(
+            req_id=str(req), prompt_token_ids=[0] * num_prompt_tokens, mm_features=[],
+            sampling_params=vllm.SamplingParams(temperature=0.0), generator=None,
+            block_ids=tuple(list(ids) for ids in block_ids),
+            num_computed_tokens=num_computed_tokens, output_token_ids=[])))
+        return self.batch.add_request(state)
+
+    def remove_request(self, req: int) -> int | None:
+        builder = self.batch.batch_update_builder
+        if getattr(builder, "_is_removed_sorted", False):
+            self._next_update(carry=list(builder.removed))
+        return self.batch.remove_request(str(req))
+
+    def swap_states(self, i: int, j: int) -> None:
+        self.batch.swap_states(i, j)
+
+    def condense(self) -> None:
+        self.batch.condense()
+        self._next_update(carry=[])
+
+    def _next_update(self, carry: list[int]) -> None:
+        """End vLLM's current batch update (``refresh_metadata``), then register
+        ``carry`` — rows still empty — as removed in the next one."""
+        self.batch.refresh_metadata()
+        for row in sorted(carry, reverse=True):
+            self.batch.batch_update_builder.removed_append(row)
 
 
 class _ReferenceWidth:
@@ -31,24 +134,13 @@ class _ReferenceWidth:
 
 
 class VllmV1Runner(_ReferenceWidth, RunnerShellV1):
-    """The V1 runner shell with vLLM's ``MultiGroupBlockTable`` as its tables (our
-    persistent batch around them).  (config, device)."""
+    """The V1 runner shell over vLLM's own persistent batch (:class:`VllmInputBatch`:
+    vLLM's ``InputBatch`` with its ``MultiGroupBlockTable``).  (config, device)."""
 
-    def _make_input_batch(self) -> PersistentBatch:
-        vllm, cfg = load(), self.config
-        sizes, kernel = _group_sizes(cfg)
-        widths = [cfg.blocks_per_req_max(g) for g in range(len(cfg.groups))]
-        cand = dict(max_num_reqs=cfg.max_num_reqs,
-                    max_num_batched_tokens=cfg.max_num_batched_tokens, pin_memory=False,
-                    device=self.device, block_sizes=sizes, kernel_block_sizes=kernel,
-                    max_num_blocks=widths,
-                    cp_kv_cache_interleave_size=cfg.cp_kv_cache_interleave_size)
-        if vllm.v1_slot_mapping_modes and vllm.SlotMappingMode is not None:
-            modes = vllm.SlotMappingMode
-            cand["slot_mapping_modes"] = [
-                modes.TOKEN_TO_KV_SLOT if s.kind == "attention" else modes.NONE
-                for s in cfg.groups]
-        tables = vllm.MultiGroupBlockTable(**_kwargs_for(vllm.MultiGroupBlockTable.__init__, cand))
+    def _make_input_batch(self) -> VllmInputBatch:
+        cfg = self.config
+        batch = VllmInputBatch(cfg, self.device)
+        tables = batch.block_table
         for g in self.attn_groups:
             # vLLM reads these from the decode-context-parallel group at
             # construction; a single process has none, so set what it would give.
@@ -56,7 +148,7 @@ class VllmV1Runner(_ReferenceWidth, RunnerShellV1):
             tables[g].dcp_rank = cfg.dcp_rank
             self.slot_mappings[g] = tables[g].slot_mapping.gpu
         self._num_reqs = self._num_tokens = 0
-        return PersistentBatch(cfg.max_num_reqs, tables)
+        return batch
 
     def kernel_block_size(self, group: int) -> int:
         return self.input_batch.block_table[group].block_size

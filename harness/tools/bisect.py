@@ -9,7 +9,9 @@ measurements (both ends and three probes), and none is measured twice.
 
 A measurement replays every trace on one release (``--target vllm``, no
 faults) and gives one verdict per trace: ``pass``, ``fail`` (invariant, op)
-or ``n/a`` (the release refuses the trace's geometry).  Releases are compared
+or ``n/a`` (the release refuses the trace's geometry, or the trace passes but
+the fault it was recorded for lived in code the vllm target does not run as
+vLLM's: :func:`harness.targets.vllm.unexercised`).  Releases are compared
 by (verdict, invariant) of every trace.
 
 Each release runs in its own environment (:class:`ReleaseEnvs`): the
@@ -98,13 +100,14 @@ class BisectResult:
         return None if self.change is None else self.change[1]
 
 
-def bisect(releases: list[str], measure) -> BisectResult:
+def bisect(releases: list[str], measure, every: bool = False) -> BisectResult:
     """Binary search for the first release whose verdicts differ from the
     oldest's.  measure(release) -> list of per-trace verdict dicts.
 
     Assumes one change between the ends (the usual fix or regression); when
     the verdict flips more than once, the change found is one of them and
-    the releases measured show it.
+    the releases measured show it.  ``every``: measure every release, oldest
+    first, and report the first change between neighbours (no assumption).
     """
     result = BisectResult(list(releases))
 
@@ -114,6 +117,12 @@ def bisect(releases: list[str], measure) -> BisectResult:
             result.measured[r] = measure(r)
         return verdict_key(result.measured[r])
 
+    if every:
+        keys = [key(i) for i in range(len(releases))]
+        changed = [i for i in range(1, len(keys)) if keys[i] != keys[i - 1]]
+        if changed:
+            result.change = (releases[changed[0] - 1], releases[changed[0]])
+        return result
     lo, hi = 0, len(releases) - 1
     if key(lo) == key(hi):
         return result
@@ -212,7 +221,7 @@ def measure_in(python: str, traces: list[str]) -> list[dict]:
 def verdicts_main(paths: list[str]) -> int:
     """``python -m harness _verdicts TRACE...``: one JSON line, a verdict per
     trace on the installed vLLM (no faults)."""
-    from harness.targets.vllm import load
+    from harness.targets.vllm import load, unexercised
 
     load()  # its environment must be set before Triton is imported
     from harness.core.session import replay
@@ -232,7 +241,9 @@ def verdicts_main(paths: list[str]) -> int:
             out.append({"verdict": "n/a", "reason": str(e)})
             continue
         if v.violation is None:
-            out.append({"verdict": "pass"})
+            reason = unexercised(trace)
+            out.append({"verdict": "pass"} if reason is None else
+                       {"verdict": "n/a", "reason": reason})
         else:
             out.append({"verdict": "fail", "invariant": v.violation.invariant,
                         "op_index": v.violation.op_index, "op": v.violation.op})

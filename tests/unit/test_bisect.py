@@ -102,3 +102,24 @@ def test_cli_no_change_exits_1_and_bad_releases_exit_2(stubbed, capsys):
     assert main(["bisect", str(trace), "--releases", "0.26.0..9.9.9"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "9.9.9" in err
+
+
+def test_every_measures_all_releases_and_sees_a_flip_back():
+    runs = []
+    flips = {"0.27.0": FAIL, "0.28.0": FAIL}  # broken in two releases only
+
+    def measure(release):
+        runs.append(release)
+        return flips.get(release, PASS)
+    assert b.bisect(NINE, measure).change is None  # the ends agree: search stops
+    runs.clear()
+    result = b.bisect(NINE, measure, every=True)
+    assert runs == NINE and result.change == ("0.26.0", "0.27.0")
+
+
+def test_cli_every_runs_every_release(stubbed, capsys):
+    runs, trace = stubbed
+    assert main(["bisect", str(trace), "--releases", "0.26.0..0.33.0", "--every"]) == 0
+    assert runs == NINE and "(not run)" not in capsys.readouterr().out
+    assert main(["bisect", str(trace), "--releases", "0.30.0..0.33.0", "--every"]) == 1
+    assert "every release listed gives the same verdicts" in capsys.readouterr().out

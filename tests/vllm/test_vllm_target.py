@@ -191,19 +191,51 @@ def test_check_expect_uses_the_installed_release_verdicts(vllm, capsys, tmp_path
 
 
 def test_check_expect_reports_paths_that_are_ours_as_not_applicable(vllm, capsys):
-    """A seed whose bug lives in code the vllm adapter supplies itself (here request
-    removal: our InputBatch) records ``n/a`` for every release, and `replay
-    --check-expect --target vllm` lists it as N/A, neither matched nor mismatched."""
-    path = str(CORPORA / "seeds" / "removed-row-not-cleared.json")
+    """A seed whose bug lives in code the vllm adapter supplies itself (here the V1
+    dummy run's slot-mapping fill: gpu_model_runner.py, our runner shell) records
+    ``n/a`` for every release, and `replay --check-expect --target vllm` lists it
+    as N/A, neither matched nor mismatched."""
+    path = str(CORPORA / "seeds" / "dummy-slots-unpadded-count.json")
     recorded = load(path).meta["expect_by_release"].get(vllm.version)
     if recorded is None:
         pytest.skip(f"no verdict recorded for vLLM {vllm.version}")
-    assert recorded["verdict"] == "n/a" and "InputBatch" in recorded["reason"]
+    assert recorded["verdict"] == "n/a" and "gpu_model_runner.py" in recorded["reason"]
+    assert vllm_target.unexercised(load(path)) == recorded["reason"]
     other = str(VLLM_TRACES[0])
     assert main(["replay", "--check-expect", "--target", "vllm", path, other]) in (0, 1)
     out = capsys.readouterr().out
     assert f"N/A {path}: not applicable" in out and "1 not applicable (N/A)" in out
     assert main(["replay", "--check-expect", "--target", "vllm", path]) == 2  # nothing checked
+
+
+def test_persistent_batch_is_vllms_own_input_batch(vllm, monkeypatch):
+    """V1 request removal and condense are vLLM's ``InputBatch`` code: put the
+    pre-#37728 ``remove_request`` (no ``clear_row``) into the installed class and
+    the removed-row seed fails; make its ``condense`` a no-op and the rows differ
+    from the reference's."""
+    from harness.core.session import replay
+
+    trace = load(CORPORA / "seeds" / "removed-row-not-cleared.json")
+    assert replay(trace, (), "vllm").violation is None
+    original = vllm.InputBatch.remove_request
+
+    def remove_without_clearing(self, req_id):
+        tables = self.block_table
+        tables.clear_row = lambda row: None  # the row keeps its ids, as before #37728
+        try:
+            return original(self, req_id)
+        finally:
+            del tables.clear_row
+
+    monkeypatch.setattr(vllm.InputBatch, "remove_request", remove_without_clearing)
+    verdict = replay(trace, (), "vllm")
+    assert verdict.violation is not None and verdict.violation.invariant == "VACATED_ROWS_ZERO"
+    monkeypatch.setattr(vllm.InputBatch, "remove_request", original)
+    monkeypatch.setattr(vllm.InputBatch, "condense", lambda self: None)
+    verdict = replay(load(CORPORA / "seeds" / "vacated-row-not-cleared.json"), (), "vllm")
+    assert verdict.violation is not None
+    assert verdict.violation.invariant == "MATCHES_REFERENCE", verdict.violation.line()
+    assert "req_ids" in verdict.violation.detail
 
 
 @pytest.mark.slow  # installs up to four vLLM releases (cached after): nightly-sized

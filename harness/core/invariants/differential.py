@@ -1,7 +1,7 @@
 """``MATCHES_REFERENCE``: the differential check against the NumPy oracle.
 
 Compares what the last forward used — host rows (V2: their live part), the
-device block-table rows it read, slot mappings (incl. the PAD tail), counters,
+device block-table rows it read, slot mappings (incl. the PAD tail), live rows' counters,
 state indices, caches (the Mamba null block is scratch) and attention outputs
 — with the reference's observation after the same op.  Buffer regions no
 forward reads are the engine's own business.
@@ -36,6 +36,13 @@ def _live_part(obs: Observation) -> tuple[list, list]:
     return tables, counts
 
 
+def _where(live: np.ndarray, counters: np.ndarray) -> np.ndarray:
+    """Per-row counters on live rows, 0 on empty ones (vLLM's ``InputBatch``
+    leaves a removed request's counters in its row)."""
+    return np.where(live, counters, 0).astype(counters.dtype) if counters.shape == live.shape \
+        else counters
+
+
 def _defined(impl_table: np.ndarray, ref_table: np.ndarray, rows: int, counts, g: int):
     """Device rows [0, rows), each cut to the entries the last gather defined (V2: a
     real row's ``num_blocks``; past it vLLM 0.33 zeroes what 0.26 leaves stale)."""
@@ -57,9 +64,12 @@ def check_matches_reference(impl: Observation, ref: Observation, op_index: int,
     rows_used, tokens_used = (lf.num_reqs_padded, lf.num_tokens_padded) if lf else (0, 0)
     impl_rows, impl_counts = _live_part(impl)
     ref_rows, ref_counts = _live_part(ref)
+    live = ref.host_req_ids != -1  # an empty row's counters: nothing reads them
     pairs = [("req_ids", impl.host_req_ids, ref.host_req_ids),
-             ("num_computed_tokens", impl.num_computed_tokens, ref.num_computed_tokens),
-             ("num_prompt_tokens", impl.num_prompt_tokens, ref.num_prompt_tokens),
+             ("num_computed_tokens", _where(live, impl.num_computed_tokens),
+              _where(live, ref.num_computed_tokens)),
+             ("num_prompt_tokens", _where(live, impl.num_prompt_tokens),
+              _where(live, ref.num_prompt_tokens)),
              ("last_forward", _forward_fields(impl.last_forward), _forward_fields(ref.last_forward))]
     for g in range(len(impl.host_block_table)):
         pairs += [(f"block_table[{g}]", impl_rows[g], ref_rows[g]),
