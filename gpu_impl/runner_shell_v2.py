@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from .block_table import CpuGpuBuffer
-from .runner_shell import RunnerShell
+from .runner_shell import CachedRequestState, RunnerShell
 
 
 class RunnerShellV2(RunnerShell):
@@ -57,10 +57,19 @@ class RunnerShellV2(RunnerShell):
         used = set(self.req_index.values())
         return next(i for i in range(self.config.max_num_reqs) if i not in used)
 
-    # -- hooks -------------------------------------------------------------------
-    def _rows_add(self, req, state) -> None:
+    def _assign_index(self, req: int, state: CachedRequestState) -> int:
+        """Give an arriving request its state index (ours: :meth:`free_index`)."""
         index = self.free_index()
         self.req_index[req] = index
+        return index
+
+    def _release_index(self, req: int) -> int:
+        """A finished request gives its state index back; returns it."""
+        return self.req_index.pop(req)
+
+    # -- hooks -------------------------------------------------------------------
+    def _rows_add(self, req, state) -> None:
+        index = self._assign_index(req, state)
         self.block_tables.append_block_ids(index, state.block_ids, overwrite=True)
         self.num_computed_tokens[index] = 0
         self.num_prompt_tokens[index] = state.prompt_len
@@ -69,7 +78,7 @@ class RunnerShellV2(RunnerShell):
         self.block_tables.append_block_ids(self.req_index[req], block_ids, overwrite=False)
 
     def _rows_remove(self, req) -> None:
-        index = self.req_index.pop(req)
+        index = self._release_index(req)
         self._clear_staged_row(index)
         self.num_computed_tokens[index] = 0
         self.num_prompt_tokens[index] = 0

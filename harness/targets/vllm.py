@@ -55,7 +55,7 @@ __all__ = ["SPEC", "TargetRefused", "TargetUnavailable", "load", "make_vllm_runn
 
 ENGINE_SITES = {
     "v1": ("vllm/v1/worker/block_table.py", "vllm/v1/worker/gpu_input_batch.py"),
-    "v2": ("vllm/v1/worker/gpu/block_table.py",),
+    "v2": ("vllm/v1/worker/gpu/block_table.py", "vllm/v1/worker/gpu/states.py"),
 }
 """Per runner, the upstream files whose code this target runs as vLLM's own (the
 rest of a model runner — dummy runs, metadata staging, graph buffers — is
@@ -94,7 +94,7 @@ def load() -> SimpleNamespace:
 
     Returns a namespace: ``version``, ``MultiGroupBlockTable``, ``BlockTables``,
     ``SlotMappingMode`` (None where the release has none), V1's ``InputBatch``,
-    ``CachedRequestState`` and ``SamplingParams``, and the capability
+    ``CachedRequestState`` and ``SamplingParams``, V2's ``RequestState``, and the capability
     flags read off the signatures (``v1_kernel_blocks``, ``v2_kernel_blocks``,
     ``v1_slot_mapping_modes``, ``v2_slot_mapping_enabled``, ``v2_dcp_sharded``).
     Raises :class:`TargetUnavailable`.
@@ -123,7 +123,7 @@ def load() -> SimpleNamespace:
         import vllm.v1.utils as v1_utils
         from vllm.v1.worker import block_table as v1_block_table
         from vllm.v1.worker.gpu import block_table as v2_block_table
-        from vllm.v1.worker.gpu import buffer_utils
+        from vllm.v1.worker.gpu import buffer_utils, states as v2_states
         from vllm.v1.worker import gpu_input_batch
         from vllm.sampling_params import SamplingParams
     except Exception as e:  # noqa: BLE001 - any import failure means "cannot use"
@@ -142,6 +142,7 @@ def load() -> SimpleNamespace:
         BlockTables=v2_block_table.BlockTables,
         SlotMappingMode=getattr(v1_block_table, "SlotMappingMode", None),
         InputBatch=gpu_input_batch.InputBatch,
+        RequestState=v2_states.RequestState,
         CachedRequestState=gpu_input_batch.CachedRequestState,
         SamplingParams=SamplingParams,
         v1_kernel_blocks="kernel_block_size" in v1_params,

@@ -168,8 +168,10 @@ class VllmV1Runner(_ReferenceWidth, RunnerShellV1):
 
 
 class VllmV2Runner(_ReferenceWidth, RunnerShellV2):
-    """The V2 runner shell with vLLM's ``BlockTables`` as its tables (our state-index
-    assignment around them).  (config, device)."""
+    """The V2 runner shell with vLLM's ``BlockTables`` as its tables and vLLM's
+    ``RequestState`` (``vllm/v1/worker/gpu/states.py``) assigning and releasing
+    state indices (its free list: the last index freed is the next one given).
+    (config, device)."""
 
     def _make_block_tables(self):
         vllm, cfg = load(), self.config
@@ -184,6 +186,10 @@ class VllmV2Runner(_ReferenceWidth, RunnerShellV2):
                     cp_size=cfg.dcp_world_size, cp_rank=cfg.dcp_rank,
                     cp_interleave=cfg.cp_kv_cache_interleave_size)
         tables = vllm.BlockTables(**_kwargs_for(vllm.BlockTables.__init__, cand))
+        self.req_states = vllm.RequestState(**_kwargs_for(vllm.RequestState.__init__, dict(
+            max_num_reqs=cfg.max_num_reqs, max_model_len=max_model_len(cfg),
+            max_num_batched_tokens=cfg.max_num_batched_tokens, num_speculative_steps=0,
+            vocab_size=VOCAB_SIZE, device=self.device)))
         self.kernel_sizes = kernel if vllm.v2_kernel_blocks else sizes
         for g in self.attn_groups:
             self.slot_mappings[g] = tables.slot_mappings[g]
@@ -202,13 +208,29 @@ class VllmV2Runner(_ReferenceWidth, RunnerShellV2):
     # or remove and re-add) — that starts a new scheduler output: flush first.
     def _stage_write(self, index: int) -> None:
         if index in self._pending:
-            self.block_tables.apply_staged_writes()
-            self._pending.clear()
+            self._apply_staged_writes()
         self._pending.add(index)
 
-    def _rows_add(self, req, state) -> None:
-        self._stage_write(self.free_index())
-        super()._rows_add(req, state)
+    def _apply_staged_writes(self) -> None:
+        self.req_states.apply_staged_writes()
+        self.block_tables.apply_staged_writes()
+        self._pending.clear()
+
+    def _assign_index(self, req, state) -> int:
+        """vLLM's ``RequestState.add_request`` picks the index (prompt tokens: zeros)."""
+        index = self.req_states.free_indices[-1] if self.req_states.free_indices else None
+        if index is not None:
+            self._stage_write(index)  # before add_request stages its own writes
+        self.req_states.add_request(str(req), state.prompt_len, [0] * state.prompt_len, 0,
+                                    max_model_len(self.config) - state.prompt_len)
+        index = self.req_states.req_id_to_index[str(req)]
+        self.req_index[req] = index
+        return index
+
+    def _release_index(self, req) -> int:
+        index = self.req_states.remove_request(str(req))
+        self.req_index.pop(req)
+        return index
 
     def _rows_append(self, req, block_ids) -> None:
         self._stage_write(self.req_index[req])
@@ -219,7 +241,7 @@ class VllmV2Runner(_ReferenceWidth, RunnerShellV2):
 
     def _gather(self, num_reqs: int, reqs_padded: int) -> None:
         self._num_reqs = num_reqs
-        self._pending.clear()  # _stage_tables applied the staged writes
+        self._apply_staged_writes()  # the request states' (the tables' were just applied)
         self.block_tables.gather_block_tables(self.idx_mapping.gpu[:num_reqs], reqs_padded)
 
     def _compute_slot_mapping(self, group: int, tokens_padded: int) -> None:

@@ -36,6 +36,30 @@ def _live_part(obs: Observation) -> tuple[list, list]:
     return tables, counts
 
 
+def _state_index_order(impl: Observation, ref: Observation) -> np.ndarray:
+    """Row order that lines the implementation's host rows up with the reference's.
+
+    V1 rows are compared as they are (which request sits in which persistent-
+    batch row is the contract).  V2 rows are by state index, and which free
+    index a new request gets is the engine's choice (vLLM's ``RequestState``
+    pops the last free one; the reference takes the lowest): each request's
+    row is compared with its row in the reference, the implementation's other
+    rows fill the reference's empty ones in order (a request only one side
+    has shows in ``req_ids``).
+    """
+    n = len(ref.host_req_ids)
+    if impl.rows_indexed_by != ROWS_BY_STATE_INDEX or len(impl.host_req_ids) != n:
+        return np.arange(len(impl.host_req_ids))
+    where = {int(r): i for i, r in enumerate(impl.host_req_ids) if r != -1}
+    order = np.full(n, -1, np.int64)
+    for i, r in enumerate(ref.host_req_ids):
+        if r != -1 and int(r) in where:
+            order[i] = where.pop(int(r))
+    used = set(order[order >= 0].tolist())
+    order[order == -1] = [i for i in range(n) if i not in used]
+    return order
+
+
 def _where(live: np.ndarray, counters: np.ndarray) -> np.ndarray:
     """Per-row counters on live rows, 0 on empty ones (vLLM's ``InputBatch``
     leaves a removed request's counters in its row)."""
@@ -64,11 +88,14 @@ def check_matches_reference(impl: Observation, ref: Observation, op_index: int,
     rows_used, tokens_used = (lf.num_reqs_padded, lf.num_tokens_padded) if lf else (0, 0)
     impl_rows, impl_counts = _live_part(impl)
     ref_rows, ref_counts = _live_part(ref)
+    order = _state_index_order(impl, ref)
+    impl_ids = impl.host_req_ids[order]
+    impl_rows, impl_counts = [t[order] for t in impl_rows], [n[order] for n in impl_counts]
     live = ref.host_req_ids != -1  # an empty row's counters: nothing reads them
-    pairs = [("req_ids", impl.host_req_ids, ref.host_req_ids),
-             ("num_computed_tokens", _where(live, impl.num_computed_tokens),
+    pairs = [("req_ids", impl_ids, ref.host_req_ids),
+             ("num_computed_tokens", _where(live, impl.num_computed_tokens[order]),
               _where(live, ref.num_computed_tokens)),
-             ("num_prompt_tokens", _where(live, impl.num_prompt_tokens),
+             ("num_prompt_tokens", _where(live, impl.num_prompt_tokens[order]),
               _where(live, ref.num_prompt_tokens)),
              ("last_forward", _forward_fields(impl.last_forward), _forward_fields(ref.last_forward))]
     for g in range(len(impl.host_block_table)):
