@@ -24,8 +24,8 @@ see what a model would have written through them.
 Environment (set here, before vLLM is first imported): ``TRITON_INTERPRET=1``
 and ``CUDA_VISIBLE_DEVICES=`` (set, empty — otherwise vLLM decides Triton is
 unusable and swaps its kernels for placeholders).  Shims, ours: the
-module-level ``PIN_MEMORY`` flags are switched off (CPU torch refuses pinned
-memory), and V2's ``UvaBuffer`` gets a plain host tensor as its "device view"
+module-level ``PIN_MEMORY`` flags and ``is_pin_memory_available()`` are
+switched off (CPU torch refuses pinned memory), and V2's ``UvaBuffer`` gets a plain host tensor as its "device view"
 (vLLM's CUDA-only op cannot load without libcuda).
 
 Release differences are found by inspecting signatures, never by version
@@ -120,6 +120,8 @@ def load() -> SimpleNamespace:
         raise TargetUnavailable(str(e)) from None
     try:
         import vllm.utils.torch_utils as torch_utils
+
+        _shim_pin_memory(torch_utils)  # before the worker modules read the flag
         import vllm.v1.utils as v1_utils
         from vllm.v1.worker import block_table as v1_block_table
         from vllm.v1.worker.gpu import block_table as v2_block_table
@@ -154,6 +156,16 @@ def load() -> SimpleNamespace:
             v2_block_table.BlockTables.gather_block_tables).parameters),
     )
     return _LOADED
+
+
+def _shim_pin_memory(torch_utils) -> None:
+    """No pinned memory on a CPU torch: releases whose ``torch_utils`` asks
+    ``is_pin_memory_available()`` at call time (0.32: ``async_tensor_h2d`` and
+    the lazily computed ``PIN_MEMORY``) are told False there, like the flags
+    below.  Only there: the platform's own answer also decides whether V2's
+    UVA buffers exist, and those get the shim below."""
+    if callable(getattr(torch_utils, "is_pin_memory_available", None)):
+        torch_utils.is_pin_memory_available = lambda: False
 
 
 def _shim_uva_buffer(cls) -> None:
