@@ -108,6 +108,13 @@ def _add_nightly(p) -> None:
     p.add_argument("--target", default="gpu_impl",
                    choices=[t for t in _target_names() if t != "reference"],
                    help="implementation under test (vllm: the installed release's classes)")
+    p.add_argument("--releases", default=None, metavar="A..B|X,Y,Z",
+                   help="with --target vllm: search the newest of these vLLM releases (in "
+                        "its own cached environment), replay each finding on the older ones "
+                        "and mark the findings new in the newest")
+    p.add_argument("--release-cache", default=str(Path.home() / ".cache" / "blockfuzz" /
+                                                  "vllm-envs"), metavar="DIR",
+                   help="where each release's environment is made once (as bisect --cache)")
 
 
 def _add_fault_source(p) -> None:

@@ -206,13 +206,40 @@ def _nightly_campaign(args):
     if faults and args.target != "gpu_impl":
         raise UsageError(f"{_fault_source(args.fault)}: faults live in gpu_impl; use --target "
                          "gpu_impl")
-    device = _select_device(args.device, args.target)
+    pythons = _release_pythons(args) if args.releases is not None else {}
+    device = "cpu" if pythons else _select_device(args.device, args.target)
     if args.seed_corpus is not None:
         _seed_corpus(args.seed_corpus)  # every trace usable, or one line naming the file
+    extra = {}
+    if pythons:
+        from harness.tools.bisect import ROOT
+
+        newest = pythons[list(pythons)[-1]]
+        extra = dict(release_pythons=pythons, worker_command=(newest, "-m", "harness", "_worker"),
+                     worker_env={"PYTHONPATH": str(ROOT)})
     return Campaign(out, args.time_budget, args.workers, (k, n), device, runner, tuple(faults),
                     Path(args.corpus) if args.corpus else None, args.seed_timeout,
                     args.examples_per_seed, args.target, args.max_seeds,
-                    seed_corpus=Path(args.seed_corpus) if args.seed_corpus else None)
+                    seed_corpus=Path(args.seed_corpus) if args.seed_corpus else None, **extra)
+
+
+def _release_pythons(args) -> dict:
+    """nightly --releases: release -> the python of its environment (made now when
+    missing), oldest first; one line and exit 2 on anything wrong."""
+    from harness.tools.bisect import BisectError, ReleaseEnvs, parse_releases
+
+    if args.target != "vllm":
+        raise UsageError(f"--releases {args.releases}: campaigns across releases need "
+                         "--target vllm")
+    if args.device == "cuda":
+        raise UsageError("--device cuda: the vllm target runs on the CPU; use --device cpu "
+                         "or auto")
+    try:
+        releases = parse_releases(args.releases)
+        envs = ReleaseEnvs(Path(args.release_cache))
+        return {r: envs.python(r) for r in releases}
+    except BisectError as e:
+        raise UsageError(f"--releases {args.releases}: {e}") from None
 
 
 def cmd_nightly(args) -> int:
@@ -228,7 +255,9 @@ def cmd_nightly(args) -> int:
     print(f"blockfuzz nightly: {resuming}shard={c.shard[0]}/{c.shard[1]} workers={c.workers} "
           f"device={c.device} target={c.target} runner={c.runner or 'drawn'} "
           f"faults={','.join(c.faults) or '-'} time_budget={c.time_budget_s:g}s "
-          + (f"max_seeds={c.max_seeds} " if c.max_seeds else "") + f"out={c.out}")
+          + (f"max_seeds={c.max_seeds} " if c.max_seeds else "")
+          + (f"releases={','.join(c.releases)} (searching {c.releases[-1]}) " if c.releases
+             else "") + f"out={c.out}")
     sys.stdout.flush()
     progress = run(c, tick=_nightly_ticker(args.time_budget), progress=progress)
     _print_campaign(c, progress, args)
@@ -239,6 +268,7 @@ def cmd_nightly(args) -> int:
 
 def _print_campaign(c, progress, args) -> None:
     """Totals (every run of this DIR), findings with their commands, report paths."""
+    from harness.search.nightly import release_note
     from harness.tools.commands import command
 
     if progress.interrupted:
@@ -251,7 +281,7 @@ def _print_campaign(c, progress, args) -> None:
              if progress.resumed else ""))
     for sig in sorted(progress.findings):
         f = progress.findings[sig]
-        print(f"FINDING {sig}: {f.get('violation', '')}")
+        print(f"FINDING {sig}: {release_note(c, f)}{f.get('violation', '')}")
         for key in ("replay", "rerun"):
             if f.get(key):
                 print(f"  {key}: {f[key]}")
@@ -269,7 +299,8 @@ def _print_campaign(c, progress, args) -> None:
             fault=args.fault, seed_timeout=args.seed_timeout,
             examples_per_seed=args.examples_per_seed, max_seeds=args.max_seeds,
             seed_corpus=args.seed_corpus,
-            device=args.device, target=None if args.target == "gpu_impl" else args.target))
+            device=args.device, target=None if args.target == "gpu_impl" else args.target,
+            releases=args.releases, release_cache=args.release_cache if args.releases else None))
 
 
 def _nightly_ticker(budget: float):

@@ -25,6 +25,12 @@
   from them (:mod:`harness.search.corpus`).  A campaign snapshots its seed
   corpus into ``DIR/seed-corpus/`` when it starts, so every seed of it —
   and its ``rerun`` command — sees the same corpus.
+- **Across releases** (``--target vllm --releases A..B|X,Y,Z``). The campaign
+  searches the newest listed release (its workers run in that release's
+  environment, :class:`harness.tools.bisect.ReleaseEnvs`), then replays every
+  finding's shrunk trace on each older release; a finding is marked
+  ``new_in_newest`` when every older release that could run it passes it
+  (a regression), false when one fails it, None when none could run it.
 - **Reports.** ``DIR/report.json``, ``DIR/junit.xml`` (one test case per
   finding signature plus one for the campaign) and a Markdown summary appended
   to ``$GITHUB_STEP_SUMMARY`` when set.  A progress bar on a terminal, plain
@@ -46,7 +52,7 @@ from pathlib import Path
 
 from harness.core.trace import write_atomic
 from harness.search.coverage import FEATURES
-from harness.tools.commands import RunSettings
+from harness.tools.commands import RunSettings, command
 
 EXAMPLES_PER_SEED = 25
 LEARNED_PREFIXES = 8  # coverage-rarest prefixes kept in DIR/learned
@@ -78,6 +84,24 @@ class Campaign:
     max_seeds: int | None = None
     worker_command: tuple[str, ...] = WORKER_COMMAND
     seed_corpus: Path | None = None  # traces to snapshot into DIR/seed-corpus at the start
+    release_pythons: dict = field(default_factory=dict)  # release -> python, oldest first
+    worker_env: dict = field(default_factory=dict)  # added to the workers' environment
+
+    @property
+    def program(self) -> str:
+        """What runs blockfuzz for this campaign's commands: the newest release's
+        environment in a campaign across releases."""
+        if not self.release_pythons:
+            return "blockfuzz"
+        from harness.tools.bisect import ROOT
+
+        return command(None, "env", f"PYTHONPATH={ROOT}",
+                       self.release_pythons[self.releases[-1]], "-m", "harness", program="")
+
+    @property
+    def releases(self) -> list[str]:
+        """The releases a campaign across releases covers, oldest first (else [])."""
+        return list(self.release_pythons)
 
     @property
     def corpus_snapshot(self) -> Path | None:
@@ -86,7 +110,7 @@ class Campaign:
 
     def run_settings(self, faults=None, target=None) -> RunSettings:
         """What a seed of this campaign ran with (for the commands a report prints)."""
-        return RunSettings(runner=self.runner, profile=PROFILE,
+        return RunSettings(runner=self.runner, profile=PROFILE, program=self.program,
                            target=target or self.target,
                            faults=tuple(self.faults if faults is None else faults),
                            examples=self.examples_per_seed, device=self.device,
@@ -176,11 +200,13 @@ class _Worker:
     """One worker subprocess, in its own session: a terminal's Ctrl-C reaches only
     the parent, which kills its workers (no tracebacks in workers.log)."""
 
-    def __init__(self, command: tuple[str, ...], spec: dict, stderr_path: Path):
+    def __init__(self, command: tuple[str, ...], spec: dict, stderr_path: Path,
+                 env: dict | None = None):
         with stderr_path.open("a", encoding="utf-8") as err:  # crash output lands here
             self.proc = subprocess.Popen(
                 [*command, json.dumps(spec)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=err, text=True, bufsize=1, start_new_session=True)
+                stderr=err, text=True, bufsize=1, start_new_session=True,
+                env=dict(os.environ, **env) if env else None)
         self.seed: int | None = None
         self.started = 0.0
 
@@ -245,7 +271,8 @@ def _record_finding(c: Campaign, progress: Progress, record: dict) -> None:
 def _settings(c: Campaign) -> dict:
     return {"shard": list(c.shard), "runner": c.runner, "faults": sorted(c.faults),
             "examples_per_seed": c.examples_per_seed, "target": c.target,
-            "seed_corpus": str(c.seed_corpus) if c.seed_corpus is not None else None}
+            "seed_corpus": str(c.seed_corpus) if c.seed_corpus is not None else None,
+            "releases": c.releases or None}
 
 
 def prepare(c: Campaign) -> Progress:
@@ -259,6 +286,7 @@ def prepare(c: Campaign) -> Progress:
         before = json.loads(settings_path.read_text(encoding="utf-8"))
         before.setdefault("target", "gpu_impl")  # campaigns from before targets were named
         before.setdefault("seed_corpus", None)  # ... and before seed corpora
+        before.setdefault("releases", None)  # ... and before campaigns across releases
         if before != _settings(c):
             raise CampaignMismatch(f"was started with {json.dumps(before, sort_keys=True)}; "
                                    "resume with the same settings or use a new directory")
@@ -357,7 +385,8 @@ class _Pool:
         w.give(next(self.schedule))
 
     def spawn(self) -> None:
-        w = _Worker(self.c.worker_command, self.spec, self.c.out / "workers.log")
+        w = _Worker(self.c.worker_command, self.spec, self.c.out / "workers.log",
+                    self.c.worker_env)
         self.give(w)
         self.sel.register(w.proc.stdout, selectors.EVENT_READ, w)
         self.workers.append(w)
@@ -425,8 +454,42 @@ def run(c: Campaign, tick=None, progress: Progress | None = None) -> Progress:
         for w in pool.workers:
             w.kill()
     progress.elapsed = pool.before + pool.elapsed()
+    if c.releases and not progress.interrupted:
+        judge_releases(c, progress)
     write_reports(c, progress)
     return progress
+
+
+def judge_releases(c: Campaign, p: Progress, measure=None) -> None:
+    """Replay each finding's trace on every older release of ``c.releases``.
+
+    Sets, per finding with a trace: ``by_release`` (release -> verdict dict;
+    the newest is the finding itself) and ``new_in_newest`` (True: every older
+    release that ran it passed — a regression of the newest; False: an older
+    one fails it too; None: no older release could run it).  measure(python,
+    paths) -> one verdict per path (default: a ``_verdicts`` subprocess).
+    A release whose measurement fails marks its verdicts ``error``.
+    """
+    from harness.tools.bisect import BisectError, measure_in
+
+    measure = measure or measure_in
+    *older, newest = c.releases
+    found = [f for f in p.findings.values() if f.get("trace")]
+    if not found:
+        return
+    paths = [f["trace"] for f in found]
+    measured = {}
+    for release in older:
+        try:
+            measured[release] = measure(c.release_pythons[release], paths)
+        except BisectError as e:
+            measured[release] = [{"verdict": "error", "reason": str(e)}] * len(paths)
+    for i, f in enumerate(found):
+        by = {r: measured[r][i] for r in older}
+        by[newest] = {"verdict": "fail", "violation": f.get("violation", "")}
+        ran = [v for r, v in by.items() if r != newest and v["verdict"] in ("pass", "fail")]
+        f["by_release"] = by
+        f["new_in_newest"] = None if not ran else all(v["verdict"] == "pass" for v in ran)
 
 
 # -- reports -----------------------------------------------------------------------
@@ -458,7 +521,7 @@ def write_reports(c: Campaign, p: Progress) -> None:
                      "shard": f"{c.shard[0]}/{c.shard[1]}", "device": c.device,
                      "runner": c.runner or "drawn", "faults": list(c.faults),
                      "examples_per_seed": c.examples_per_seed, "target": c.target,
-                     "max_seeds": c.max_seeds},
+                     "max_seeds": c.max_seeds, "releases": c.releases or None},
         "interrupted": p.interrupted, "resumed_seeds": p.resumed,
         "versions": _versions(), "git_commit": _git_commit(),
         "seeds_run": sorted(p.seeds), "steps": p.steps, "examples": p.examples,
@@ -480,11 +543,26 @@ def write_reports(c: Campaign, p: Progress) -> None:
     for sig in sorted(p.findings):
         f = p.findings[sig]
         tc = ET.SubElement(suite, "testcase", classname="blockfuzz.findings", name=sig)
-        ET.SubElement(tc, "failure", message=f.get("violation", sig)).text = _commands(f)
+        ET.SubElement(tc, "failure", message=release_note(c, f) + f.get("violation", sig)) \
+            .text = _commands(f)
     write_atomic(c.out / "junit.xml", ET.tostring(suite, encoding="unicode") + "\n")
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:
-        _append_summary(summary, p, elapsed)
+        _append_summary(summary, c, p, elapsed)
+
+
+def release_note(c: Campaign, finding: dict) -> str:
+    """``"NEW in R: "`` / ``"also on R1, R2: "`` / ``""`` for a finding of a
+    campaign across releases (what :func:`judge_releases` decided)."""
+    if not c.releases or "new_in_newest" not in finding:
+        return ""
+    if finding["new_in_newest"]:
+        return f"NEW in {c.releases[-1]}: "
+    if finding["new_in_newest"] is None:
+        return f"no older release could replay it ({', '.join(c.releases[:-1])}): "
+    also = [r for r, v in finding["by_release"].items() if v["verdict"] == "fail"
+            and r != c.releases[-1]]
+    return f"also fails on {', '.join(also)}: "
 
 
 def _commands(finding: dict) -> str:
@@ -492,12 +570,12 @@ def _commands(finding: dict) -> str:
     return "\n".join(f"{k}: {finding[k]}" for k in ("replay", "rerun") if finding.get(k))
 
 
-def _append_summary(summary: str, p: Progress, elapsed: float) -> None:
+def _append_summary(summary: str, c: Campaign, p: Progress, elapsed: float) -> None:
     """Markdown for the GitHub job page; a failure to write it only warns."""
     lines = [f"## blockfuzz nightly: {len(p.findings)} finding(s)", "",
              f"{len(p.seeds)} seeds, {p.steps} steps in {elapsed:.0f} s", "",
              "| signature | violation | replay |", "|---|---|---|"]
-    lines += [f"| {s} | {p.findings[s].get('violation', '')} | "
+    lines += [f"| {s} | {release_note(c, p.findings[s])}{p.findings[s].get('violation', '')} | "
               f"`{p.findings[s].get('replay') or p.findings[s]['rerun']}` |"
               for s in sorted(p.findings)]
     try:

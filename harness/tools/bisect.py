@@ -173,7 +173,7 @@ class ReleaseEnvs:
         return "installed now" if release in self.installed else "cached"
 
     def _make(self, env: Path, release: str) -> None:
-        print(f"bisect: installing vLLM {release} into {env} (once; reused after)",
+        print(f"blockfuzz: installing vLLM {release} into {env} (once; reused after)",
               file=sys.stderr, flush=True)
         python = str(env / "bin" / "python")
         try:
@@ -188,7 +188,7 @@ class ReleaseEnvs:
         except BisectError as e:
             raise BisectError(f"vLLM {release}: the environment {env} could not be made: "
                               f"{e}") from None
-        print("bisect: " + (ready.strip().splitlines() or ["ready"])[-1], file=sys.stderr,
+        print("blockfuzz: " + (ready.strip().splitlines() or ["ready"])[-1], file=sys.stderr,
               flush=True)
         (env / ".ready").write_text(release + "\n")
         self.installed.append(release)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 FLAG_ORDER = ("runner", "seed", "examples", "time_budget", "profile", "config", "fault",
               "faults_from_trace", "no_faults", "target", "device", "workers", "shard",
               "out", "corpus", "seed_corpus", "seed_timeout", "examples_per_seed",
-              "max_seeds")
+              "max_seeds", "releases", "release_cache")
 
 
 def command(verb: str | None, *positionals, program: str = "blockfuzz", **flags) -> str:
@@ -55,7 +55,8 @@ class RunSettings:
     config: path of a pinned ``--config`` (None: geometry drawn per example);
     seed_corpus: the ``--seed-corpus`` directory examples could start from;
     device: the device it ran on (``cpu`` / ``cuda``); target ``gpu_impl`` is
-    the default and is not printed.
+    the default and is not printed; program: what runs blockfuzz (a campaign
+    across vLLM releases prints the newest release's environment).
     """
 
     runner: str | None = None
@@ -66,20 +67,22 @@ class RunSettings:
     device: str | None = None
     config: str | None = None
     seed_corpus: str | None = None
+    program: str = "blockfuzz"  # e.g. another environment's ``python -m harness``
 
     def _target(self) -> str | None:
         return None if self.target == "gpu_impl" else self.target
 
     def fuzz(self, seed: int, verb: str = "fuzz") -> str:
         """``blockfuzz fuzz`` that re-runs ``seed`` exactly as it ran."""
-        return command(verb, runner=self.runner, seed=seed, examples=self.examples,
+        return command(verb, program=self.program, runner=self.runner, seed=seed,
+                       examples=self.examples,
                        profile=self.profile, config=self.config, fault=sorted(self.faults),
                        seed_corpus=self.seed_corpus, target=self._target(), device=self.device)
 
     def on_trace(self, verb: str, path) -> str:
         """``blockfuzz replay|explain|shrink PATH`` with these faults, target, device."""
-        return command(verb, path, fault=sorted(self.faults), target=self._target(),
-                       device=self.device)
+        return command(verb, path, program=self.program, fault=sorted(self.faults),
+                       target=self._target(), device=self.device)
 
     def reproducer(self, script) -> str:
         """How to run a standalone reproducer script (its faults default to the trace's)."""

@@ -152,3 +152,53 @@ def test_resume_with_other_settings_is_refused_before_the_header(tmp_path, capsy
                  "--corpus", "", "--runner", "v2", "--examples-per-seed", "2"]) == 2
     captured = capsys.readouterr()
     assert "was started with" in captured.err and captured.out == ""
+
+
+def test_campaign_across_releases_marks_findings_new_in_the_newest(tmp_path, monkeypatch):
+    """--releases: every finding's trace is replayed on each older release (here a
+    stub per environment) and marked new in the newest only when all of them
+    pass it; report.json, JUnit and the printed commands say so."""
+    from harness.tools import bisect
+
+    verdicts = {"py-0.1": {"verdict": "pass"}, "py-0.2": {"verdict": "pass"}}
+    asked = []
+
+    def measure(python, paths):
+        asked.append((python, tuple(paths)))
+        return [verdicts[python]] * len(paths)
+
+    monkeypatch.setattr(bisect, "measure_in", measure)
+    out = tmp_path / "n"
+    c = Campaign(out, 600.0, device="cpu", runner="v1", faults=("vacated-row-not-cleared",),
+                 corpus=None, examples_per_seed=10, max_seeds=1,
+                 release_pythons={"0.1": "py-0.1", "0.2": "py-0.2", "0.3": "py-0.3"})
+    progress = run(c)
+    found = [f for f in _report(out)["findings"] if f.get("trace")]
+    assert found and all(f["new_in_newest"] is True for f in found)
+    assert [p for p, _ in asked] == ["py-0.1", "py-0.2"]  # the newest is the search itself
+    assert set(found[0]["by_release"]) == {"0.1", "0.2", "0.3"}
+    assert _report(out)["campaign"]["releases"] == ["0.1", "0.2", "0.3"]
+    junit = ET.tostring(ET.parse(out / "junit.xml").getroot(), encoding="unicode")
+    assert "NEW in 0.3: " in junit
+    assert found[0]["replay"].startswith("env PYTHONPATH=") and " py-0.3 -m harness replay " \
+        in found[0]["replay"]  # the newest release's environment replays it
+    # An older release that fails it too: not new; none could run it: unknown.
+    verdicts["py-0.2"] = {"verdict": "fail", "invariant": "VACATED_ROWS_ZERO", "op_index": 1}
+    nightly.judge_releases(c, progress)
+    f = next(iter(progress.findings.values()))
+    assert f["new_in_newest"] is False
+    assert nightly.release_note(c, f) == "also fails on 0.2: "
+    verdicts.update({"py-0.1": {"verdict": "n/a", "reason": "refused"},
+                     "py-0.2": {"verdict": "n/a", "reason": "refused"}})
+    nightly.judge_releases(c, progress)
+    assert f["new_in_newest"] is None and "no older release" in nightly.release_note(c, f)
+
+
+def test_releases_need_the_vllm_target(tmp_path, capsys):
+    argv = ["nightly", "--time-budget", "60", "--out", str(tmp_path / "n"),
+            "--releases", "0.26.0..0.33.0"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--target vllm" in err
+    assert main(argv[:-1] + ["0.26.0..9.9.9", "--target", "vllm"]) == 2
+    assert "9.9.9" in capsys.readouterr().err
