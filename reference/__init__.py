@@ -8,7 +8,7 @@ from .config import (ATTENTION, CUDAGRAPH_MODES, FULL, MAMBA, NONE, PIECEWISE,
                      ConfigError, GroupSpec, RunnerConfig)
 from .ledger import FREE, RESERVED, Ledger, OpError
 from .payload import NULL_BLOCK_ID, PAD_SLOT_ID, SENTINEL, payload, payload_sum
-from .runner import ForwardInfo, ReferenceRunnerBase, ReferenceV1Runner, dispatch
+from .runner import ForwardInfo, ReferenceRunnerBase, ReferenceV1Runner, dispatch, is_uniform_decode
 from .runner_v2 import ReferenceV2Runner
 
 
@@ -23,4 +23,5 @@ __all__ = [
     "PAD_SLOT_ID", "SENTINEL", "payload", "payload_sum", "ForwardInfo", "ReferenceRunnerBase", "ReferenceV1Runner", "ReferenceV2Runner",
     "reference_runner",
     "dispatch",
+    "is_uniform_decode",
 ]

@@ -46,6 +46,21 @@ class ForwardInfo:
     req_ids: tuple = ()  # request of each real batch row, in batch order (empty: dummy run)
 
 
+def is_uniform_decode(config: RunnerConfig, query_lens: list[int], starts: list[int]) -> bool:
+    """Is a real batch a uniform decode (FULL-eligible)?  One token per request —
+    and, with Mamba groups, every row has prior state (``start > 0``).
+
+    vLLM dispatches by shape alone, but its Mamba metadata builder keeps a
+    request's first prompt chunk a prefill (no prior state for the decode
+    kernel to read) and refreshes the persistent decode state-index buffer a
+    FULL graph reads only for all-decode batches; the model does not dispatch
+    such a batch to a FULL graph (README, "Modelling choices").
+    """
+    if any(n != 1 for n in query_lens):
+        return False
+    return not config.mamba_groups or all(start > 0 for start in starts)
+
+
 def dispatch(config: RunnerConfig, num_reqs: int, num_tokens: int, uniform_decode: bool,
              requested: str) -> tuple[str, int, int]:
     """cudagraph dispatch: (mode, num_tokens_padded, num_reqs_padded).
@@ -103,6 +118,7 @@ class ReferenceRunnerBase(abc.ABC):
         self.query_start_loc = np.zeros(rows + 1, np.int32)
         self.seq_lens = np.zeros(rows, np.int32)
         self.has_initial_state = np.zeros(rows, np.int32)
+        self.is_prefilling = np.zeros(rows, bool)
         for size in reversed(cfg.cudagraph_capture_sizes):  # engine start-up
             self.dummy_run(min(size, rows), size, FULL)
         self.last_forward: ForwardInfo | None = None
@@ -169,7 +185,8 @@ class ReferenceRunnerBase(abc.ABC):
         batch = self._batch(scheduled)  # [(req, num_tokens, state row)] in batch order
         num_reqs = len(batch)
         num_tokens = sum(n for _, n, _ in batch)
-        uniform = all(n == 1 for _, n, _ in batch)
+        starts = [int(self.rows.num_computed_tokens[row]) for _, _, row in batch]
+        uniform = is_uniform_decode(self.config, [n for _, n, _ in batch], starts)
         mode, tokens_padded, reqs_padded = dispatch(self.config, num_reqs, num_tokens,
                                                     uniform, cudagraph_mode)
         self._stage_tables([row for _, _, row in batch], reqs_padded)
@@ -183,6 +200,7 @@ class ReferenceRunnerBase(abc.ABC):
                 self.slot_mapping[g][t:t + n] = self._slots(g, b, pos)
             self.seq_lens[b] = start + n
             self.has_initial_state[b] = int(start > 0)
+            self.is_prefilling[b] = start < int(self.rows.num_prompt_tokens[row])
             t += n
             qsl[b + 1] = t
         self._stage_padding(num_reqs, reqs_padded, num_tokens, tokens_padded)
@@ -208,6 +226,7 @@ class ReferenceRunnerBase(abc.ABC):
         self.query_start_loc[1:num_reqs + 1] = np.cumsum(per_req)
         self.seq_lens[:num_reqs] = per_req
         self.has_initial_state[:num_reqs] = 0
+        self.is_prefilling[:num_reqs] = False
         self._stage_padding(num_reqs, reqs_padded, num_tokens, tokens_padded)
         self.hidden[:tokens_padded] = np.nan
         for g in self.config.attention_groups:
@@ -252,11 +271,13 @@ class ReferenceRunnerBase(abc.ABC):
         return np.where(is_local, blocks * kbs + off % kbs, PAD_SLOT_ID)
 
     def _stage_padding(self, num_reqs, reqs_padded, num_tokens, tokens_padded) -> None:
-        """Padded rows (FULL): one token each, seq_len 0; padded tokens: NaN, PAD slot."""
+        """Padded rows (FULL): one token each, seq_len 0, no initial state, not a
+        prefill; padded tokens: NaN, PAD slot."""
         for b in range(num_reqs, reqs_padded):
             self.query_start_loc[b + 1] = self.query_start_loc[b] + 1
             self.seq_lens[b] = 0
             self.has_initial_state[b] = 0
+            self.is_prefilling[b] = False
         self.hidden[num_tokens:tokens_padded] = np.nan
         for g in self.config.attention_groups:
             self.slot_mapping[g][num_tokens:tokens_padded] = PAD_SLOT_ID
