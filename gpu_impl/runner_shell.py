@@ -33,7 +33,7 @@ import abc
 import numpy as np
 import torch
 
-from reference.runner import ForwardInfo  # the record type every runner reports; no oracle logic
+from reference.runner import ForwardInfo, is_uniform_decode  # shared record + dispatch rule
 
 from .attention import paged_attention_read, reshape_and_cache
 from .block_table import CpuGpuBuffer
@@ -115,7 +115,9 @@ class RunnerShell(abc.ABC):
         self.slot_mappings = {g: torch.zeros(tokens, dtype=torch.int64, device=device)
                               for g in self.attn_groups}
         self.state_indices = {g: torch.zeros(rows, dtype=torch.int32, device=device)
-                              for g in self.mamba_groups}
+                              for g in self.mamba_groups}  # the decode buffer FULL graphs read
+        self.is_prefilling = np.zeros(rows, bool)  # host, per batch row of the last forward
+        self.read_state_indices: dict[int, torch.Tensor] = {}  # what the last forward read
         self.attn_out = {g: torch.zeros((rows, heads), dtype=torch.float32, device=device)
                          for g in self.attn_groups}
 
@@ -174,6 +176,12 @@ class RunnerShell(abc.ABC):
         """Block size the kernels index ``kernel_table(group)`` with."""
 
     @abc.abstractmethod
+    def _row_counters(self, reqs_padded: int) -> tuple[np.ndarray, np.ndarray]:
+        """(num_computed_tokens, num_prompt_tokens) int32 (reqs_padded,) of batch rows
+        [0, reqs_padded) as the runner's host rows hold them before this step
+        advances them (rows past the batch: whatever those rows hold)."""
+
+    @abc.abstractmethod
     def _host_rows(self) -> dict:
         """The observation's host-row fields (``host_block_table``,
         ``host_num_blocks_per_row``, ``host_req_ids``, ``num_computed_tokens``,
@@ -184,8 +192,55 @@ class RunnerShell(abc.ABC):
         """FULL replays read the persistent state indices: re-stage them from the
         dummy rows, never keep the previous real batch's (vLLM's ``_dummy_run``
         builds metadata for FULL dummy replays, ``for_cudagraph_capture``)."""
+        num_rows = reqs_padded if mode == FULL else self.last_num_reqs
+        self._build_mamba_metadata(reqs_padded, num_rows, tables)
+
+    def _classify(self, num_reqs: int, reqs_padded: int) -> None:
+        """``is_prefilling`` of batch rows [0, reqs_padded): a row's computed
+        tokens short of its prompt (vLLM ``_build_attention_metadata``), then
+        :meth:`_clear_padded_prefilling`."""
+        computed, prompt = self._row_counters(reqs_padded)
+        self.is_prefilling[:reqs_padded] = computed < prompt
+        self._clear_padded_prefilling(num_reqs, reqs_padded)
+
+    def _clear_padded_prefilling(self, num_reqs: int, reqs_padded: int) -> None:
+        """Rows padded for a FULL graph are no prefill, whatever counters a
+        vacated row kept (vLLM's ``is_prefilling[num_reqs:] = False``: stale
+        counters left by ``condense`` must not make padding a prefill)."""
+        self.is_prefilling[num_reqs:reqs_padded] = False
+
+    def _build_mamba_metadata(self, num_reqs: int, num_rows: int,
+                              tables: list | None = None) -> None:
+        """The Mamba backend's metadata builder (vLLM ``mamba_attn.py``:
+        ``build`` + ``_update_metadata_for_cudagraph_capture``).
+
+        Rows [0, num_rows) are classified: a one-token row with prior state is a
+        decode even while prefilling; decodes come first, the first non-decode
+        row starts the prefills.  State indices are column 0 of the rows
+        (``tables[g]``, default the kernel table), rows past ``num_reqs`` the
+        null block.  Only an all-decode batch (and a config with FULL graphs)
+        refreshes the persistent decode buffer ``state_indices[g]`` that FULL
+        graphs read — padded to ``num_rows`` with the null block — and reads it;
+        any other batch's kernels read a fresh tensor.
+        """
+        qsl = self.query_start_loc.np
+        query_lens = np.diff(qsl[:num_rows + 1])
+        seq_lens = self.seq_lens.np[:num_rows]
+        prefilling = self.is_prefilling[:num_rows].copy()
+        prefilling[prefilling & (seq_lens > query_lens) & (query_lens == 1)] = False
+        decode = (query_lens <= 1) & ~prefilling
+        num_decodes = int(np.argmin(decode)) if not decode.all() else num_rows
+        full_graphs = [s for s in self.config.cudagraph_capture_sizes
+                       if s <= self.config.max_num_reqs]
         for g in self.mamba_groups:
-            self.state_indices[g][:reqs_padded] = tables[g][:reqs_padded, 0]
+            table = self.kernel_table(g) if tables is None else tables[g]
+            fresh = table[:num_rows, 0].clone()
+            fresh[num_reqs:] = NULL_BLOCK_ID
+            if num_decodes == num_rows and full_graphs and num_decodes <= max(full_graphs):
+                self.state_indices[g][:num_rows] = fresh
+                self.read_state_indices[g] = self.state_indices[g][:num_rows]
+            else:
+                self.read_state_indices[g] = fresh
 
     def _after_capture(self) -> None:
         """Called once the start-up graphs are captured (nothing to do here)."""
@@ -267,18 +322,19 @@ class RunnerShell(abc.ABC):
         batch = self._batch(scheduled)
         num_reqs = len(batch)
         num_tokens = sum(n for _, n, _ in batch)
-        mode, tokens_padded, reqs_padded = self._dispatch(
-            num_reqs, num_tokens, all(n == 1 for _, n, _ in batch), cudagraph_mode)
+        uniform = is_uniform_decode(self.config, [n for _, n, _ in batch],
+                                    [start for _, _, start in batch])
+        mode, tokens_padded, reqs_padded = self._dispatch(num_reqs, num_tokens, uniform,
+                                                          cudagraph_mode)
         self._stage_tables(batch, reqs_padded)
         self._stage_batch(batch)
         self._stage_padding(num_reqs, reqs_padded, num_tokens, tokens_padded)
         for g in self.attn_groups:
             self._compute_slot_mapping(g, tokens_padded)
-        for g in self.mamba_groups:
-            self.state_indices[g][:num_reqs] = self.kernel_table(g)[:num_reqs, 0]
-            # Rows padded for a FULL graph write their garbage state to the null block.
-            self.state_indices[g][num_reqs:reqs_padded] = NULL_BLOCK_ID
-        self._run_forward(mode, reqs_padded if mode == FULL else num_reqs, tokens_padded)
+        num_rows = reqs_padded if mode == FULL else num_reqs
+        self._classify(num_reqs, reqs_padded)
+        self._build_mamba_metadata(num_reqs, num_rows)
+        self._run_forward(mode, num_rows, tokens_padded)
         self._advance(batch)
         for req, n, start in batch:
             self.requests[req].num_computed_tokens = start + n
@@ -315,6 +371,8 @@ class RunnerShell(abc.ABC):
         self.query_start_loc.np[1:num_reqs + 1] = np.cumsum(lens)
         self.seq_lens.np[:num_reqs] = lens
         self.has_initial_state.np[:num_reqs] = 0
+        self.is_prefilling[:reqs_padded] = False  # dummy rows carry no request
+        self.last_num_reqs = num_reqs
         self.hidden.np[:tokens_padded] = np.nan  # dummy activations are garbage
         self._stage_padding(num_reqs, reqs_padded, num_tokens, tokens_padded)
         self._fill_dummy_slots(num_tokens, tokens_padded, _warmup)
@@ -360,23 +418,28 @@ class RunnerShell(abc.ABC):
                      tables: list | None = None) -> None:
         if mode == FULL:
             assert num_rows == tokens_padded
-            self.graphs[tokens_padded].replay()  # reads the captured (persistent) tables
+            self.graphs[tokens_padded].replay()  # reads the captured (persistent) buffers
+            for g in self.mamba_groups:  # whatever the builder staged, the graph read this
+                self.read_state_indices[g] = self.state_indices[g][:num_rows]
         else:
-            self._forward(num_rows, tokens_padded, tables)
+            self._forward(num_rows, tokens_padded, tables, self.read_state_indices)
 
     def _kv_view(self, g: int) -> torch.Tensor:
         """The KV cache as the kernels see it: (num_kernel_blocks, kernel_block_size, head)."""
         kbs = self.kernel_block_size(g)
         return self.kv_caches[g].view(-1, kbs, self.config.head_size)
 
-    def _forward(self, num_rows: int, num_tokens: int, tables: list | None = None) -> None:
-        """The model: KV writes, Mamba state updates, attention reads (through ``tables[g]``,
-        default :meth:`kernel_table`)."""
+    def _forward(self, num_rows: int, num_tokens: int, tables: list | None = None,
+                 state_indices: dict | None = None) -> None:
+        """The model: KV writes, Mamba state updates (through ``state_indices[g]``,
+        default the persistent decode buffer), attention reads (through
+        ``tables[g]``, default :meth:`kernel_table`)."""
         for g in self.attn_groups:
             reshape_and_cache(self.hidden.gpu, self.slot_mappings[g], self.kv_caches[g],
                               num_tokens)
         for g in self.mamba_groups:
-            mamba_state_update(self.hidden.gpu, self.query_start_loc.gpu, self.state_indices[g],
+            indices = self.state_indices[g] if state_indices is None else state_indices[g]
+            mamba_state_update(self.hidden.gpu, self.query_start_loc.gpu, indices,
                                self.has_initial_state.gpu, self.mamba_states[g], num_rows)
         for g in self.attn_groups:
             table = self.kernel_table(g) if tables is None else tables[g]
@@ -439,6 +502,15 @@ class RunnerShell(abc.ABC):
             out[size] = pairs
         return out
 
+    def _read_indices(self, g: int) -> np.ndarray:
+        """What the last forward's Mamba kernel read for group ``g``, int32
+        (max_num_reqs,), 0 past the rows it ran over."""
+        out = np.zeros(self.config.max_num_reqs, np.int32)
+        if g in self.read_state_indices and self.last_forward is not None:
+            got = host(self.read_state_indices[g])
+            out[:len(got)] = got
+        return out
+
     def snapshot(self) -> dict:
         """The runner's observable state as the fields of
         ``harness.core.observation.Observation`` (all but ``runner`` and
@@ -454,7 +526,11 @@ class RunnerShell(abc.ABC):
             kv_cache={g: host(v) for g, v in self.kv_caches.items()},
             mamba_state={g: host(v) for g, v in self.mamba_states.items()},
             slot_mapping={g: host(v) for g, v in self.slot_mappings.items()},
-            state_indices={g: host(v) for g, v in self.state_indices.items()},
+            state_indices={g: self._read_indices(g) for g in self.mamba_groups},
+            metadata={"query_start_loc": self.query_start_loc.np.copy(),
+                      "seq_lens": self.seq_lens.np.copy(),
+                      "has_initial_state": self.has_initial_state.np.copy(),
+                      "is_prefilling": self.is_prefilling.copy()},
             attn_out={g: host(v) for g, v in self.attn_out.items()},
             last_forward=self.last_forward,
             graph_ptrs=self.graph_addresses(),

@@ -31,9 +31,12 @@ class PersistentBatch:
     req_ids: int64 (max_num_reqs,), -1 for a free row; num_computed_tokens /
     num_prompt_tokens: int32 (max_num_reqs,); block_table: a multi-group block
     table (indexable by group, with the row methods above).  A new request takes
-    the lowest free row; removing one clears its row (``_clear_removed_row``);
-    ``condense`` moves the last live row into the lowest hole (``move_row``)
-    until live rows are contiguous; ``swap_states`` swaps two rows.
+    the lowest free row; removing one clears its block-table row
+    (``_clear_removed_row``); ``condense`` moves the last live row into the
+    lowest hole (``move_row``) until live rows are contiguous; ``swap_states``
+    swaps two rows.  As in vLLM's ``InputBatch``, an emptied row keeps the
+    counters its last request left (nothing clears them; the metadata builder
+    must not trust them past the live rows).
     """
 
     def __init__(self, max_num_reqs: int, block_table):
@@ -65,9 +68,7 @@ class PersistentBatch:
         row = self.row_of(req)
         if row is None:
             return None
-        self.req_ids[row] = EMPTY_ROW
-        self.num_computed_tokens[row] = 0
-        self.num_prompt_tokens[row] = 0
+        self.req_ids[row] = EMPTY_ROW  # counters stay, as vLLM's remove_request leaves them
         self._clear_removed_row(row)
         return row
 
@@ -91,9 +92,7 @@ class PersistentBatch:
             self.req_ids[tgt] = self.req_ids[src]
             self.num_computed_tokens[tgt] = self.num_computed_tokens[src]
             self.num_prompt_tokens[tgt] = self.num_prompt_tokens[src]
-            self.req_ids[src] = EMPTY_ROW
-            self.num_computed_tokens[src] = 0
-            self.num_prompt_tokens[src] = 0
+            self.req_ids[src] = EMPTY_ROW  # counters stay, as vLLM's condense leaves them
             self.block_table.move_row(src, tgt)
         raise AssertionError("condense did not converge")
 
@@ -183,6 +182,11 @@ class RunnerShellV1(RunnerShell):
                 st = self.requests[req]
                 batch.add_request(req, st.block_ids, st.num_computed_tokens, st.prompt_len)
         batch.condense()
+
+    def _row_counters(self, reqs_padded: int) -> tuple[np.ndarray, np.ndarray]:
+        batch = self.input_batch
+        return (np.asarray(batch.num_computed_tokens[:reqs_padded]).copy(),
+                np.asarray(batch.num_prompt_tokens[:reqs_padded]).copy())
 
     def _host_rows(self) -> dict:
         batch = self.input_batch

@@ -92,10 +92,19 @@ class RunnerShellV2(RunnerShell):
 
     def _stage_tables(self, batch, reqs_padded) -> None:
         indices = [self.req_index[req] for req, _, _ in batch]
+        self._batch_size = len(indices)
         self.idx_mapping.np[:len(indices)] = indices
         self.idx_mapping.copy_to_gpu()
         self.block_tables.apply_staged_writes()
         self._gather(len(indices), reqs_padded)
+
+    def _row_counters(self, reqs_padded: int) -> tuple[np.ndarray, np.ndarray]:
+        """By batch row through ``idx_mapping``; padded rows have no state index (0, 0)."""
+        computed, prompt = np.zeros(reqs_padded, np.int32), np.zeros(reqs_padded, np.int32)
+        n = min(self._batch_size, reqs_padded)
+        idx = self.idx_mapping.np[:n]
+        computed[:n], prompt[:n] = self.num_computed_tokens[idx], self.num_prompt_tokens[idx]
+        return computed, prompt
 
     def _advance(self, batch) -> None:
         for req, n, start in batch:

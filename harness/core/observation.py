@@ -39,8 +39,16 @@ class Observation:
       tables);
     - ``kv_cache[g]`` float32 (num_blocks, block_size, head_size) per attention
       group; ``mamba_state[g]`` float32 (num_blocks, head_size) per Mamba group;
-    - ``slot_mapping[g]`` int64 (max_num_batched_tokens,); ``state_indices[g]``
-      int32 (max_num_reqs,); ``attn_out[g]`` float32 (max_num_reqs, head_size);
+    - ``slot_mapping[g]`` int64 (max_num_batched_tokens,); ``attn_out[g]``
+      float32 (max_num_reqs, head_size);
+    - ``state_indices[g]`` int32 (max_num_reqs,): the state index each row of
+      the last forward's Mamba kernel read (rows :func:`rows_read`; 0 past
+      them) — the persistent decode buffer for a FULL replay, the builder's
+      fresh indices otherwise;
+    - ``metadata``: the per-row attention metadata of the last forward, host
+      copies — ``query_start_loc`` int32 (max_num_reqs + 1,), ``seq_lens``,
+      ``has_initial_state`` int32 (max_num_reqs,), ``is_prefilling`` bool
+      (max_num_reqs,); rows [0, num_reqs_padded) are the last forward's;
     - ``last_forward``: :class:`reference.ForwardInfo` of the last step or dummy
       run (None before the first);
     - ``graph_ptrs``: {capture size: {buffer: (data_ptr its recorded launches
@@ -69,6 +77,7 @@ class Observation:
     graph_ptrs: dict | None = None
     dummy_tables: list | None = None
     device_row_counts: list | None = None
+    metadata: dict | None = None
 
     def batch_req_ids(self) -> tuple:
         """Request of each real batch row of the last forward (empty for a dummy run)."""
@@ -78,3 +87,20 @@ class Observation:
 def rows_indexed_by(runner: str) -> str:
     """How host rows are indexed for ``runner`` (``v1`` / ``v2``)."""
     return ROWS_BY_STATE_INDEX if runner == "v2" else ROWS_BY_BATCH_ROW
+
+
+def rows_read(last_forward: ForwardInfo | None) -> int:
+    """Batch rows the last forward's kernels ran over: the padded rows of a FULL
+    replay, the real rows otherwise (0 before any forward)."""
+    if last_forward is None:
+        return 0
+    return last_forward.num_reqs_padded if last_forward.cudagraph_mode == "FULL" \
+        else last_forward.num_reqs
+
+
+def read_rows_only(values: np.ndarray, last_forward: ForwardInfo | None) -> np.ndarray:
+    """``values`` (a per-row buffer) with the rows the last forward did not read zeroed."""
+    out = np.zeros_like(values)
+    n = rows_read(last_forward)
+    out[:n] = values[:n]
+    return out

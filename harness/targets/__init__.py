@@ -19,7 +19,7 @@ from typing import Protocol
 
 from reference import ReferenceV1Runner, ReferenceV2Runner, RunnerConfig
 
-from harness.core.observation import Observation, rows_indexed_by
+from harness.core.observation import Observation, read_rows_only, rows_indexed_by
 from harness.targets import vllm
 from harness.targets.registry import (TargetRefused, TargetSpec, TargetUnavailable,
                                       registry_of)
@@ -67,10 +67,15 @@ class _ObserveReference:
             kv_cache={g: v.copy() for g, v in self.kv_cache.items()},
             mamba_state={g: v.copy() for g, v in self.mamba_state.items()},
             slot_mapping={g: v.copy() for g, v in self.slot_mapping.items()},
-            state_indices={g: v.copy() for g, v in self.state_indices.items()},
+            state_indices={g: read_rows_only(v, self.last_forward)
+                           for g, v in self.state_indices.items()},
             attn_out={g: v.copy() for g, v in self.attn_out.items()},
             last_forward=self.last_forward,
             device_row_counts=getattr(self, "device_row_counts", None),
+            metadata={"query_start_loc": self.query_start_loc.copy(),
+                      "seq_lens": self.seq_lens.copy(),
+                      "has_initial_state": self.has_initial_state.copy(),
+                      "is_prefilling": self.is_prefilling.copy()},
         )
 
 

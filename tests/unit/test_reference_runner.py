@@ -41,12 +41,16 @@ def test_full_decode_pads_rows_to_null_block_state(runner):
     """Rows padded for a FULL graph write their state to the null block (scratch)."""
     runner.step([[0, 5], [1, 2]], "NONE")
     runner.add(2, [[6], [7]], 1)
+    runner.step([[0, 1], [1, 1], [2, 1]], "FULL")  # 2's first token: a prefill, no decode
+    assert runner.last_forward.cudagraph_mode == "PIECEWISE"
+    assert runner.is_prefilling[:3].tolist() == [False, False, True]
     runner.step([[0, 1], [1, 1], [2, 1]], "FULL")  # 3 decodes -> FULL size 4
     lf = runner.last_forward
     assert (lf.cudagraph_mode, lf.num_reqs_padded, lf.num_tokens_padded) == ("FULL", 4, 4)
     assert runner.state_indices[1].tolist() == [3, 5, 7, NULL_BLOCK_ID]
     assert runner.slot_mapping[0][3] == PAD_SLOT_ID
-    assert runner.seq_lens[:4].tolist() == [6, 3, 1, 0]
+    assert runner.seq_lens[:4].tolist() == [7, 4, 2, 0]
+    assert runner.is_prefilling[:4].tolist() == [False] * 4
 
 
 def test_dummy_run_pads_everything_and_touches_only_scratch(runner):

@@ -39,26 +39,28 @@ def test_each_feature_detector_fires_where_its_situation_happens():
     ops = [{"op": "add", "req": 0, "blocks": [[1], [2]], "prompt_len": 1},
            {"op": "add", "req": 1, "blocks": [[3], [4]], "prompt_len": 1},
            {"op": "add", "req": 2, "blocks": [[5], [6]], "prompt_len": 1},
-           _step([0, 1, 2]),                                # 3: FULL, padded to 4
-           _step([0, 1]),                                   # 4: FULL 2 after 4
-           {"op": "remove", "req": 0},                      # 5: row 0 vacated
+           {"op": "kv_load", "req": 0}, {"op": "kv_load", "req": 1},  # prior state: the
+           {"op": "kv_load", "req": 2},                    # next tokens are decodes
+           _step([0, 1, 2]),                                # 6: FULL, padded to 4
+           _step([0, 1]),                                   # 7: FULL 2 after 4
+           {"op": "remove", "req": 0},                      # 8: row 0 vacated
            {"op": "dummy_run", "num_reqs": 1, "num_tokens": 1, "cudagraph_mode": "FULL"},
-           {"op": "add", "req": 3, "blocks": [[1], [2]], "prompt_len": 1},  # 7: reuse
+           {"op": "add", "req": 3, "blocks": [[1], [2]], "prompt_len": 1},  # 10: reuse
            {"op": "kv_load", "req": 3},
-           _step([3, 1, 2]),                                # 9: FULL 4 after 1; padded row
+           _step([3, 1, 2]),                                # 12: FULL 4 after 1; padded row
            {"op": "condense"},
            {"op": "dummy_run", "num_reqs": 2, "num_tokens": 2, "cudagraph_mode": "NONE"}]
     hits = _features(V1, ops)
-    assert {"forward:FULL:v1:attention", "forward:FULL:v1:mamba"} <= hits[3]
+    assert {"forward:FULL:v1:attention", "forward:FULL:v1:mamba"} <= hits[6]
     assert {"full-replay-after-larger", "full-step-after-larger-step",
-            "batch-down-across-full"} <= hits[4]
-    assert "dummy-after-remove" in hits[6] and "full-replay-after-larger" in hits[6]
-    assert {"freed-block-reused", "row-vacated-reused"} <= hits[7]
+            "batch-down-across-full"} <= hits[7]
+    assert "dummy-after-remove" in hits[9] and "full-replay-after-larger" in hits[9]
+    assert {"freed-block-reused", "row-vacated-reused"} <= hits[10]
     assert {"full-replay-after-smaller", "batch-up-across-full",
-            "loaded-next-to-padded"} <= hits[9]
-    assert "full-step-after-larger-step" not in hits[9]  # a larger batch
-    assert {"dummy-after-condense", "forward:NONE:v1:mamba"} <= hits[11]
-    assert not hits[0] and not hits[5]  # an add / a remove alone hit nothing
+            "loaded-next-to-padded"} <= hits[12]
+    assert "full-step-after-larger-step" not in hits[12]  # a larger batch
+    assert {"dummy-after-condense", "forward:NONE:v1:mamba"} <= hits[14]
+    assert not hits[0] and not hits[8]  # an add / a remove alone hit nothing
     assert set().union(*hits) <= set(FEATURES)
 
 

@@ -106,6 +106,10 @@ def check_matches_reference(impl: Observation, ref: Observation, op_index: int,
                                                          ref.device_row_counts, g))]
     for g, v in ref.slot_mapping.items():
         pairs.append((f"slot_mapping[{g}]", impl.slot_mapping[g][:tokens_used], v[:tokens_used]))
+    if impl.metadata is not None and ref.metadata is not None:
+        for name, v in ref.metadata.items():  # rows the last forward staged
+            n = rows_used + 1 if name == "query_start_loc" else rows_used
+            pairs.append((f"metadata.{name}", impl.metadata[name][:n], v[:n]))
     for name in ("state_indices", "kv_cache", "attn_out"):
         for g, v in getattr(ref, name).items():
             pairs.append((f"{name}[{g}]", getattr(impl, name)[g], v))
