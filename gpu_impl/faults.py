@@ -16,7 +16,8 @@ class Fault:
     and the invariant expected to catch it first (``also``: others that do on
     some traces — e.g. a wrong slot that lands in a cell the owner may write is
     only visible as a value the reference does not have); ``family`` groups the
-    catalogue (``core``: the block-table / dummy-run / graph bugs); ``sites``:
+    catalogue (``core``: the block-table / dummy-run / graph bugs; ``metadata``:
+    the metadata-build phase between block tables and kernels); ``sites``:
     the upstream files the bug lived in, as vLLM paths — a target that drives
     the engine's own code says which of them it runs (the vllm target's
     ``ENGINE_SITES``), so a trace's verdict there is real or ``n/a``."""
@@ -27,7 +28,7 @@ class Fault:
     source: str
     invariant: str
     also: tuple[str, ...] = ()  # invariants that catch it first on some traces
-    family: str = "core"  # the fault family (catalogue grouping); every fault so far: core
+    family: str = "core"  # the fault family (catalogue grouping): core, metadata
     sites: tuple[str, ...] = ()  # the upstream files the bug lived in (vLLM paths)
 
     def to_json(self) -> dict:
@@ -114,7 +115,31 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "graph replays the addresses it recorded; vllm-project/vllm PR #5074 (cudagraph "
           "input/output buffers shared across capture sizes)",
           "GRAPH_ADDRESSES_STABLE",
-          sites=("vllm/v1/worker/gpu_model_runner.py", "vllm/v1/worker/gpu/model_runner.py"))
+          sites=("vllm/v1/worker/gpu_model_runner.py", "vllm/v1/worker/gpu/model_runner.py")),
+    Fault("padded-rows-classified-as-prefill", ("v1",),
+          "is_prefilling of rows padded for a FULL graph is read from the persistent batch's "
+          "counters, which a vacated row keeps after remove/condense; a padded row whose last "
+          "request was mid-prompt makes the batch 'mixed', the Mamba builder skips refreshing "
+          "the persistent decode state-index buffer, and the FULL replay updates the state "
+          "blocks of the batch before",
+          "vllm/v1/worker/gpu_model_runner.py _build_attention_metadata: "
+          "'is_prefilling[num_reqs:] = False' ('Zero out padded rows so stale data from "
+          "condense() doesn't misclassify padding as prefill in CUDA graph mode'), read by "
+          "the Mamba builder's decode/prefill split and its FULL-graph buffer update "
+          "(vllm/v1/attention/backends/mamba_attn.py, _update_metadata_for_cudagraph_capture)",
+          "PADDED_ROWS_NEUTRAL", ("NO_STALE_WRITE", "MATCHES_REFERENCE"), family="metadata",
+          sites=("vllm/v1/worker/gpu_model_runner.py",
+                 "vllm/v1/attention/backends/mamba_attn.py")),
+    Fault("padded-rows-metadata-stale", ("v1", "v2"),
+          "rows padded for a FULL graph keep the previous batch's query_start_loc, seq_lens "
+          "and initial-state flags: the replay's attention for a padded row reads "
+          "(and its query start points into) what an earlier, larger batch staged there",
+          "vllm/v1/worker/gpu_model_runner.py _prepare_inputs pads query_start_loc to be "
+          "non-decreasing ('as kernels like FlashAttention requires that') and fills the "
+          "seq_lens of rows past num_reqs with 0 ('for full cuda graph mode'); V2's "
+          "vllm/v1/worker/gpu/model_runner.py pads its input batch the same way",
+          "PADDED_ROWS_NEUTRAL", ("MATCHES_REFERENCE",), family="metadata",
+          sites=("vllm/v1/worker/gpu_model_runner.py", "vllm/v1/worker/gpu/model_runner.py")),
 )}
 
 

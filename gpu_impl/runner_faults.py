@@ -5,7 +5,8 @@
 :class:`FaultSet` and overrides the shell's hooks at the places the upstream
 bugs lived; with no fault on, every override defers to the fixed shell.
 
-Faults consulted here: ``full-replay-not-restaged``, ``captured-buffer-rebound``.
+Faults consulted here: ``full-replay-not-restaged``, ``captured-buffer-rebound``,
+``padded-rows-classified-as-prefill``, ``padded-rows-metadata-stale``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,16 @@ class RunnerFaults:
         if mode == FULL and not warmup and "full-replay-not-restaged" in self.faults:
             return  # the historical bug: the replay reads the last real batch's indices
         super()._stage_dummy_state_indices(tables, reqs_padded, mode, warmup)
+
+    def _clear_padded_prefilling(self, num_reqs, reqs_padded) -> None:
+        if "padded-rows-classified-as-prefill" in self.faults:
+            return  # the historical bug: padded rows keep the vacated rows' counters
+        super()._clear_padded_prefilling(num_reqs, reqs_padded)
+
+    def _pad_rows(self, num_reqs, reqs_padded) -> None:
+        if "padded-rows-metadata-stale" in self.faults and self.last_forward is not None:
+            return  # padded rows keep what the previous batch staged (after start-up)
+        super()._pad_rows(num_reqs, reqs_padded)
 
     def _after_capture(self) -> None:
         super()._after_capture()

@@ -402,12 +402,17 @@ class RunnerShell(abc.ABC):
             return FULL, padded, padded
         return PIECEWISE, padded, num_reqs
 
-    def _stage_padding(self, num_reqs, reqs_padded, num_tokens, tokens_padded) -> None:
-        """Padding rows and tokens, then one host -> device copy per buffer."""
+    def _pad_rows(self, num_reqs: int, reqs_padded: int) -> None:
+        """Rows padded for a FULL graph: one token each (``query_start_loc`` stays
+        non-decreasing), ``seq_len`` 0, no initial state."""
         for row in range(num_reqs, reqs_padded):
             self.query_start_loc.np[row + 1] = self.query_start_loc.np[row] + 1
             self.seq_lens.np[row] = 0
             self.has_initial_state.np[row] = 0
+
+    def _stage_padding(self, num_reqs, reqs_padded, num_tokens, tokens_padded) -> None:
+        """Padding rows and tokens, then one host -> device copy per buffer."""
+        self._pad_rows(num_reqs, reqs_padded)
         self.req_indices.np[num_tokens:tokens_padded] = -1
         self.hidden.np[num_tokens:tokens_padded] = np.nan
         for buf in (self.req_indices, self.positions, self.hidden, self.query_start_loc,

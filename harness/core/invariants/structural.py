@@ -2,7 +2,8 @@
 
 ``VACATED_ROWS_ZERO`` (V1 persistent batch, ``BlockTable.move_row`` /
 ``clear_row`` in ``vllm/v1/worker/block_table.py``), ``DUMMY_TABLES_ZERO`` (V2
-``get_dummy_block_tables`` in ``vllm/v1/worker/gpu/block_table.py``) and
+``get_dummy_block_tables`` in ``vllm/v1/worker/gpu/block_table.py``),
+``PADDED_ROWS_NEUTRAL`` (the per-row metadata of rows padded for a graph) and
 ``GRAPH_ADDRESSES_STABLE`` (CUDA graphs read persistent buffers by address).
 """
 
@@ -48,6 +49,38 @@ def check_dummy_tables_zero(obs: Observation, op_index: int, op: str) -> list[Vi
     return out
 
 
+def check_padded_rows_neutral(obs: Observation, op_index: int, op: str) -> list[Violation]:
+    """Rows the last forward padded (``[num_reqs, num_reqs_padded)``) feed its
+    kernels nothing: query length 1, ``seq_len`` 0, no initial state, no
+    prefill, the null block as Mamba state index (vLLM: ``_build_attention_metadata``
+    clears ``is_prefilling`` and the block-table rows of padding, ``_prepare_inputs``
+    pads ``query_start_loc`` and zero-fills ``seq_lens``)."""
+    lf, md = obs.last_forward, obs.metadata
+    if lf is None or md is None or lf.num_reqs_padded <= lf.num_reqs:
+        return []
+    out = []
+    qsl = md["query_start_loc"]
+    for row in range(lf.num_reqs, lf.num_reqs_padded):
+        bad = []
+        if int(qsl[row + 1]) - int(qsl[row]) != 1:
+            bad.append(f"query length {int(qsl[row + 1]) - int(qsl[row])}")
+        if md["seq_lens"][row] != 0:
+            bad.append(f"seq_len {int(md['seq_lens'][row])}")
+        if md["has_initial_state"][row]:
+            bad.append("has_initial_state")
+        if md["is_prefilling"][row]:
+            bad.append("is_prefilling")
+        for g, indices in obs.state_indices.items():
+            if lf.cudagraph_mode == "FULL" and indices[row] != 0:
+                bad.append(f"Mamba state index {int(indices[row])} (group {g})")
+        if bad:
+            out.append(Violation("PADDED_ROWS_NEUTRAL", op_index, op,
+                                 f"row {row}, padded for a {lf.cudagraph_mode} "
+                                 f"{'dummy run' if lf.dummy else 'step'} of {lf.num_reqs} "
+                                 f"request(s), feeds its kernels {', '.join(bad)}", row=row))
+    return out
+
+
 def check_graph_addresses(obs: Observation, op_index: int, op: str) -> list[Violation]:
     """Every buffer a captured graph's launches read is the one the runner stages into."""
     out = []
@@ -69,6 +102,11 @@ register(Invariant(
     "the persistent input tables",
     lambda c: check_dummy_tables_zero(c.after, c.op_index, c.kind), structural=True,
     applies=lambda spec: spec.forward == "dummy", applies_text="dummy runs"))
+register(Invariant(
+    "PADDED_ROWS_NEUTRAL", "rows padded for a graph feed the kernels neutral per-row inputs: "
+    "query length 1, seq_len 0, no initial state, no prefill, the null Mamba state",
+    lambda c: check_padded_rows_neutral(c.after, c.op_index, c.kind), structural=True,
+    applies=lambda spec: spec.forward is not None, applies_text="steps and dummy runs"))
 register(Invariant(
     "GRAPH_ADDRESSES_STABLE", "every buffer a captured graph reads keeps its data_ptr",
     lambda c: check_graph_addresses(c.after, c.op_index, c.kind), at_startup=True))
