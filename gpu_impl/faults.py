@@ -122,11 +122,12 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "request was mid-prompt makes the batch 'mixed', the Mamba builder skips refreshing "
           "the persistent decode state-index buffer, and the FULL replay updates the state "
           "blocks of the batch before",
-          "vllm/v1/worker/gpu_model_runner.py _build_attention_metadata: "
-          "'is_prefilling[num_reqs:] = False' ('Zero out padded rows so stale data from "
-          "condense() doesn't misclassify padding as prefill in CUDA graph mode'), read by "
-          "the Mamba builder's decode/prefill split and its FULL-graph buffer update "
-          "(vllm/v1/attention/backends/mamba_attn.py, _update_metadata_for_cudagraph_capture)",
+          "vllm-project/vllm issue #41841 'Stale padded request metadata can misclassify "
+          "Mamba CUDA graph rows' and PR #42947 (clear is_prefilling for padded rows in "
+          "GPUModelRunner._build_attention_metadata; vllm/v1/worker/gpu_model_runner.py now "
+          "has 'is_prefilling[num_reqs:] = False'); the consumer is the Mamba builder's "
+          "decode/prefill split and FULL-graph buffer update "
+          "(vllm/v1/attention/backends/mamba_attn.py)",
           "PADDED_ROWS_NEUTRAL", ("NO_STALE_WRITE", "MATCHES_REFERENCE"), family="metadata",
           sites=("vllm/v1/worker/gpu_model_runner.py",
                  "vllm/v1/attention/backends/mamba_attn.py")),

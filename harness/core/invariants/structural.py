@@ -51,7 +51,8 @@ def check_dummy_tables_zero(obs: Observation, op_index: int, op: str) -> list[Vi
 
 def check_padded_rows_neutral(obs: Observation, op_index: int, op: str) -> list[Violation]:
     """Rows the last forward padded (``[num_reqs, num_reqs_padded)``) feed its
-    kernels nothing: query length 1, ``seq_len`` 0, no initial state, no
+    kernels nothing: query length 0 or 1 (vLLM pads 0-token queries, the model
+    one padding token), ``seq_len`` 0, no initial state, no
     prefill, the null block as Mamba state index (vLLM: ``_build_attention_metadata``
     clears ``is_prefilling`` and the block-table rows of padding, ``_prepare_inputs``
     pads ``query_start_loc`` and zero-fills ``seq_lens``)."""
@@ -62,7 +63,7 @@ def check_padded_rows_neutral(obs: Observation, op_index: int, op: str) -> list[
     qsl = md["query_start_loc"]
     for row in range(lf.num_reqs, lf.num_reqs_padded):
         bad = []
-        if int(qsl[row + 1]) - int(qsl[row]) != 1:
+        if int(qsl[row + 1]) - int(qsl[row]) not in (0, 1):  # vLLM pads 0, the model 1
             bad.append(f"query length {int(qsl[row + 1]) - int(qsl[row])}")
         if md["seq_lens"][row] != 0:
             bad.append(f"seq_len {int(md['seq_lens'][row])}")
@@ -104,7 +105,7 @@ register(Invariant(
     applies=lambda spec: spec.forward == "dummy", applies_text="dummy runs"))
 register(Invariant(
     "PADDED_ROWS_NEUTRAL", "rows padded for a graph feed the kernels neutral per-row inputs: "
-    "query length 1, seq_len 0, no initial state, no prefill, the null Mamba state",
+    "query length 0 or 1, seq_len 0, no initial state, no prefill, the null Mamba state",
     lambda c: check_padded_rows_neutral(c.after, c.op_index, c.kind), structural=True,
     applies=lambda spec: spec.forward is not None, applies_text="steps and dummy runs"))
 register(Invariant(
