@@ -14,6 +14,7 @@ Ratios are computed within this one run (same machine, same moment).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 
 from rich.console import Console
@@ -59,6 +60,32 @@ def _timed_gpu_target(clock):
     return Timed
 
 
+@contextlib.contextmanager
+def _timed_metadata_build(clock):
+    """Time the runner shell's metadata-build phase (``_classify`` +
+    ``_build_mamba_metadata``) into clock[0] while the block runs."""
+    from gpu_impl.runner_shell import RunnerShell
+
+    saved = {n: getattr(RunnerShell, n) for n in ("_classify", "_build_mamba_metadata")}
+
+    def wrap(fn):
+        def timed(self, *a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(self, *a, **k)
+            finally:
+                clock[0] += time.perf_counter() - t
+        return timed
+
+    for name, fn in saved.items():
+        setattr(RunnerShell, name, wrap(fn))
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(RunnerShell, name, fn)
+
+
 def _throughput(config, args, device):
     """(rows, share of fuzz wall time outside gpu_impl, fuzz-loop steps/s) for one config."""
     from hypothesis import Phase, seed, settings
@@ -86,7 +113,10 @@ def _throughput(config, args, device):
     workload = stats["traces"]
     fuzz_steps = stats["steps"]
     ref_steps, ref_s = _time_apply(lambda: targets.ReferenceTarget(config), workload)
-    gpu_steps, gpu_s = _time_apply(lambda: targets.GpuImplTarget(config, (), device), workload)
+    meta = [0.0]  # seconds inside the metadata-build phase of the gpu_impl replay below
+    with _timed_metadata_build(meta):
+        gpu_steps, gpu_s = _time_apply(lambda: targets.GpuImplTarget(config, (), device),
+                                       workload)
     start = time.perf_counter()
     sess_steps = 0
     for ops in workload:
@@ -108,6 +138,8 @@ def _throughput(config, args, device):
             cov_steps += 1
     cov_s = time.perf_counter() - start
     rows = [("reference alone", ref_steps, ref_s), ("gpu_impl alone", gpu_steps, gpu_s),
+            (f"  of which metadata build ({meta[0] / gpu_s:.1%} of gpu_impl's time)",
+             gpu_steps, meta[0]),
             ("session (ref + gpu_impl + invariants)", sess_steps, sess_s),
             ("session + coverage tracker", cov_steps, cov_s),
             ("fuzz loop (Hypothesis + session)", fuzz_steps, fuzz_s)]
