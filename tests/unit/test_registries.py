@@ -51,11 +51,18 @@ def test_rename_and_drop_request_come_from_each_op():
     assert ops.REGISTRY["condense"].drop_request({"op": "condense"}, 7) == {"op": "condense"}
 
 
+def desc_after(invariant_id: str) -> list:
+    return {d["id"]: d for d in inv.describe()}[invariant_id]["after"]
+
+
 def test_invariant_registry_order_flags_and_startup():
-    assert inv.ids() == ("VACATED_ROWS_ZERO", "DUMMY_TABLES_ZERO", "GRAPH_ADDRESSES_STABLE",
-                         "NULL_BLOCK_FINITE", "NO_STALE_WRITE", "LOADED_BLOCKS_INTACT",
-                         "NO_FOREIGN_READ", "ATTENTION_FINITE", "MATCHES_REFERENCE")
-    assert inv.structural_ids() == ("VACATED_ROWS_ZERO", "DUMMY_TABLES_ZERO")
+    assert inv.ids() == ("VACATED_ROWS_ZERO", "DUMMY_TABLES_ZERO", "PADDED_ROWS_NEUTRAL",
+                         "GRAPH_ADDRESSES_STABLE", "NULL_BLOCK_FINITE", "NO_STALE_WRITE",
+                         "LOADED_BLOCKS_INTACT", "NO_FOREIGN_READ", "ATTENTION_FINITE",
+                         "MATCHES_REFERENCE")
+    assert inv.structural_ids() == ("VACATED_ROWS_ZERO", "DUMMY_TABLES_ZERO",
+                                    "PADDED_ROWS_NEUTRAL")
+    assert desc_after("PADDED_ROWS_NEUTRAL") == ["step", "dummy_run"]
     desc = {d["id"]: d for d in inv.describe()}
     assert desc["DUMMY_TABLES_ZERO"]["after"] == ["dummy_run"]
     assert desc["NO_FOREIGN_READ"]["after"] == ["step"]
@@ -149,3 +156,15 @@ def test_shrinker_merges_adjacent_steps_of_the_same_requests():
     assert [add, merged] in list(_candidates([add, *steps]))
     other = dict(steps[1], scheduled=[[1, 3]])
     assert ops.REGISTRY["step"].merge(steps[0], other) is None
+    assert families["padded-rows-classified-as-prefill"] == "metadata"
+
+
+def test_every_fault_names_the_upstream_files_it_lived_in():
+    """``sites`` decides whether a target that runs the engine's own code gives a
+    real verdict for a fault's trace (harness.targets.vllm.unexercised)."""
+    from gpu_impl.faults import CATALOGUE
+
+    for fault in CATALOGUE.values():
+        assert fault.sites and all(s.startswith("vllm/") and s.endswith(".py")
+                                   for s in fault.sites), fault.id
+        assert fault.family in ("core", "metadata"), fault.id
