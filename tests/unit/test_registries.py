@@ -146,6 +146,7 @@ def test_cli_lists_ops_invariants_and_fault_families(capsys):
     assert main(["faults", "--json"]) == 0
     families = {f["id"]: f["family"] for f in json.loads(capsys.readouterr().out)}
     assert families["vacated-row-not-cleared"] == "core"
+    assert families["padded-rows-classified-as-prefill"] == "metadata"
 
 
 def test_shrinker_merges_adjacent_steps_of_the_same_requests():
@@ -156,7 +157,6 @@ def test_shrinker_merges_adjacent_steps_of_the_same_requests():
     assert [add, merged] in list(_candidates([add, *steps]))
     other = dict(steps[1], scheduled=[[1, 3]])
     assert ops.REGISTRY["step"].merge(steps[0], other) is None
-    assert families["padded-rows-classified-as-prefill"] == "metadata"
 
 
 def test_every_fault_names_the_upstream_files_it_lived_in():
