@@ -365,21 +365,27 @@ class RunnerShell(abc.ABC):
         mode, tokens_padded, reqs_padded = self._dispatch(
             num_reqs, num_tokens, num_tokens == num_reqs, cudagraph_mode)
         tables = self._prepare_dummy(reqs_padded, _warmup)
-        lens = np.full(num_reqs, num_tokens // num_reqs, np.int32)
-        lens[-1] += num_tokens % num_reqs
-        self.query_start_loc.np[0] = 0
-        self.query_start_loc.np[1:num_reqs + 1] = np.cumsum(lens)
-        self.seq_lens.np[:num_reqs] = lens
-        self.has_initial_state.np[:num_reqs] = 0
-        self.is_prefilling[:reqs_padded] = False  # dummy rows carry no request
+        metadata = self._dummy_builds_metadata(mode)
+        if metadata:
+            lens = np.full(num_reqs, num_tokens // num_reqs, np.int32)
+            lens[-1] += num_tokens % num_reqs
+            self.query_start_loc.np[0] = 0
+            self.query_start_loc.np[1:num_reqs + 1] = np.cumsum(lens)
+            self.seq_lens.np[:num_reqs] = lens
+            self.has_initial_state.np[:num_reqs] = 0
+            self.is_prefilling[:reqs_padded] = False  # dummy rows carry no request
+            self._pad_rows(num_reqs, reqs_padded)
         self.last_num_reqs = num_reqs
         self.hidden.np[:tokens_padded] = np.nan  # dummy activations are garbage
-        self._stage_padding(num_reqs, reqs_padded, num_tokens, tokens_padded)
+        self._stage_padding(num_reqs, num_reqs, num_tokens, tokens_padded)  # tokens; copies
         self._fill_dummy_slots(num_tokens, tokens_padded, _warmup)
-        self._stage_dummy_state_indices(tables, reqs_padded, mode, _warmup)
+        if metadata:
+            self._stage_dummy_state_indices(tables, reqs_padded, mode, _warmup)
+        else:
+            self.read_state_indices = {}  # no metadata: the Mamba kernels do not run
         num_rows = reqs_padded if mode == FULL else num_reqs
         if not _warmup:
-            self._run_forward(mode, num_rows, tokens_padded, tables)
+            self._run_forward(mode, num_rows, tokens_padded, tables, metadata)
         elif self.device.type == "cuda":
             # Start-up warm-up compiles the kernels before capture.  Under the
             # interpreter there is nothing to compile, and a warm-up's only
@@ -387,7 +393,12 @@ class RunnerShell(abc.ABC):
             self._forward(num_rows, tokens_padded, tables)
         self.dummy_read = tables
         self.last_forward = ForwardInfo(True, mode, num_reqs, reqs_padded, num_tokens,
-                                        tokens_padded)
+                                        tokens_padded, metadata=metadata)
+
+    def _dummy_builds_metadata(self, mode: str) -> bool:
+        """Does a dummy run in ``mode`` build attention metadata (V2: always)?
+        Without it only the KV writes run (they read the slot mappings alone)."""
+        return True
 
     # -- internals -------------------------------------------------------------
     def _dispatch(self, num_reqs: int, num_tokens: int, uniform_decode: bool, requested: str):
@@ -420,14 +431,14 @@ class RunnerShell(abc.ABC):
             buf.copy_to_gpu()
 
     def _run_forward(self, mode: str, num_rows: int, tokens_padded: int,
-                     tables: list | None = None) -> None:
+                     tables: list | None = None, metadata: bool = True) -> None:
         if mode == FULL:
-            assert num_rows == tokens_padded
+            assert num_rows == tokens_padded and metadata
             self.graphs[tokens_padded].replay()  # reads the captured (persistent) buffers
             for g in self.mamba_groups:  # whatever the builder staged, the graph read this
                 self.read_state_indices[g] = self.state_indices[g][:num_rows]
         else:
-            self._forward(num_rows, tokens_padded, tables, self.read_state_indices)
+            self._forward(num_rows, tokens_padded, tables, self.read_state_indices, metadata)
 
     def _kv_view(self, g: int) -> torch.Tensor:
         """The KV cache as the kernels see it: (num_kernel_blocks, kernel_block_size, head)."""
@@ -435,13 +446,16 @@ class RunnerShell(abc.ABC):
         return self.kv_caches[g].view(-1, kbs, self.config.head_size)
 
     def _forward(self, num_rows: int, num_tokens: int, tables: list | None = None,
-                 state_indices: dict | None = None) -> None:
-        """The model: KV writes, Mamba state updates (through ``state_indices[g]``,
-        default the persistent decode buffer), attention reads (through
-        ``tables[g]``, default :meth:`kernel_table`)."""
+                 state_indices: dict | None = None, metadata: bool = True) -> None:
+        """The model: KV writes, then — with attention metadata — Mamba state
+        updates (through ``state_indices[g]``, default the persistent decode
+        buffer) and attention reads (through ``tables[g]``, default
+        :meth:`kernel_table`)."""
         for g in self.attn_groups:
             reshape_and_cache(self.hidden.gpu, self.slot_mappings[g], self.kv_caches[g],
                               num_tokens)
+        if not metadata:
+            return
         for g in self.mamba_groups:
             indices = self.state_indices[g] if state_indices is None else state_indices[g]
             mamba_state_update(self.hidden.gpu, self.query_start_loc.gpu, indices,

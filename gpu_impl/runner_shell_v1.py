@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from .block_table import PAD_SLOT_ID
-from .runner_shell import RunnerShell
+from .runner_shell import FULL, RunnerShell
 
 EMPTY_ROW = -1
 
@@ -165,6 +165,11 @@ class RunnerShellV1(RunnerShell):
         self._update_states({})  # an idle rank: nothing scheduled, every request leaves
         self._commit_rows(reqs_padded)
         return [self.kernel_table(g) for g in range(len(self.config.groups))]
+
+    def _dummy_builds_metadata(self, mode: str) -> bool:
+        """vLLM's V1 ``_dummy_run`` builds attention metadata only for FULL (or when
+        forced): KV writes still run, Mamba mixers and attention layers skip."""
+        return mode == FULL
 
     def _fill_dummy_slots(self, num_tokens, tokens_padded, warmup) -> None:
         for g in self.attn_groups:  # vLLM's _dummy_run: no real slots, all PAD

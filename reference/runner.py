@@ -44,6 +44,7 @@ class ForwardInfo:
     num_tokens: int
     num_tokens_padded: int
     req_ids: tuple = ()  # request of each real batch row, in batch order (empty: dummy run)
+    metadata: bool = True  # attention metadata was built: Mamba updates and attention ran
 
 
 def is_uniform_decode(config: RunnerConfig, query_lens: list[int], starts: list[int]) -> bool:
@@ -221,21 +222,26 @@ class ReferenceRunnerBase(abc.ABC):
         mode, tokens_padded, reqs_padded = dispatch(
             self.config, num_reqs, num_tokens, num_tokens == num_reqs, cudagraph_mode)
         self._prepare_dummy(reqs_padded)
-        per_req = dummy_query_lens(num_reqs, num_tokens)
-        self.query_start_loc[0] = 0
-        self.query_start_loc[1:num_reqs + 1] = np.cumsum(per_req)
-        self.seq_lens[:num_reqs] = per_req
-        self.has_initial_state[:num_reqs] = 0
-        self.is_prefilling[:num_reqs] = False
-        self._stage_padding(num_reqs, reqs_padded, num_tokens, tokens_padded)
+        metadata = self._dummy_builds_metadata(mode)
+        if metadata:
+            per_req = dummy_query_lens(num_reqs, num_tokens)
+            self.query_start_loc[0] = 0
+            self.query_start_loc[1:num_reqs + 1] = np.cumsum(per_req)
+            self.seq_lens[:num_reqs] = per_req
+            self.has_initial_state[:num_reqs] = 0
+            self.is_prefilling[:num_reqs] = False
+            self._stage_padding(num_reqs, reqs_padded, num_tokens, tokens_padded)
         self.hidden[:tokens_padded] = np.nan
         for g in self.config.attention_groups:
             self.slot_mapping[g][:self._dummy_pad_extent(tokens_padded)] = PAD_SLOT_ID
-        for g in self.config.mamba_groups:
-            self.state_indices[g][:reqs_padded] = self.device_block_table[g][:reqs_padded, 0]
-        self._run_kernels(mode, reqs_padded if mode == FULL else num_reqs, tokens_padded)
+        if metadata:
+            for g in self.config.mamba_groups:
+                self.state_indices[g][:reqs_padded] = \
+                    self.device_block_table[g][:reqs_padded, 0]
+        self._run_kernels(mode, reqs_padded if mode == FULL else num_reqs, tokens_padded,
+                          metadata)
         self.last_forward = ForwardInfo(True, mode, num_reqs, reqs_padded, num_tokens,
-                                        tokens_padded)
+                                        tokens_padded, metadata=metadata)
 
     # -- runner-specific hooks ---------------------------------------------
     @abc.abstractmethod
@@ -252,6 +258,11 @@ class ReferenceRunnerBase(abc.ABC):
 
     def _dummy_pad_extent(self, tokens_padded: int) -> int:
         return tokens_padded
+
+    def _dummy_builds_metadata(self, mode: str) -> bool:
+        """Does a dummy run in ``mode`` build attention metadata (and so run the
+        Mamba updates and attention reads, which need it)?  V2: always."""
+        return True
 
     # -- internals ---------------------------------------------------------
     def _enter_batch(self, req: int) -> None:
@@ -282,9 +293,14 @@ class ReferenceRunnerBase(abc.ABC):
         for g in self.config.attention_groups:
             self.slot_mapping[g][num_tokens:tokens_padded] = PAD_SLOT_ID
 
-    def _run_kernels(self, mode: str, num_rows: int, num_tokens: int) -> None:
+    def _run_kernels(self, mode: str, num_rows: int, num_tokens: int,
+                     metadata: bool = True) -> None:
+        """KV writes (through the slot mappings, which need no metadata), then —
+        with attention metadata — Mamba updates and attention reads."""
         for g in self.config.attention_groups:
             self._kv_write(g, num_tokens)
+        if not metadata:
+            return
         for g in self.config.mamba_groups:
             self._mamba_update(g, num_rows)
         for g in self.config.attention_groups:
@@ -359,6 +375,12 @@ class ReferenceV1Runner(ReferenceRunnerBase):
     def _prepare_dummy(self, reqs_padded: int) -> None:
         self._update_states({})  # an idle rank: nothing scheduled, every request leaves
         self._commit(reqs_padded)
+
+    def _dummy_builds_metadata(self, mode: str) -> bool:
+        """V1 ``_dummy_run`` builds attention metadata only for FULL (or when forced):
+        its KV writes still run through the slot mappings, its Mamba mixers and
+        attention layers see no metadata and do nothing."""
+        return mode == FULL
 
     def _update_states(self, num_tokens_of: dict) -> None:
         for row in range(len(self.rows.req_ids)):

@@ -92,8 +92,8 @@ def rows_indexed_by(runner: str) -> str:
 def rows_read(last_forward: ForwardInfo | None) -> int:
     """Batch rows the last forward's kernels ran over: the padded rows of a FULL
     replay, the real rows otherwise (0 before any forward)."""
-    if last_forward is None:
-        return 0
+    if last_forward is None or not last_forward.metadata:
+        return 0  # no forward yet, or one without metadata: no Mamba kernel ran
     return last_forward.num_reqs_padded if last_forward.cudagraph_mode == "FULL" \
         else last_forward.num_reqs
 

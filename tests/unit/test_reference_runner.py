@@ -87,3 +87,17 @@ def test_illegal_op_changes_nothing(runner):
         runner.step([[0, 1]], "EAGER")
     assert e.value.field == "cudagraph_mode"
     assert np.array_equal(before, runner.rows.block_table[0])
+
+
+def test_v1_dummy_run_builds_metadata_only_for_full(runner):
+    """vLLM's V1 _dummy_run: without FULL no attention metadata, so the Mamba
+    mixers and attention layers skip; the KV writes (slot mappings) still run."""
+    runner.step([[0, 5], [1, 2]], "NONE")
+    seq_lens, state = runner.seq_lens.copy(), runner.mamba_state[1].copy()
+    runner.dummy_run(3, 3, "PIECEWISE")
+    assert runner.last_forward.metadata is False
+    assert (runner.slot_mapping[0][:4] == PAD_SLOT_ID).all()  # PAD-filled all the same
+    assert np.array_equal(runner.seq_lens, seq_lens)  # not re-staged: nothing reads it
+    assert np.array_equal(runner.mamba_state[1], state, equal_nan=True)
+    runner.dummy_run(3, 3, "FULL")
+    assert runner.last_forward.metadata is True and runner.seq_lens[:4].tolist() == [1, 1, 1, 0]
