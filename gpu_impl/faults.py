@@ -141,6 +141,18 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "vllm/v1/worker/gpu/model_runner.py pads its input batch the same way",
           "PADDED_ROWS_NEUTRAL", ("MATCHES_REFERENCE",), family="metadata",
           sites=("vllm/v1/worker/gpu_model_runner.py", "vllm/v1/worker/gpu/model_runner.py")),
+    Fault("dummy-rows-not-committed", ("v1",),
+          "an idle rank's dummy run removes the unscheduled requests from the persistent batch "
+          "(host rows cleared) but builds its attention metadata without committing the rows "
+          "to the device table: the Mamba builder reads the rows the last real batch "
+          "committed, and the FULL dummy replay writes NaN state into those requests' blocks",
+          "vllm/v1/worker/gpu_model_runner.py _dummy_run commits the block table before "
+          "building metadata ('Sync block table CPU->GPU so cleared rows from remove_request() "
+          "are visible to the attention metadata builder. Without this, stale block IDs from "
+          "finished requests can corrupt Mamba state'), the companion of remove_request's "
+          "clear_row (vLLM PR #37728)",
+          "DUMMY_TABLES_ZERO", ("NO_STALE_WRITE", "MATCHES_REFERENCE"), family="metadata",
+          sites=("vllm/v1/worker/gpu_model_runner.py",)),
 )}
 
 

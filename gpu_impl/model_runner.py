@@ -6,7 +6,8 @@ machinery is :mod:`gpu_impl.runner_shell_v1`; this class adds the tables and
 the fault branches of the dummy run's slot mappings (plus those of
 :mod:`gpu_impl.runner_faults`, the input batch and the block tables).
 
-Faults consulted here: ``dummy-slots-not-padded``, ``dummy-slots-unpadded-count``.
+Faults consulted here: ``dummy-slots-not-padded``, ``dummy-slots-unpadded-count``,
+``dummy-rows-not-committed``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,14 @@ class GPUModelRunnerV1(RunnerFaults, RunnerShellV1):
 
     def _commit_rows(self, num_rows: int) -> None:
         self.input_batch.block_table.commit(num_rows)
+
+    def _prepare_dummy(self, reqs_padded, warmup):
+        if "dummy-rows-not-committed" in self.faults and not warmup:
+            # The historical bug: the idle rank's rows are cleared on the host only;
+            # the metadata build reads the device table the last real batch committed.
+            self._update_states({})
+            return [self.kernel_table(g) for g in range(len(self.config.groups))]
+        return super()._prepare_dummy(reqs_padded, warmup)
 
     def kernel_block_size(self, group: int) -> int:
         return self.input_batch.block_table[group].kernel_block_size

@@ -250,9 +250,16 @@ class RunnerShell(abc.ABC):
         return None
 
     def dummy_tables_read(self) -> list | None:
-        """Per group (rows the last dummy run's kernels read are all zero, they are views
-        of the persistent kernel table); None where the runner does not check it."""
-        return None
+        """Per group (the rows [0, num_reqs_padded) the last dummy run's metadata build
+        and kernels were handed are all zero, that tensor is a view of the persistent
+        kernel table — what a FULL graph reads); None unless the last forward was a
+        dummy run that built metadata (a V1 dummy run without it reads no table)."""
+        last = self.last_forward
+        if last is None or not last.dummy or not last.metadata or self.dummy_read is None:
+            return None
+        rows = last.num_reqs_padded
+        return [(not bool(t[:rows].any()), t.data_ptr() == self.kernel_table(g).data_ptr())
+                for g, t in enumerate(self.dummy_read)]
 
     def dcp(self, group: int) -> tuple[int, int, int]:
         """(world size, rank, interleave) of ``group``: attention KV is sharded by decode

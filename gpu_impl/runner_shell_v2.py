@@ -113,18 +113,6 @@ class RunnerShellV2(RunnerShell):
     def _prepare_dummy(self, reqs_padded, warmup) -> list[torch.Tensor]:
         return list(self.block_tables.get_dummy_block_tables(reqs_padded))
 
-    def dummy_tables_read(self) -> list | None:
-        """Per group (the rows [0, num_reqs_padded) the last dummy run's state-index
-        staging and kernels were handed are all zero, that tensor is a view of the
-        persistent input block table — what a FULL graph reads); None unless the
-        last forward was a dummy run."""
-        last = self.last_forward
-        if last is None or not last.dummy or self.dummy_read is None:
-            return None
-        rows = last.num_reqs_padded
-        return [(not bool(t[:rows].any()), t.data_ptr() == self.kernel_table(g).data_ptr())
-                for g, t in enumerate(self.dummy_read)]
-
     def state_rows(self) -> np.ndarray:
         """Request id per state index, -1 for a free one (int64)."""
         rows = np.full(self.config.max_num_reqs, -1, np.int64)

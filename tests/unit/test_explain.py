@@ -5,6 +5,7 @@ from harness.core.session import Session, replay
 from harness.core.trace import load
 from harness.targets import GpuImplTarget
 from harness.tools.explain import explain
+from harness.core.invariants import structural_ids
 from tests.conftest import CORPORA
 
 SEED000 = CORPORA / "seeds" / "seed000-stale-row-mamba-into-loading-request.json"
@@ -14,7 +15,7 @@ def test_offending_writes_are_exactly_what_no_stale_write_flags():
     """explain's ``!!`` marks and NO_STALE_WRITE come from one classifier: with the
     structural check skipped, the op NO_STALE_WRITE names is the op explain marks."""
     trace = load(SEED000)
-    seen = replay(trace, trace.faults, skip={"VACATED_ROWS_ZERO", "MATCHES_REFERENCE"})
+    seen = replay(trace, trace.faults, skip=set(structural_ids()) | {"MATCHES_REFERENCE"})
     assert seen.violation.invariant == "NO_STALE_WRITE"
     records = explain(trace, trace.faults, stop_at_first=False)
     marked = [(r["op_index"], w["group"], w["block"]) for r in records for w in r["writes"]

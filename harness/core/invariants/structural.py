@@ -2,7 +2,8 @@
 
 ``VACATED_ROWS_ZERO`` (V1 persistent batch, ``BlockTable.move_row`` /
 ``clear_row`` in ``vllm/v1/worker/block_table.py``), ``DUMMY_TABLES_ZERO`` (V2
-``get_dummy_block_tables`` in ``vllm/v1/worker/gpu/block_table.py``),
+``get_dummy_block_tables`` in ``vllm/v1/worker/gpu/block_table.py``; V1 the rows
+``_dummy_run`` commits before building metadata),
 ``PADDED_ROWS_NEUTRAL`` (the per-row metadata of rows padded for a graph) and
 ``GRAPH_ADDRESSES_STABLE`` (CUDA graphs read persistent buffers by address).
 """
@@ -32,7 +33,8 @@ def check_vacated_rows_zero(obs: Observation, op_index: int, op: str) -> list[Vi
 
 
 def check_dummy_tables_zero(obs: Observation, op_index: int, op: str) -> list[Violation]:
-    """V2: the tables a dummy run was handed are zero and views of the input tables."""
+    """The tables a dummy run's metadata build and kernels were handed are zero and
+    views of the persistent tables (V1: the committed rows; V2: the input tables)."""
     out = []
     for g, (zero, same_ptr) in enumerate(obs.dummy_tables or []):
         if not zero:
@@ -99,8 +101,8 @@ register(Invariant(
     "VACATED_ROWS_ZERO", "V1: rows holding no request are all zero with num_blocks == 0",
     lambda c: check_vacated_rows_zero(c.after, c.op_index, c.kind), structural=True))
 register(Invariant(
-    "DUMMY_TABLES_ZERO", "V2: the block tables a dummy run's kernels read are zero views of "
-    "the persistent input tables",
+    "DUMMY_TABLES_ZERO", "the block tables a dummy run's metadata build and kernels read are "
+    "zero views of the persistent tables (V1: committed rows; V2: input tables)",
     lambda c: check_dummy_tables_zero(c.after, c.op_index, c.kind), structural=True,
     applies=lambda spec: spec.forward == "dummy", applies_text="dummy runs"))
 register(Invariant(
