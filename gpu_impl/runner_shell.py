@@ -33,7 +33,7 @@ import abc
 import numpy as np
 import torch
 
-from reference.runner import ForwardInfo, is_uniform_decode  # shared record + dispatch rule
+from reference.runner import ForwardInfo  # the record type every runner reports; no oracle logic
 
 from .attention import paged_attention_read, reshape_and_cache
 from .block_table import CpuGpuBuffer
@@ -329,8 +329,9 @@ class RunnerShell(abc.ABC):
         batch = self._batch(scheduled)
         num_reqs = len(batch)
         num_tokens = sum(n for _, n, _ in batch)
-        uniform = is_uniform_decode(self.config, [n for _, n, _ in batch],
-                                    [start for _, _, start in batch])
+        # A uniform decode: one token per row, and with Mamba groups every row
+        # has prior state (a first prompt chunk stays a prefill for the builder).
+        uniform = all(n == 1 and (start > 0 or not self.mamba_groups) for _, n, start in batch)
         mode, tokens_padded, reqs_padded = self._dispatch(num_reqs, num_tokens, uniform,
                                                           cudagraph_mode)
         self._stage_tables(batch, reqs_padded)

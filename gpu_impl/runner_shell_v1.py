@@ -187,6 +187,30 @@ class RunnerShellV1(RunnerShell):
                 st = self.requests[req]
                 batch.add_request(req, st.block_ids, st.num_computed_tokens, st.prompt_len)
         batch.condense()
+        if self.config.reorder_batch_threshold and num_tokens_of:
+            self._reorder(num_tokens_of, self.config.reorder_batch_threshold)
+
+    def _reorder(self, num_tokens_of: dict, threshold: int) -> None:
+        """Decode-first batch reorder an attention backend asks for (vLLM's
+        ``reorder_batch_to_split_decodes_and_prefills``): rows are put in regions
+        — decode, short extend, long extend, first chunk — by swapping only the
+        rows out of their region's span, following each swap cycle."""
+        batch = self.input_batch
+        n = len(num_tokens_of)
+        region = []
+        for row in range(n):
+            computed = int(batch.num_computed_tokens[row])
+            small = num_tokens_of[int(batch.req_ids[row])] <= threshold
+            done = computed >= int(batch.num_prompt_tokens[row])
+            region.append(3 if computed == 0 else 2 if not small else 0 if done else 1)
+        target = sorted(region)
+        wrong = [row for row in range(n) if region[row] != target[row]]
+        goes_to = dict(zip(sorted(wrong, key=lambda row: region[row]), wrong))
+        for src in list(goes_to):
+            dst = goes_to[src]
+            while src != dst:
+                batch.swap_states(src, dst)
+                goes_to[dst], dst = dst, goes_to.get(dst, dst)
 
     def _row_counters(self, reqs_padded: int) -> tuple[np.ndarray, np.ndarray]:
         batch = self.input_batch

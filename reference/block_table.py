@@ -108,6 +108,13 @@ class PersistentBatchRows:
                     self.num_computed_tokens, self.num_prompt_tokens]:
             arr[[i, j]] = arr[[j, i]]
 
+    def permute(self, order: list[int]) -> None:
+        """Rows ``[0, len(order))`` become rows ``order`` (row i <- old row order[i])."""
+        n = len(order)
+        for arr in [*self.block_table, *self.num_blocks_per_row, self.req_ids,
+                    self.num_computed_tokens, self.num_prompt_tokens]:
+            arr[:n] = arr[order].copy()
+
     def condense(self) -> None:
         """Move the last live row into the lowest hole until live rows are contiguous."""
         for _ in range(len(self.req_ids)):

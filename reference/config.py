@@ -79,6 +79,11 @@ class RunnerConfig:
       ``interleave`` positions go to ranks round-robin; this rank stores only
       its own positions (others map to ``PAD_SLOT_ID``), packed into its
       ``block_size`` slots.  Mamba groups are replicated (not sharded).
+    reorder_batch_threshold: V1 only; 0 = no attention backend asks for a
+      reorder; n > 0 = the persistent batch is reordered decode-first after
+      every ``condense`` (vLLM's ``reorder_batch_threshold``: its Mamba builders
+      ask for 1) — rows with at most n scheduled tokens and prior state first.
+      Serialised only when non-zero, so traces from before it keep their bytes.
     """
 
     runner: str = "v1"
@@ -97,6 +102,7 @@ class RunnerConfig:
     dcp_world_size: int = 1
     dcp_rank: int = 0
     cp_kv_cache_interleave_size: int = 1
+    reorder_batch_threshold: int = 0
 
     def __post_init__(self):
         self.validate()
@@ -148,7 +154,8 @@ class RunnerConfig:
             "dcp_world_size": self.dcp_world_size,
             "dcp_rank": self.dcp_rank,
             "cp_kv_cache_interleave_size": self.cp_kv_cache_interleave_size,
-        }
+        } | ({"reorder_batch_threshold": self.reorder_batch_threshold}
+             if self.reorder_batch_threshold else {})
 
     @classmethod
     def from_json(cls, obj) -> "RunnerConfig":
@@ -158,7 +165,7 @@ class RunnerConfig:
         known = {"runner", "groups", "num_blocks", "max_num_reqs",
                  "max_num_blocks_per_req", "max_num_batched_tokens",
                  "cudagraph_capture_sizes", "head_size", "dcp_world_size", "dcp_rank",
-                 "cp_kv_cache_interleave_size"}
+                 "cp_kv_cache_interleave_size", "reorder_batch_threshold"}
         for key in sorted(obj):
             if key not in known:
                 raise ConfigError(key, "unknown field")
@@ -238,6 +245,11 @@ class RunnerConfig:
             if self.groups[g].block_size % interleave:
                 raise ConfigError("cp_kv_cache_interleave_size",
                                   f"{interleave} must divide every attention block_size")
+        _bound(self.reorder_batch_threshold, 0, self.max_num_batched_tokens,
+               "reorder_batch_threshold")
+        if self.reorder_batch_threshold and self.runner != "v1":
+            raise ConfigError("reorder_batch_threshold", "batch reordering is V1's (the "
+                              "persistent batch); V2 batches are built per step: use 0")
         for g in self.attention_groups:
             if self.groups[g].block_size * self.max_num_blocks_per_req > 256:
                 raise ConfigError(f"groups[{g}].block_size",

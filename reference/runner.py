@@ -391,10 +391,41 @@ class ReferenceV1Runner(ReferenceRunnerBase):
             if self.rows.row_of(req) is None:
                 self._enter_batch(req)
         self.rows.condense()
+        if self.config.reorder_batch_threshold and num_tokens_of:
+            self.rows.permute(reorder_decode_first(
+                [num_tokens_of[int(r)] for r in self.rows.req_ids[:len(num_tokens_of)]],
+                self.rows.num_computed_tokens[:len(num_tokens_of)],
+                self.rows.num_prompt_tokens[:len(num_tokens_of)],
+                self.config.reorder_batch_threshold))
 
     def _commit(self, num_rows: int) -> None:
         for g, table in enumerate(self.rows.block_table):
             self.device_block_table[g][:num_rows] = table[:num_rows]
+
+
+def reorder_decode_first(num_scheduled, num_computed, num_prompt, threshold: int) -> list[int]:
+    """The batch order vLLM's ``reorder_batch_to_split_decodes_and_prefills``
+    (``vllm/v1/attention/backends/utils.py``) leaves: row i of the result is old
+    row ``order[i]``.
+
+    Regions, in this order: decodes (at most ``threshold`` tokens, prior state,
+    prompt done), short extends (same, prompt not done), long extends (more
+    tokens, prior state), first chunks (no prior state).  Rows already in their
+    region's span stay; the others are dealt, by region and then by position,
+    to the positions that were out of place — not a full stable sort.
+    """
+    computed = np.asarray(num_computed)
+    has_context = computed > 0
+    below = np.asarray(num_scheduled) <= threshold
+    done = computed >= np.asarray(num_prompt)
+    region = np.where(~has_context, 3, np.where(~below, 2, np.where(done, 0, 1)))
+    target = np.sort(region, kind="stable")
+    out_of_place = np.flatnonzero(region != target)
+    moved = out_of_place[np.argsort(region[out_of_place], kind="stable")]
+    order = list(range(len(region)))
+    for dst, src in zip(out_of_place, moved):
+        order[int(dst)] = int(src)
+    return order
 
 
 def _check_mode(mode) -> None:

@@ -94,7 +94,8 @@ def load() -> SimpleNamespace:
 
     Returns a namespace: ``version``, ``MultiGroupBlockTable``, ``BlockTables``,
     ``SlotMappingMode`` (None where the release has none), V1's ``InputBatch``,
-    ``CachedRequestState`` and ``SamplingParams``, V2's ``RequestState``, and the capability
+    ``CachedRequestState`` and ``SamplingParams``, V2's ``RequestState``, the
+    decode-first reorder ``reorder_batch`` (None where absent), and the capability
     flags read off the signatures (``v1_kernel_blocks``, ``v2_kernel_blocks``,
     ``v1_slot_mapping_modes``, ``v2_slot_mapping_enabled``, ``v2_dcp_sharded``).
     Raises :class:`TargetUnavailable`.
@@ -128,6 +129,7 @@ def load() -> SimpleNamespace:
         from vllm.v1.worker.gpu import buffer_utils, states as v2_states
         from vllm.v1.worker import gpu_input_batch
         from vllm.sampling_params import SamplingParams
+        from vllm.v1.attention.backends import utils as backend_utils
     except Exception as e:  # noqa: BLE001 - any import failure means "cannot use"
         raise TargetUnavailable(f"vLLM {version} failed to import ({type(e).__name__}: {e}); "
                                 "reinstall with scripts/install-vllm-target.sh") from None
@@ -144,6 +146,8 @@ def load() -> SimpleNamespace:
         BlockTables=v2_block_table.BlockTables,
         SlotMappingMode=getattr(v1_block_table, "SlotMappingMode", None),
         InputBatch=gpu_input_batch.InputBatch,
+        reorder_batch=getattr(backend_utils, "reorder_batch_to_split_decodes_and_prefills",
+                              None),
         RequestState=v2_states.RequestState,
         CachedRequestState=gpu_input_batch.CachedRequestState,
         SamplingParams=SamplingParams,
@@ -234,6 +238,10 @@ def refusal(config, vllm: SimpleNamespace | None = None) -> TargetRefused | None
                 f"vLLM {vllm.version}'s V2 compute_slot_mappings fails with decode context "
                 f"parallelism under the Triton interpreter ({error}); a limit of the "
                 "interpreter, not of the engine: use dcp_world_size 1 on a CPU")
+    if config.reorder_batch_threshold and vllm.reorder_batch is None:
+        return TargetRefused("reorder_batch_threshold",
+                             f"vLLM {vllm.version} has no reorder_batch_to_split_decodes_and_"
+                             "prefills to reorder its persistent batch with; use 0")
     splits = vllm.v1_kernel_blocks if config.runner == "v1" else vllm.v2_kernel_blocks
     if not splits:
         for g, spec in enumerate(config.groups):

@@ -153,6 +153,15 @@ class VllmV1Runner(_ReferenceWidth, RunnerShellV1):
     def kernel_block_size(self, group: int) -> int:
         return self.input_batch.block_table[group].block_size
 
+    def _reorder(self, num_tokens_of: dict, threshold: int) -> None:
+        """vLLM's own ``reorder_batch_to_split_decodes_and_prefills`` on its
+        ``InputBatch`` (the scheduler output: the step's token counts)."""
+        from types import SimpleNamespace
+
+        scheduled = SimpleNamespace(num_scheduled_tokens={str(r): n
+                                                          for r, n in num_tokens_of.items()})
+        load().reorder_batch(self.input_batch.batch, scheduled, decode_threshold=threshold)
+
     def _commit_rows(self, num_rows: int) -> None:
         self.input_batch.block_table.commit_block_table(num_rows)
 

@@ -101,3 +101,53 @@ def test_v1_dummy_run_builds_metadata_only_for_full(runner):
     assert np.array_equal(runner.mamba_state[1], state, equal_nan=True)
     runner.dummy_run(3, 3, "FULL")
     assert runner.last_forward.metadata is True and runner.seq_lens[:4].tolist() == [1, 1, 1, 0]
+
+
+def _regions_cases():
+    import itertools
+
+    # (scheduled, computed, prompt) per row covering the four regions and their mixes
+    kinds = {"decode": (1, 3, 2), "short": (1, 1, 4), "long": (3, 2, 8), "first": (2, 0, 2)}
+    for n in range(1, 5):
+        for combo in itertools.product(kinds, repeat=n):
+            yield [kinds[k] for k in combo]
+
+
+def test_decode_first_reorder_shell_agrees_with_the_reference():
+    """gpu_impl's swap-cycle reorder and the reference's permutation (two
+    implementations of vLLM's reorder_batch_to_split_decodes_and_prefills) leave
+    the same order for every mix of regions up to four rows."""
+    from types import SimpleNamespace
+
+    from gpu_impl.runner_shell_v1 import RunnerShellV1
+    from reference.runner import reorder_decode_first
+
+    for rows in _regions_cases():
+        sched, comp, prompt = (list(x) for x in zip(*rows))
+        want = reorder_decode_first(sched, comp, prompt, 1)
+        batch = SimpleNamespace(req_ids=np.arange(len(rows)), num_computed_tokens=np.array(comp),
+                                num_prompt_tokens=np.array(prompt))
+
+        def swap(i, j, b=batch):
+            for arr in (b.req_ids, b.num_computed_tokens, b.num_prompt_tokens):
+                arr[[i, j]] = arr[[j, i]]
+        batch.swap_states = swap
+        shell = SimpleNamespace(input_batch=batch)
+        RunnerShellV1._reorder(shell, dict(enumerate(sched)), 1)
+        assert batch.req_ids.tolist() == want, (rows, want)
+        regions = [0 if (c > 0 and s <= 1 and c >= p) else 1 if (c > 0 and s <= 1) else
+                   2 if c > 0 else 3 for s, c, p in (rows[i] for i in want)]
+        assert regions == sorted(regions)  # decodes first, first chunks last
+
+
+def test_v1_reorder_puts_decodes_first():
+    cfg = RunnerConfig(reorder_batch_threshold=1)
+    r = ReferenceV1Runner(cfg)
+    r.add(0, [[1], [2]], 4)
+    r.add(1, [[3], [4]], 1)
+    r.step([[0, 2], [1, 1]], "NONE")  # both first chunks: order kept
+    assert r.rows.req_ids[:2].tolist() == [0, 1]
+    r.step([[0, 2], [1, 1]], "NONE")  # 0 extends its prompt, 1 decodes: 1 moves first
+    assert r.rows.req_ids[:2].tolist() == [1, 0]
+    assert RunnerConfig.from_json(cfg.to_json()) == cfg
+    assert "reorder_batch_threshold" not in RunnerConfig().to_json()  # old traces' bytes

@@ -259,3 +259,35 @@ def test_real_bisect_names_the_release_that_cleared_the_stale_row(vllm, capsys):
     old, new = report["change"]
     recorded = load(trace).meta["expect_by_release"]
     assert recorded[old]["verdict"] == "fail" and recorded[new]["verdict"] == "pass"
+
+
+def test_reference_reorder_is_vllms_reorder(vllm):
+    """The reference's decode-first order is what the installed vLLM's own
+    reorder_batch_to_split_decodes_and_prefills leaves, for every mix of the four
+    regions up to four rows (a stand-in batch with vLLM's swap semantics)."""
+    import itertools
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from reference.runner import reorder_decode_first
+
+    if vllm.reorder_batch is None:
+        pytest.skip(f"vLLM {vllm.version} has no reorder_batch_to_split_decodes_and_prefills")
+    kinds = [(1, 3, 2), (1, 1, 4), (3, 2, 8), (2, 0, 2)]  # decode, short, long, first
+    for n in range(1, 5):
+        for rows in itertools.product(kinds, repeat=n):
+            sched, comp, prompt = (list(x) for x in zip(*rows))
+            batch = SimpleNamespace(req_ids=[str(i) for i in range(n)],
+                                    num_computed_tokens_cpu=np.array(comp),
+                                    num_prompt_tokens=np.array(prompt))
+
+            def swap(i, j, b=batch):
+                b.req_ids[i], b.req_ids[j] = b.req_ids[j], b.req_ids[i]
+                for arr in (b.num_computed_tokens_cpu, b.num_prompt_tokens):
+                    arr[[i, j]] = arr[[j, i]]
+            batch.swap_states = swap
+            out = SimpleNamespace(num_scheduled_tokens={str(i): s for i, s in enumerate(sched)})
+            vllm.reorder_batch(batch, out, decode_threshold=1)
+            assert [int(r) for r in batch.req_ids] == reorder_decode_first(
+                sched, comp, prompt, 1), rows
