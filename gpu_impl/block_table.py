@@ -7,7 +7,8 @@ rows of a forward to the device.  ``MultiGroupBlockTable`` holds one table per
 KV-cache group.  Slot mappings are computed on the device by a Triton kernel
 (one program, one lane per token), PAD-filling the padded tail.
 
-Faults consulted here: ``vacated-row-not-cleared`` (``move_row``),
+Faults consulted here: ``vacated-row-not-cleared`` (``move_row``), ``swap-rows-aliased``
+(``swap_row``),
 ``kernel-blocks-count-unscaled`` (``append_row``), ``kernel-block-size-ignored``
 (``compute_slot_mapping``).
 """
@@ -104,7 +105,13 @@ class BlockTable:
 
     def swap_row(self, src: int, tgt: int) -> None:
         self.num_blocks_per_row[[src, tgt]] = self.num_blocks_per_row[[tgt, src]]
-        self.block_table.np[[src, tgt]] = self.block_table.np[[tgt, src]]
+        rows = self.block_table.np
+        if "swap-rows-aliased" in self.faults:
+            # The historical idiom: a tuple of row *views*; the first assignment
+            # overwrites what the second then reads, so both rows end up as tgt's.
+            rows[src], rows[tgt] = rows[tgt], rows[src]
+            return
+        rows[[src, tgt]] = rows[[tgt, src]]
 
     def commit(self, num_rows: int) -> None:
         """Copy rows [0, num_rows) host -> device before a forward."""

@@ -141,6 +141,17 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "vllm/v1/worker/gpu/model_runner.py pads its input batch the same way",
           "PADDED_ROWS_NEUTRAL", ("MATCHES_REFERENCE",), family="metadata",
           sites=("vllm/v1/worker/gpu_model_runner.py", "vllm/v1/worker/gpu/model_runner.py")),
+    Fault("swap-rows-aliased", ("v1",),
+          "swap_states swaps a 2-D per-row buffer (here the block-table rows) with a tuple "
+          "of row views, so both rows end up holding the second row's block ids; the "
+          "decode-first reorder follows swap cycles and spreads the damage over rows",
+          "vllm-project/vllm PR #48419 '[Bugfix] V1: fix allowed_token_ids_mask aliasing in "
+          "InputBatch.swap_states' (vllm/v1/worker/gpu_input_batch.py: the tuple-of-views "
+          "swap left both rows with row i2's contents, and "
+          "reorder_batch_to_split_decodes_and_prefills calls swap_states along swap cycles); "
+          "the same idiom on the block-table rows here",
+          "NO_STALE_WRITE", ("MATCHES_REFERENCE", "NO_FOREIGN_READ"), family="metadata",
+          sites=("vllm/v1/worker/gpu_input_batch.py", "vllm/v1/worker/block_table.py")),
     Fault("dummy-rows-not-committed", ("v1",),
           "an idle rank's dummy run removes the unscheduled requests from the persistent batch "
           "(host rows cleared) but builds its attention metadata without committing the rows "
