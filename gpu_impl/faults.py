@@ -121,7 +121,7 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "counters, which a vacated row keeps after remove/condense; a padded row whose last "
           "request was mid-prompt makes the batch 'mixed', the Mamba builder skips refreshing "
           "the persistent decode state-index buffer, and the FULL replay updates the state "
-          "blocks of the batch before",
+          "blocks the previous all-decode FULL batch's rows held",
           "vllm-project/vllm issue #41841 'Stale padded request metadata can misclassify "
           "Mamba CUDA graph rows' and PR #42947 (clear is_prefilling for padded rows in "
           "GPUModelRunner._build_attention_metadata; vllm/v1/worker/gpu_model_runner.py now "

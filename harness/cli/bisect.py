@@ -27,9 +27,15 @@ def cmd_bisect(args) -> int:
         releases = parse_releases(args.releases)
     except BisectError as e:
         raise UsageError(str(e)) from None
-    envs = ReleaseEnvs(Path(args.cache))
+    from harness.cli.common import _check_out
+
+    envs = ReleaseEnvs(_check_out(args.cache, "--cache"))  # writable, before anything runs
     print(f"blockfuzz bisect: {len(traces)} trace(s) over {', '.join(releases)} "
           f"(cache {args.cache})", flush=True)
+    missing = [r for r in releases if not envs.ready(r)]
+    if missing:
+        print(f"to install when needed (about a minute each, once): {', '.join(missing)}",
+              flush=True)
     paths = [str(p) for p, _ in traces]
 
     def measure(release: str) -> list[dict]:
@@ -71,10 +77,13 @@ def cmd_bisect(args) -> int:
 
 
 def _print_table(rows: list[dict], paths: list[str]) -> None:
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="verdict per release (vllm target, no faults)", title_justify="left")
+    plain = not Console().is_terminal  # ASCII when piped, as explain does
+    table = Table(title="verdict per release (vllm target, no faults)", title_justify="left",
+                  box=box.ASCII if plain else box.SQUARE)
     table.add_column("release")
     for p in paths:
         table.add_column(Path(p).name)

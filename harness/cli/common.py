@@ -20,6 +20,14 @@ EPILOG = """exit codes:
   130  interrupted (Ctrl-C): what was done is kept and printed"""
 
 
+BISECT_EPILOG = """exit codes:
+  0    a release where the verdicts change was found (printed last)
+  1    no change: both ends agree (--every: every release listed agrees)
+  2    bad input or usage: one line on stderr naming the file, field or flag;
+       nothing run, nothing written (or an environment could not be made)
+  130  interrupted (Ctrl-C)"""
+
+
 class UsageError(Exception):
     """Bad flags or input: reported as one line, exit 2."""
 
@@ -43,7 +51,9 @@ def _target_names() -> list[str]:
 
 
 # -- verbs ---------------------------------------------------------------------
-def _load_config(path: str | None, runner: str | None):
+def _load_config(path: str | None, runner: str | None, default_runner: str | None = None):
+    """The ``--config`` file (None without one): ``runner`` (the flag) overrides its
+    runner; ``default_runner`` fills it only where the file names none."""
     from harness.core.trace import read_json
     from reference import ConfigError, RunnerConfig
 
@@ -54,6 +64,8 @@ def _load_config(path: str | None, runner: str | None):
         obj = obj["config"]
     if isinstance(obj, dict) and runner:
         obj = dict(obj, runner=runner)
+    elif isinstance(obj, dict) and default_runner and "runner" not in obj:
+        obj = dict(obj, runner=default_runner)
     try:
         return RunnerConfig.from_json(obj)
     except ConfigError as e:
@@ -61,21 +73,34 @@ def _load_config(path: str | None, runner: str | None):
 
 
 def _print_consequence(trace, invariant: str, faults, target: str, device: str) -> None:
-    """For a structural finding (stale ids in a row), replay without the structural
-    checks and say whether this trace also writes through the stale ids — what a
-    maintainer asks first."""
+    """For a structural finding (stale ids or counters in a row), replay without the
+    structural checks and say what the bug did to memory — what a maintainer asks
+    first: a write where none may land (the first invariant that still fires), else
+    a write that went missing or into scratch (caches and outputs compared with
+    the reference op by op), else nothing."""
     from harness.core.invariants import structural_ids
+    from harness.core.invariants.differential import effects_differ
+    from harness.core.session import Session, replay
 
     if invariant not in structural_ids():
         return
-    from harness.core.session import replay
-
-    seen = replay(trace, faults, target, device, skip={invariant, "MATCHES_REFERENCE"})
-    if seen.violation is None:
-        print("consequence: none in this trace (structural only: no kernel writes through "
-              "the stale ids here)")
-    else:
-        print(f"consequence (with {invariant} unchecked): {seen.violation.line()}")
+    skip = set(structural_ids()) | {"MATCHES_REFERENCE"}
+    seen = replay(trace, faults, target, device, skip=skip)
+    if seen.violation is not None:
+        print(f"consequence (with the structural checks unchecked): {seen.violation.line()}")
+        return
+    session = Session(trace.config, faults, target, device, skip)
+    for index, op in enumerate(trace.ops):
+        session.apply(op)
+        lost = effects_differ(session.target.observe(), session.reference.observe(), index,
+                              op["op"])
+        if lost:
+            v = lost[0]
+            print(f"consequence: no write lands where it may not, but after op {v.op_index} "
+                  f"({v.op}) {v.detail} — a kernel wrote elsewhere (scratch) or not at all")
+            return
+    print("consequence: none in this trace (structural only: every cache and output still "
+          "matches the reference)")
 
 
 def _fault_source(ids: list[str]) -> str:

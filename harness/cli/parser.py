@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from harness.cli.common import _Parser, _target_names
+from harness.cli.common import BISECT_EPILOG, _Parser, _target_names
 
 
 def _add_common(p: argparse.ArgumentParser, faults: bool = True) -> None:
@@ -54,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
 
     p = sub.add_parser("bisect", help="the first vLLM release where a trace's verdict "
-                                      "changes (binary search, one environment per release)")
+                                      "changes (binary search, one environment per release)",
+                       epilog=BISECT_EPILOG)
     p.add_argument("traces", nargs="+", metavar="TRACE")
     p.add_argument("--releases", default="0.26.0..0.33.0", metavar="A..B|X,Y,Z",
                    help="releases to search, oldest to newest (default 0.26.0..0.33.0: the "
@@ -112,9 +113,9 @@ def _add_nightly(p) -> None:
                    help="with --target vllm: search the newest of these vLLM releases (in "
                         "its own cached environment), replay each finding on the older ones "
                         "and mark the findings new in the newest")
-    p.add_argument("--release-cache", default=str(Path.home() / ".cache" / "blockfuzz" /
-                                                  "vllm-envs"), metavar="DIR",
-                   help="where each release's environment is made once (as bisect --cache)")
+    p.add_argument("--release-cache", default=None, metavar="DIR",
+                   help="with --releases: where each release's environment is made once (as "
+                        "bisect --cache; default ~/.cache/blockfuzz/vllm-envs)")
 
 
 def _add_fault_source(p) -> None:

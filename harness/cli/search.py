@@ -31,7 +31,8 @@ def _fuzz_setup(args):
         raise UsageError("--time-budget: must be a finite number of seconds > 0")
     out_dir = _check_out(args.out, "--out")
     faults = _check_faults(args.fault, args.runner)
-    config = _load_config(args.config, args.runner)
+    # A --config without "runner" takes the one the faults share, as a drawn geometry does.
+    config = _load_config(args.config, args.runner, _fault_runner(faults))
     runner = config.runner if config is not None else (args.runner or _fault_runner(faults))
     if config is not None:
         _check_faults(args.fault, runner)
@@ -84,7 +85,7 @@ def cmd_fuzz(args) -> int:
         print(f"chunk seeds run: {', '.join(map(str, result.chunk_seeds))}")
     if getattr(args, "coverage", False):
         print_coverage(result.coverage, result.coverage_examples,
-                       f"behaviour coverage: seed {args.seed}, search only")
+                       f"behaviour coverage: seed {args.seed}, search only", runner)
     if result.violation is None:
         print(f"PASS: {_examples_text(result)}, {_rate_text(result)}; no invariant violated")
         return EXIT_OK
@@ -105,7 +106,8 @@ def cmd_fuzz(args) -> int:
     return EXIT_VIOLATION
 
 
-def print_coverage(counts: dict, examples: dict | None, title: str) -> None:
+def print_coverage(counts: dict, examples: dict | None, title: str,
+                   runner: str | None = None) -> None:
     """The coverage table: every feature with its hits (ops, examples), unhit first."""
     from rich.console import Console
     from rich.table import Table
@@ -119,7 +121,7 @@ def print_coverage(counts: dict, examples: dict | None, title: str) -> None:
     for feature, ops, ex, meaning in rows:
         table.add_row(feature, str(ops), "-" if ex is None else str(ex), meaning)
     Console(width=150, soft_wrap=False).print(table)
-    missing = unhit(counts)
+    missing = unhit(counts, runner)
     print(f"coverage: {len(rows) - len(missing)}/{len(rows)} features hit"
           + (f"; unhit: {', '.join(missing)}" if missing else ""))
 
@@ -206,6 +208,9 @@ def _nightly_campaign(args):
     if faults and args.target != "gpu_impl":
         raise UsageError(f"{_fault_source(args.fault)}: faults live in gpu_impl; use --target "
                          "gpu_impl")
+    if args.release_cache is not None and args.releases is None:
+        raise UsageError("--release-cache: only used with --releases (a campaign across "
+                         "vLLM releases)")
     pythons = _release_pythons(args) if args.releases is not None else {}
     device = "cpu" if pythons else _select_device(args.device, args.target)
     if args.seed_corpus is not None:
@@ -223,6 +228,9 @@ def _nightly_campaign(args):
                     seed_corpus=Path(args.seed_corpus) if args.seed_corpus else None, **extra)
 
 
+DEFAULT_RELEASE_CACHE = Path.home() / ".cache" / "blockfuzz" / "vllm-envs"
+
+
 def _release_pythons(args) -> dict:
     """nightly --releases: release -> the python of its environment (made now when
     missing), oldest first; one line and exit 2 on anything wrong."""
@@ -235,8 +243,12 @@ def _release_pythons(args) -> dict:
         raise UsageError("--device cuda: the vllm target runs on the CPU; use --device cpu "
                          "or auto")
     try:
-        releases = parse_releases(args.releases)
-        envs = ReleaseEnvs(Path(args.release_cache))
+        releases = parse_releases(args.releases)  # its errors name --releases already
+    except BisectError as e:
+        raise UsageError(str(e)) from None
+    cache = _check_out(args.release_cache or str(DEFAULT_RELEASE_CACHE), "--release-cache")
+    try:
+        envs = ReleaseEnvs(cache)
         return {r: envs.python(r) for r in releases}
     except BisectError as e:
         raise UsageError(f"--releases {args.releases}: {e}") from None
@@ -287,7 +299,7 @@ def _print_campaign(c, progress, args) -> None:
                 print(f"  {key}: {f[key]}")
     from harness.search.coverage import FEATURES, unhit
 
-    missing = unhit(progress.coverage)
+    missing = unhit(progress.coverage, c.runner)
     print(f"coverage: {len(FEATURES) - len(missing)}/{len(FEATURES)} features hit"
           + (f"; unhit: {', '.join(missing)}" if missing else "")
           + f"; learned: {c.out / 'learned'} (the next campaign's --seed-corpus)")

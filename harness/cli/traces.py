@@ -102,7 +102,7 @@ def _replay_one(args, path, trace, use, device, expect) -> tuple[bool, bool]:
     verdict = replay(trace, use, args.target, device)
     tag = f" (faults: {','.join(use)})" if use else ""
     if verdict.violation is None:
-        print(f"PASS {path}: {verdict.ops_run} ops{tag}")
+        print(f"PASS {path}: {verdict.ops_run} op{'' if verdict.ops_run == 1 else 's'}{tag}")
     else:
         print(f"FAIL {path}{tag}: {verdict.violation.line()}")
     if not args.check_expect:

@@ -187,6 +187,49 @@ def _check_meta(trace: Trace, source: str) -> None:
     if op_index is not None and not (START_OP_INDEX <= op_index < len(trace.ops)):
         raise TraceError(source, "expect.op_index", f"{op_index} is not an op index "
                          f"(0..{len(trace.ops) - 1}, or -1 for start-up)")
+    _check_expect_by_release(trace, source, (*ids(), IMPL_CRASH))
+
+
+RELEASE_VERDICT_KEYS = {"pass": set(), "n/a": {"reason"},
+                        "fail": {"invariant", "op_index", "op"}}
+
+
+def _check_expect_by_release(trace: Trace, source: str, known: tuple) -> None:
+    """``meta.expect_by_release``: {release "X.Y.Z": {"verdict": "pass"} |
+    {"verdict": "fail", "invariant": ID, "op_index": N} | {"verdict": "n/a",
+    "reason": TEXT}} — what was measured on each vLLM release."""
+    import re
+
+    from harness.core.invariants import START_OP_INDEX
+
+    by_release = trace.meta.get("expect_by_release")
+    if by_release is None:
+        return
+    where = "meta.expect_by_release"
+    if not isinstance(by_release, dict):
+        raise TraceError(source, where, "must be an object {release: verdict}")
+    for release, v in by_release.items():
+        at = f"{where}.{release}"
+        if not re.fullmatch(r"\d+\.\d+\.\d+\S*", release):
+            raise TraceError(source, at, "not a release version (X.Y.Z, e.g. 0.26.0)")
+        if not isinstance(v, dict) or not isinstance(v.get("verdict"), str) \
+                or v["verdict"] not in RELEASE_VERDICT_KEYS:
+            raise TraceError(source, at, 'must be {"verdict": "pass" | "fail" | "n/a", ...}')
+        extra = set(v) - {"verdict"} - RELEASE_VERDICT_KEYS[v["verdict"]]
+        if extra:
+            raise TraceError(source, f"{at}.{sorted(extra)[0]}",
+                             f"not a field of a {v['verdict']!r} verdict")
+        if v["verdict"] == "fail":
+            if v.get("invariant") not in known:
+                raise TraceError(source, f"{at}.invariant",
+                                 f"unknown invariant {v.get('invariant')!r}")
+            index = v.get("op_index")
+            if isinstance(index, bool) or not isinstance(index, int) or \
+                    not START_OP_INDEX <= index < len(trace.ops):
+                raise TraceError(source, f"{at}.op_index", f"{index!r} is not an op index "
+                                 f"(0..{len(trace.ops) - 1}, or -1 for start-up)")
+        if v["verdict"] == "n/a" and not isinstance(v.get("reason", ""), str):
+            raise TraceError(source, f"{at}.reason", "must be a string")
 
 
 def dry_run(trace: Trace, source: str = "<trace>") -> None:

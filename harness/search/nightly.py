@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.core.trace import write_atomic
-from harness.search.coverage import FEATURES
+from harness.search.coverage import FEATURES, unhit
 from harness.tools.commands import RunSettings, command
 
 EXAMPLES_PER_SEED = 25
@@ -530,7 +530,7 @@ def write_reports(c: Campaign, p: Progress) -> None:
         "findings": [p.findings[k] for k in sorted(p.findings)],
         "coverage": {f: {"ops": p.coverage.get(f, 0), "examples": p.coverage_examples.get(f, 0)}
                      for f in FEATURES},
-        "coverage_unhit": [f for f in FEATURES if not p.coverage.get(f)],
+        "coverage_unhit": unhit(p.coverage, c.runner),
         "seed_corpus": str(c.corpus_snapshot) if c.corpus_snapshot else None,
         "learned": _write_learned(c, p),
     }

@@ -48,12 +48,18 @@ class BisectError(ValueError):
 
 
 def _version(text: str):
+    """``text`` as a Version; a release must be spelled as the package index
+    spells it (``0.26.0``: three components, no ``v``)."""
     from packaging.version import InvalidVersion, Version
 
     try:
-        return Version(text)
+        version = Version(text)
     except InvalidVersion:
         raise BisectError(f"--releases: {text!r} is not a version") from None
+    if str(version) != text or len(version.release) < 3:
+        raise BisectError(f"--releases: {text!r} is not a release as the package index "
+                          "spells it (X.Y.Z, e.g. 0.26.0)")
+    return version
 
 
 def parse_releases(text: str, known=KNOWN_RELEASES) -> list[str]:
@@ -72,7 +78,7 @@ def parse_releases(text: str, known=KNOWN_RELEASES) -> list[str]:
         chosen = [r.strip() for r in text.split(",") if r.strip()]
         for r in chosen:
             _version(r)
-        if len(set(chosen)) != len(chosen):
+        if len({_version(r) for r in chosen}) != len(chosen):
             raise BisectError(f"--releases {text}: a release is listed twice")
     chosen = sorted(chosen, key=_version)
     if len(chosen) < 2:
@@ -165,6 +171,11 @@ class ReleaseEnvs:
             return str(python)
         self._make(env, release)
         return str(python)
+
+    def ready(self, release: str) -> bool:
+        """Is ``release`` usable without installing (active, or cached)?"""
+        return active_release() == release or (self.cache / f"vllm-{release}" /
+                                               ".ready").exists()
 
     def where(self, release: str) -> str:
         """How a release's environment was had: active, cached or installed."""

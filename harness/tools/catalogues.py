@@ -20,8 +20,8 @@ def _print_table(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...
     console = Console()
     plain = not console.is_terminal
     table = Table(title=title, box=box.ASCII if plain else box.SQUARE)
-    for col in columns:
-        table.add_column(col, overflow="fold")
+    for i, col in enumerate(columns):  # the first column is an id to copy: never wrapped
+        table.add_column(col, overflow="fold", no_wrap=i == 0, min_width=None)
     for row in rows:
         table.add_row(*row)
     Console(width=160, no_color=True, highlight=False).print(table) if plain \

@@ -123,3 +123,21 @@ def test_cli_every_runs_every_release(stubbed, capsys):
     assert runs == NINE and "(not run)" not in capsys.readouterr().out
     assert main(["bisect", str(trace), "--releases", "0.30.0..0.33.0", "--every"]) == 1
     assert "every release listed gives the same verdicts" in capsys.readouterr().out
+
+
+def test_release_spelling_and_equal_versions_are_refused():
+    for bad, says in (("0.26.0,0.26", "as the package index spells it"),
+                      ("v0.26.0,0.27.0", "as the package index spells it"),
+                      ("0.26.0,0.26.00", "as the package index spells it")):
+        with pytest.raises(b.BisectError, match=says):
+            b.parse_releases(bad)
+
+
+def test_unwritable_cache_is_refused_before_anything_runs(stubbed, capsys, tmp_path):
+    runs, trace = stubbed
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    assert main(["bisect", str(trace), "--releases", "0.26.0,0.27.0", "--cache",
+                 str(afile)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and runs == [] and "--cache" in err and err.count("\n") == 1

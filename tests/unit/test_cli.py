@@ -409,3 +409,28 @@ def test_out_where_nothing_can_be_created_is_refused_before_the_work(capsys):
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.count("\n") == 1
     assert "--out /proc/blockfuzz-out: cannot write in /proc" in captured.err
+
+
+def test_consequence_names_a_lost_state_update(capsys):
+    """A structural finding whose damage is a write that went missing (the Mamba
+    state update of a FULL decode sent to the null block) says so, rather than
+    "none"; one whose damage is a write into a freed block names that."""
+    from harness.cli.common import _print_consequence
+    from harness.core.trace import Trace, load
+    from reference import GroupSpec, RunnerConfig
+
+    seed = load(Path(__file__).resolve().parents[2] / "corpora" / "seeds" /
+                "padded-rows-classified-as-prefill.json")
+    _print_consequence(seed, "PADDED_ROWS_NEUTRAL", seed.faults, "gpu_impl", "cpu")
+    assert "NO_STALE_WRITE" in capsys.readouterr().out
+    config = RunnerConfig(cudagraph_capture_sizes=(2,), max_num_batched_tokens=2,
+                          max_num_reqs=2, num_blocks=3, max_num_blocks_per_req=1,
+                          groups=(GroupSpec("attention", 2, 2), GroupSpec("mamba", 16, 16)))
+    lost = [{"op": "add", "req": 0, "blocks": [[1], [1]], "prompt_len": 1},
+            {"op": "add", "req": 1, "blocks": [[2], [2]], "prompt_len": 1},
+            {"op": "step", "scheduled": [[0, 1]], "cudagraph_mode": "NONE"},  # 1 waits
+            {"op": "step", "scheduled": [[0, 1]], "cudagraph_mode": "FULL"}]  # row 1 padding
+    _print_consequence(Trace(config, lost), "PADDED_ROWS_NEUTRAL",
+                       ["padded-rows-classified-as-prefill"], "gpu_impl", "cpu")
+    out = capsys.readouterr().out
+    assert "no write lands where it may not" in out and "mamba_state[1]" in out, out

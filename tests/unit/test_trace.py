@@ -1,6 +1,7 @@
 """harness/trace.py: canonical bytes, and one-line errors for every kind of bad input."""
 
 import json
+import re
 
 import pytest
 
@@ -81,3 +82,26 @@ def test_not_json_and_missing_file(tmp_path):
         load(p)
     with pytest.raises(TraceError, match="cannot read"):
         load(tmp_path / "missing.json")
+
+
+@pytest.mark.parametrize("by_release, field", [
+    ([1], "meta.expect_by_release"),
+    ({"0.26.0": "fail"}, "meta.expect_by_release.0.26.0"),
+    ({"0.26.0": {"verdict": "maybe"}}, "meta.expect_by_release.0.26.0"),
+    ({"0.26.0": {"verdict": ["fail"]}}, "meta.expect_by_release.0.26.0"),
+    ({"0.26.0": {"verdict": "fail", "invariant": "NOPE", "op_index": 0}},
+     "meta.expect_by_release.0.26.0.invariant"),
+    ({"0.26.0": {"verdict": "fail", "invariant": "NO_STALE_WRITE", "op_index": "0"}},
+     "meta.expect_by_release.0.26.0.op_index"),
+    ({"0.26.0": {"verdict": "pass", "invariant": "NO_STALE_WRITE"}},
+     "meta.expect_by_release.0.26.0.invariant"),
+    ({"banana": {"verdict": "pass"}}, "meta.expect_by_release.banana"),
+])
+def test_expect_by_release_is_validated(by_release, field):
+    """What bisect --write and fuzz --target vllm record is checked on load: a
+    malformed record is one line naming the field, not a crash or a MISMATCH."""
+    obj = json.loads(Trace(RunnerConfig(), [{"op": "add", "req": 0, "blocks": [[1], [2]],
+                                             "prompt_len": 1}]).dumps())
+    obj["meta"] = {"expect_by_release": by_release}
+    with pytest.raises(TraceError, match=re.escape(field)):
+        parse(obj)

@@ -110,11 +110,32 @@ def check_matches_reference(impl: Observation, ref: Observation, op_index: int,
         for name, v in ref.metadata.items():  # rows the last forward staged
             n = rows_used + 1 if name == "query_start_loc" else rows_used
             pairs.append((f"metadata.{name}", impl.metadata[name][:n], v[:n]))
-    for name in ("state_indices", "kv_cache", "attn_out"):
-        for g, v in getattr(ref, name).items():
-            pairs.append((f"{name}[{g}]", getattr(impl, name)[g], v))
-    for g, v in ref.mamba_state.items():  # the null block is scratch: excluded
-        pairs.append((f"mamba_state[{g}] (blocks 1..)", impl.mamba_state[g][1:], v[1:]))
+    for g, v in ref.state_indices.items():
+        pairs.append((f"state_indices[{g}]", impl.state_indices[g], v))
+    return _first_difference(pairs + _effect_pairs(impl, ref), op_index, op)
+
+
+def _effect_pairs(impl: Observation, ref: Observation) -> list:
+    """What the kernels left: caches (the Mamba null block is scratch) and outputs."""
+    pairs = [(f"kv_cache[{g}]", impl.kv_cache[g], v) for g, v in ref.kv_cache.items()]
+    pairs += [(f"attn_out[{g}]", impl.attn_out[g], v) for g, v in ref.attn_out.items()]
+    for g, v in ref.mamba_state.items():
+        a, b = impl.mamba_state[g].copy(), v.copy()
+        a[0] = b[0] = 0.0  # index = block id
+        pairs.append((f"mamba_state[{g}] (null block excluded)", a, b))
+    return pairs
+
+
+def effects_differ(impl: Observation, ref: Observation, op_index: int,
+                   op: str) -> list[Violation]:
+    """``MATCHES_REFERENCE`` restricted to what the kernels left (caches, outputs):
+    the consequence of a structural finding when no write lands where it may
+    not — a write that went missing, or into scratch (not registered: the full
+    differential check already covers it)."""
+    return _first_difference(_effect_pairs(impl, ref), op_index, op)
+
+
+def _first_difference(pairs: list, op_index: int, op: str) -> list[Violation]:
     for name, a, b in pairs:
         if a.shape != b.shape:
             return [Violation("MATCHES_REFERENCE", op_index, op,
