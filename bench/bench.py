@@ -36,6 +36,17 @@ def _time_apply(target_factory, workload):
     return steps, time.perf_counter() - start
 
 
+def _timed(fn, clock):
+    """``fn`` (a method) with its wall time added to clock[0]."""
+    def timed(self, *a, **k):
+        t = time.perf_counter()
+        try:
+            return fn(self, *a, **k)
+        finally:
+            clock[0] += time.perf_counter() - t
+    return timed
+
+
 def _timed_gpu_target(clock):
     """A GpuImplTarget whose op methods and construction are timed into clock[0]."""
     from harness import targets
@@ -48,15 +59,7 @@ def _timed_gpu_target(clock):
 
     for name in ("add", "append", "remove", "condense", "swap", "kv_load", "step", "dummy_run",
                  "observe"):
-        def wrap(fn):
-            def timed(self, *a, **k):
-                t = time.perf_counter()
-                try:
-                    return fn(self, *a, **k)
-                finally:
-                    clock[0] += time.perf_counter() - t
-            return timed
-        setattr(Timed, name, wrap(getattr(targets.GpuImplTarget, name)))
+        setattr(Timed, name, _timed(getattr(targets.GpuImplTarget, name), clock))
     return Timed
 
 
@@ -67,18 +70,8 @@ def _timed_metadata_build(clock):
     from gpu_impl.runner_shell import RunnerShell
 
     saved = {n: getattr(RunnerShell, n) for n in ("_classify", "_build_mamba_metadata")}
-
-    def wrap(fn):
-        def timed(self, *a, **k):
-            t = time.perf_counter()
-            try:
-                return fn(self, *a, **k)
-            finally:
-                clock[0] += time.perf_counter() - t
-        return timed
-
     for name, fn in saved.items():
-        setattr(RunnerShell, name, wrap(fn))
+        setattr(RunnerShell, name, _timed(fn, clock))
     try:
         yield
     finally:
