@@ -24,10 +24,10 @@ class RunnerFaults:
         self.faults = faults
         super().__init__(config, device)
 
-    def _stage_dummy_state_indices(self, tables, reqs_padded, mode, warmup) -> None:
+    def _stage_dummy_state_indices(self, tables, num_reqs, reqs_padded, mode, warmup) -> None:
         if mode == FULL and not warmup and "full-replay-not-restaged" in self.faults:
             return  # the historical bug: the replay reads the last real batch's indices
-        super()._stage_dummy_state_indices(tables, reqs_padded, mode, warmup)
+        super()._stage_dummy_state_indices(tables, num_reqs, reqs_padded, mode, warmup)
 
     def _clear_padded_prefilling(self, num_reqs, reqs_padded) -> None:
         if "padded-rows-classified-as-prefill" in self.faults:

@@ -187,13 +187,13 @@ class RunnerShell(abc.ABC):
         ``host_num_blocks_per_row``, ``host_req_ids``, ``num_computed_tokens``,
         ``num_prompt_tokens``), NumPy copies."""
 
-    def _stage_dummy_state_indices(self, tables: list, reqs_padded: int, mode: str,
-                                   warmup: bool) -> None:
+    def _stage_dummy_state_indices(self, tables: list, num_reqs: int, reqs_padded: int,
+                                   mode: str, warmup: bool) -> None:
         """FULL replays read the persistent state indices: re-stage them from the
         dummy rows, never keep the previous real batch's (vLLM's ``_dummy_run``
         builds metadata for FULL dummy replays, ``for_cudagraph_capture``)."""
-        num_rows = reqs_padded if mode == FULL else self.last_num_reqs
-        self._build_mamba_metadata(reqs_padded, num_rows, tables)
+        self._build_mamba_metadata(reqs_padded, reqs_padded if mode == FULL else num_reqs,
+                                   tables)
 
     def _classify(self, num_reqs: int, reqs_padded: int) -> None:
         """``is_prefilling`` of batch rows [0, reqs_padded): a row's computed
@@ -383,12 +383,11 @@ class RunnerShell(abc.ABC):
             self.has_initial_state.np[:num_reqs] = 0
             self.is_prefilling[:reqs_padded] = False  # dummy rows carry no request
             self._pad_rows(num_reqs, reqs_padded)
-        self.last_num_reqs = num_reqs
         self.hidden.np[:tokens_padded] = np.nan  # dummy activations are garbage
         self._stage_padding(num_reqs, num_reqs, num_tokens, tokens_padded)  # tokens; copies
         self._fill_dummy_slots(num_tokens, tokens_padded, _warmup)
         if metadata:
-            self._stage_dummy_state_indices(tables, reqs_padded, mode, _warmup)
+            self._stage_dummy_state_indices(tables, num_reqs, reqs_padded, mode, _warmup)
         else:
             self.read_state_indices = {}  # no metadata: the Mamba kernels do not run
         num_rows = reqs_padded if mode == FULL else num_reqs
