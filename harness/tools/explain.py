@@ -40,8 +40,27 @@ def _rows(session: Session) -> list[dict] | None:
         if req == -1 and not stale:
             continue
         rows.append({"row": row, "req": None if req == -1 else req, "blocks": ids,
-                     "stale": [t[row].tolist() for t in obs.host_block_table] if stale else None})
-    return rows
+                     "stale": [t[row].tolist() for t in obs.host_block_table] if stale else None,
+                     "computed": int(obs.num_computed_tokens[row]),
+                     "prompt": int(obs.num_prompt_tokens[row])})
+    return rows + _padding(obs)
+
+
+def _padding(obs) -> list[dict]:
+    """Rows the last forward padded (if this op was one): what the metadata fed them,
+    with the counters the host row still holds (V1: a vacated row keeps its last
+    request's)."""
+    lf, md = obs.last_forward, obs.metadata
+    if lf is None or md is None:
+        return []
+    out = []
+    for row in range(lf.num_reqs, lf.num_reqs_padded):
+        out.append({"row": row, "padding": True,
+                    "seq_len": int(md["seq_lens"][row]),
+                    "is_prefilling": bool(md["is_prefilling"][row]),
+                    "computed": int(obs.num_computed_tokens[row]),
+                    "prompt": int(obs.num_prompt_tokens[row])})
+    return out
 
 
 def explain(trace: Trace, faults=(), device: str | None = None, target: str = "gpu_impl",
@@ -78,7 +97,12 @@ def _rows_text(rows: list[dict] | None) -> str:
         return "(not observed: the implementation crashed)"
     parts = []
     for r in rows:
-        if r["stale"] is not None:
+        if r.get("padding"):
+            flag = " !!" if r["is_prefilling"] or r["seq_len"] else ""
+            parts.append(f"row {r['row']}: padding, seq_len {r['seq_len']}, "
+                         f"{'prefilling' if r['is_prefilling'] else 'no prefill'} (row keeps "
+                         f"{r['computed']} of {r['prompt']} computed){flag}")
+        elif r["stale"] is not None:
             parts.append(f"row {r['row']}: EMPTY but holds {r['stale']} !!")
         else:
             parts.append(f"row {r['row']}: req {r['req']} {r['blocks']}")
