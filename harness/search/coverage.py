@@ -48,6 +48,9 @@ FEATURES: dict[str, str] = {
                           "remove and later taken by another request",
     "loaded-next-to-padded": "a forward over a request whose KV was loaded (kv_load) "
                              "with padded rows or tokens beside it",
+    "padding-over-prefilling-row": "a FULL forward padded over a V1 row whose last request "
+                                   "left it mid-prompt (engines keep its counters there: "
+                                   "vLLM #41841)",
     **{f"forward:{m}:{r}:{k}": f"a forward dispatched {m} on runner {r}, config with {k} group(s)"
        for m in MODES for r in RUNNERS for k in GROUP_KINDS},
 }
@@ -71,6 +74,7 @@ class Tracker:
     freed: dict = field(default_factory=dict)  # (group, block) -> op index freed
     vacated: set = field(default_factory=set)  # rows vacated by a remove, not yet reused
     loaded: set = field(default_factory=set)  # requests that arrived by kv_load
+    left_prefilling: set = field(default_factory=set)  # V1 rows last left mid-prompt
     first: dict = field(default_factory=dict)
     _pending_free: list = field(default_factory=list)
     _rows_before: object = None
@@ -81,6 +85,8 @@ class Tracker:
             r = ledger.requests[op["req"]]
             self._pending_free = [(g, b) for g, ids in enumerate(r.blocks) for b in ids]
         self._rows_before = reference.rows.req_ids.copy()
+        rows = reference.rows
+        self._prefilling_before = rows.num_computed_tokens < rows.num_prompt_tokens
 
     def after(self, op: dict, reference) -> list[str]:
         hit = self._hits(op, reference)
@@ -102,6 +108,13 @@ class Tracker:
                 self.vacated.discard(row)
             if kind == "remove" and was >= 0 and now < 0:
                 self.vacated.add(row)
+            if now >= 0:
+                self.left_prefilling.discard(row)
+            elif was >= 0:  # left by this op (removed, unscheduled, or moved by condense)
+                if self._prefilling_before[row]:
+                    self.left_prefilling.add(row)
+                else:
+                    self.left_prefilling.discard(row)
         if kind == "kv_load":
             self.loaded.add(op["req"])
         if kind in ("add", "kv_load", "append"):
@@ -142,6 +155,9 @@ class Tracker:
         if (not fwd.dummy and fwd.cudagraph_mode == "FULL" and real is not None
                 and prev is real and fwd.num_reqs < real.num_reqs):
             hit.append("full-step-after-larger-step")
+        if (cfg.runner == "v1" and fwd.cudagraph_mode == "FULL"
+                and self.left_prefilling & set(range(fwd.num_reqs, fwd.num_reqs_padded))):
+            hit.append("padding-over-prefilling-row")
         if not fwd.dummy and self.loaded & set(fwd.req_ids) and (
                 fwd.num_reqs_padded > fwd.num_reqs or fwd.num_tokens_padded > fwd.num_tokens):
             hit.append("loaded-next-to-padded")
