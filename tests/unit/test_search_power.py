@@ -226,3 +226,12 @@ def test_shrinker_folds_a_request_into_another_keeping_the_batch_size():
     small, _ = shrink(trace, verdict.violation.invariant, fault)
     assert [op["op"] for op in small.ops] == ["add", "step", "dummy_run"]
     assert small.ops[1]["scheduled"] == [[0, 4]]
+
+
+def test_unhit_leaves_out_what_a_pinned_runner_cannot_hit():
+    from harness.search.coverage import unhit
+
+    assert "dummy-after-swap" in unhit({}) and "dummy-after-swap" in unhit({}, "v1")
+    assert "dummy-after-swap" not in unhit({}, "v2")
+    assert "forward:FULL:v1:mamba" not in unhit({}, "v2")
+    assert "forward:FULL:v2:mamba" in unhit({}, "v2")
