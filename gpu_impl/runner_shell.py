@@ -218,7 +218,8 @@ class RunnerShell(abc.ABC):
         decode even while prefilling; decodes come first, the first non-decode
         row starts the prefills.  State indices are column 0 of the rows
         (``tables[g]``, default the kernel table), rows past ``num_reqs`` the
-        null block.  Only an all-decode batch (and a config with FULL graphs)
+        null block.  Only an all-decode batch of at most ``min(max_num_reqs,
+        largest capture size)`` rows (vLLM's ``decode_cudagraph_max_bs``)
         refreshes the persistent decode buffer ``state_indices[g]`` that FULL
         graphs read — padded to ``num_rows`` with the null block — and reads it;
         any other batch's kernels read a fresh tensor.
@@ -230,13 +231,14 @@ class RunnerShell(abc.ABC):
         prefilling[prefilling & (seq_lens > query_lens) & (query_lens == 1)] = False
         decode = (query_lens <= 1) & ~prefilling
         num_decodes = int(np.argmin(decode)) if not decode.all() else num_rows
-        full_graphs = [s for s in self.config.cudagraph_capture_sizes
-                       if s <= self.config.max_num_reqs]
+        # vLLM's decode_cudagraph_max_bs: min(max_num_seqs, largest capture size).
+        sizes = self.config.cudagraph_capture_sizes
+        max_bs = min(self.config.max_num_reqs, max(sizes)) if sizes else 0
         for g in self.mamba_groups:
             table = self.kernel_table(g) if tables is None else tables[g]
             fresh = table[:num_rows, 0].clone()
             fresh[num_reqs:] = NULL_BLOCK_ID
-            if num_decodes == num_rows and full_graphs and num_decodes <= max(full_graphs):
+            if num_decodes == num_rows and 0 < num_decodes <= max_bs:
                 self.state_indices[g][:num_rows] = fresh
                 self.read_state_indices[g] = self.state_indices[g][:num_rows]
             else:

@@ -140,9 +140,8 @@ class RunnerShellV1(RunnerShell):
         self.input_batch.remove_request(req)
 
     def _set_num_computed(self, req, num_tokens) -> None:
-        row = self.input_batch.row_of(req)
-        if row is not None:
-            self.input_batch.num_computed_tokens[row] = num_tokens
+        """Nothing on the row: ``_update_states`` sets it when ``req`` is next
+        scheduled (vLLM's V1 batch counters follow the scheduler, step by step)."""
 
     def _batch(self, scheduled):
         num_tokens_of = {req: n for req, n in scheduled}
@@ -158,8 +157,8 @@ class RunnerShellV1(RunnerShell):
         self._commit_rows(reqs_padded)
 
     def _advance(self, batch) -> None:
-        for row, (req, n, start) in enumerate(batch):
-            self.input_batch.num_computed_tokens[row] = start + n
+        """Nothing: vLLM's ``InputBatch`` counters are not advanced after a forward;
+        a row keeps its request's count as of the start of its last step."""
 
     def _prepare_dummy(self, reqs_padded, warmup) -> list[torch.Tensor]:
         self._update_states({})  # an idle rank: nothing scheduled, every request leaves
@@ -183,9 +182,11 @@ class RunnerShellV1(RunnerShell):
             if req != EMPTY_ROW and req not in num_tokens_of:
                 batch.remove_request(req)
         for req in num_tokens_of:
-            if batch.row_of(req) is None:
-                st = self.requests[req]
+            st, row = self.requests[req], batch.row_of(req)
+            if row is None:
                 batch.add_request(req, st.block_ids, st.num_computed_tokens, st.prompt_len)
+            else:  # the scheduler's count for a request already in the batch
+                batch.num_computed_tokens[row] = st.num_computed_tokens
         batch.condense()
         if self.config.reorder_batch_threshold and num_tokens_of:
             self._reorder(num_tokens_of, self.config.reorder_batch_threshold)

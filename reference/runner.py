@@ -159,9 +159,7 @@ class ReferenceRunnerBase(abc.ABC):
         for g in self.config.mamba_groups:
             self.mamba_state[g][r.blocks[g][0]] = payload_sum(req, 0, r.prompt_len,
                                                               self.config.head_size)
-        row = self.rows.row_of(req)
-        if row is not None:
-            self.rows.num_computed_tokens[row] = r.prompt_len
+        self._row_progress(req, r.prompt_len)
 
     def rollback(self, req: int, num_tokens: int) -> None:
         """The scheduler rolls back ``num_tokens`` rejected speculative tokens of
@@ -174,9 +172,7 @@ class ReferenceRunnerBase(abc.ABC):
             raise OpError("op", "rollback needs a config without Mamba groups (a single "
                           "state column per request cannot be rolled back)")
         self.ledger.rollback(req, num_tokens)
-        row = self.rows.row_of(req)
-        if row is not None:
-            self.rows.num_computed_tokens[row] -= num_tokens
+        self._row_progress(req, self.ledger.requests[req].num_computed_tokens)
 
     # -- forwards ----------------------------------------------------------
     def step(self, scheduled: list, cudagraph_mode: str) -> None:
@@ -209,9 +205,9 @@ class ReferenceRunnerBase(abc.ABC):
             self.state_indices[g][:num_reqs] = self.device_block_table[g][:num_reqs, 0]
             self.state_indices[g][num_reqs:reqs_padded] = NULL_BLOCK_ID
         self._run_kernels(mode, reqs_padded if mode == FULL else num_reqs, tokens_padded)
-        for req, n, row in batch:
-            self.rows.num_computed_tokens[row] += n
         self.ledger.step(scheduled)
+        for req, n, row in batch:
+            self._row_progress(req, self.ledger.requests[req].num_computed_tokens)
         self.last_forward = ForwardInfo(False, mode, num_reqs, reqs_padded, num_tokens,
                                         tokens_padded, tuple(req for req, _, _ in batch))
 
@@ -258,6 +254,13 @@ class ReferenceRunnerBase(abc.ABC):
 
     def _dummy_pad_extent(self, tokens_padded: int) -> int:
         return tokens_padded
+
+    def _row_progress(self, req: int, num_computed: int) -> None:
+        """A request's computed-token count changed (a step, a KV load, a
+        rollback): V2's request state follows it at once."""
+        row = self.rows.row_of(req)
+        if row is not None:
+            self.rows.num_computed_tokens[row] = num_computed
 
     def _dummy_builds_metadata(self, mode: str) -> bool:
         """Does a dummy run in ``mode`` build attention metadata (and so run the
@@ -382,14 +385,24 @@ class ReferenceV1Runner(ReferenceRunnerBase):
         attention layers see no metadata and do nothing."""
         return mode == FULL
 
+    def _row_progress(self, req: int, num_computed: int) -> None:
+        """V1: a row's counter is set when its request is scheduled (vLLM's
+        ``_update_states`` copies the scheduler's count); nothing advances it
+        after the forward, so a row keeps its request's count as of the start
+        of its last step."""
+
     def _update_states(self, num_tokens_of: dict) -> None:
         for row in range(len(self.rows.req_ids)):
             req = int(self.rows.req_ids[row])
             if req != EMPTY_ROW and req not in num_tokens_of:
                 self.rows.clear_row(row)
         for req in num_tokens_of:
-            if self.rows.row_of(req) is None:
+            row = self.rows.row_of(req)
+            if row is None:
                 self._enter_batch(req)
+            else:
+                self.rows.num_computed_tokens[row] = \
+                    self.ledger.requests[req].num_computed_tokens
         self.rows.condense()
         if self.config.reorder_batch_threshold and num_tokens_of:
             self.rows.permute(reorder_decode_first(

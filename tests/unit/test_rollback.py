@@ -35,15 +35,16 @@ def test_rollback_holds_every_invariant_on_the_fixed_implementation(runner):
     assert verdict.violation is None and verdict.ops_run == len(OPS), verdict.violation
 
 
-def test_a_runner_that_forgets_the_batch_row_is_caught(monkeypatch):
-    """gpu_impl lowering the request state but not the persistent-batch row's counter
-    (the row feeds positions and slot mappings) is a different next step."""
-    def forgets_row(self, req, num_tokens):
-        self.requests[req].num_computed_tokens -= num_tokens
-    monkeypatch.setattr(RunnerShell, "rollback_tokens", forgets_row)
-    verdict = replay(_trace(OPS))
-    assert verdict.violation is not None and verdict.violation.invariant == "MATCHES_REFERENCE"
-    assert verdict.violation.op_index == 3 and "num_computed_tokens" in verdict.violation.detail
+@pytest.mark.parametrize("runner", ["v1", "v2"])
+def test_a_runner_that_forgets_the_rollback_is_caught(monkeypatch, runner):
+    """gpu_impl ignoring the scheduler's lowered count (V1 copies it into the batch
+    row at the next step, V2 keeps it in the request state) starts the next step
+    at the wrong position: its slots and reads differ from the reference's."""
+    monkeypatch.setattr(RunnerShell, "rollback_tokens", lambda self, req, num_tokens: None)
+    config = RunnerConfig.from_json(dict(NO_MAMBA.to_json(), runner=runner))
+    verdict = replay(_trace(OPS, config))
+    assert verdict.violation is not None, runner
+    assert verdict.violation.op_index in (3, 4), verdict.violation.line()
 
 
 @pytest.mark.parametrize("bad, field", [
