@@ -48,9 +48,9 @@ FEATURES: dict[str, str] = {
                           "remove and later taken by another request",
     "loaded-next-to-padded": "a forward over a request whose KV was loaded (kv_load) "
                              "with padded rows or tokens beside it",
-    "padding-over-prefilling-row": "a FULL forward padded over a V1 row whose last request "
-                                   "left it mid-prompt (engines keep its counters there: "
-                                   "vLLM #41841)",
+    "padding-over-prefilling-row": "a FULL forward padded over a V1 row whose last request's "
+                                   "last step was a prompt chunk (engines keep its counters "
+                                   "there: vLLM #41841)",
     **{f"forward:{m}:{r}:{k}": f"a forward dispatched {m} on runner {r}, config with {k} group(s)"
        for m in MODES for r in RUNNERS for k in GROUP_KINDS},
 }
@@ -74,7 +74,7 @@ class Tracker:
     freed: dict = field(default_factory=dict)  # (group, block) -> op index freed
     vacated: set = field(default_factory=set)  # rows vacated by a remove, not yet reused
     loaded: set = field(default_factory=set)  # requests that arrived by kv_load
-    left_prefilling: set = field(default_factory=set)  # V1 rows last left mid-prompt
+    left_prefilling: set = field(default_factory=set)  # V1 rows left in a prompt chunk
     first: dict = field(default_factory=dict)
     _pending_free: list = field(default_factory=list)
     _rows_before: object = None
