@@ -21,16 +21,19 @@ from .cuda_graph import launch
 
 
 def reshape_and_cache(hidden: torch.Tensor, slot_mapping: torch.Tensor, kv_cache: torch.Tensor,
-                      num_tokens: int) -> None:
+                      num_tokens: int, wrap_negative: bool = False) -> None:
     """Write tokens [0, num_tokens) of ``hidden`` into ``kv_cache`` at their slots.
 
     hidden: float32 (max_num_batched_tokens, head_size); slot_mapping: int64
     (max_num_batched_tokens,), -1 = skip; kv_cache: float32 (num_blocks,
-    block_size, head_size), written in place.
+    block_size, head_size), written in place.  ``wrap_negative`` (a fault's
+    path): a negative slot indexes from the end, as a Python/torch index would
+    (``PAD_SLOT_ID`` -> the last slot) instead of being skipped.
     """
     head = hidden.shape[1]
     launch(_reshape_and_cache_kernel, (1,), hidden, slot_mapping, kv_cache, num_tokens,
-           HEAD=head, BLOCK_T=triton.next_power_of_2(hidden.shape[0]))
+           HEAD=head, BLOCK_T=triton.next_power_of_2(hidden.shape[0]),
+           NUM_SLOTS=kv_cache.shape[0] * kv_cache.shape[1], WRAP_NEGATIVE=wrap_negative)
 
 
 def paged_attention_read(block_table: torch.Tensor, seq_lens: torch.Tensor,
@@ -65,11 +68,20 @@ def _reshape_and_cache_kernel(
     num_tokens,  # tokens [0, num_tokens) are considered
     HEAD: tl.constexpr,
     BLOCK_T: tl.constexpr,
+    NUM_SLOTS: tl.constexpr,  # num_blocks * block_size
+    WRAP_NEGATIVE: tl.constexpr,  # False: skip slot < 0 (PAD_SLOT_ID); True: index from the end
 ):
     t = tl.arange(0, BLOCK_T)
     d = tl.arange(0, HEAD)
     slot = tl.load(slot_mapping_ptr + t, mask=t < num_tokens, other=-1)
-    keep = (t < num_tokens) & (slot >= 0)
+    if WRAP_NEGATIVE:
+        keep = t < num_tokens
+        slot = tl.where(slot < 0, slot + NUM_SLOTS, slot)
+    else:
+        keep = (t < num_tokens) & (slot >= 0)
+    # A slot past the cache (an engine's wrong slot mapping) is dropped: on a GPU
+    # it would fault or corrupt other memory; here MATCHES_REFERENCE reports it.
+    keep = keep & (slot < NUM_SLOTS)
     mask = keep[:, None] & (d[None, :] < HEAD)
     x = tl.load(hidden_ptr + t[:, None] * HEAD + d[None, :], mask=mask, other=0.0)
     tl.store(kv_cache_ptr + slot[:, None] * HEAD + d[None, :], x, mask=mask)

@@ -141,6 +141,30 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "vllm/v1/worker/gpu/model_runner.py pads its input batch the same way",
           "PADDED_ROWS_NEUTRAL", ("MATCHES_REFERENCE",), family="metadata",
           sites=("vllm/v1/worker/gpu_model_runner.py", "vllm/v1/worker/gpu/model_runner.py")),
+    Fault("backend-slot-tail-stale", ("v1", "v2"),
+          "an attention backend that keeps its own slot buffer copies only the batch's real "
+          "tokens from the generic slot mapping and leaves the padded tail as an earlier, "
+          "larger batch left it: a FULL replay (which runs the whole padded extent) writes "
+          "the padding tokens' garbage into blocks those earlier slots pointed at",
+          "vllm-project/vllm PR #33503 (vllm/v1/spec_decode/eagle.py: the proposer's own "
+          "_slot_mapping_buffer is padded with PAD_SLOT_ID over the CUDA-graph padding range "
+          "'so that _get_slot_mapping doesn't need to be called later'); the bug class: "
+          "lightseekorg/tokenspeed PR #1218 ('a larger prior iteration leaves stale token ids, "
+          "cache locations ... where the captured graph still reads'), InternLM/lmdeploy PR "
+          "#4569 ('kv cache would be polluted if block_offsets contain data from previous step')",
+          "NO_STALE_WRITE", ("MATCHES_REFERENCE", "NO_FOREIGN_READ"), family="metadata",
+          sites=("vllm/v1/spec_decode/eagle.py",)),
+    Fault("pad-slot-wraps-to-last-slot", ("v1", "v2"),
+          "an attention backend's own cache write indexes the cache with the slot as a "
+          "Python/torch index instead of skipping PAD_SLOT_ID: every padding token (-1) "
+          "lands in the last slot of the last block, whoever owns it",
+          "vllm-project/vllm issue #43810 / PR #43869 'Fix extract_hidden_states CUDA graph "
+          "padding polluting KV cache' (vllm/model_executor/models/extract_hidden_states.py "
+          "basic_cache: -1 // block_size = -1, -1 % block_size = block_size - 1); the same "
+          "class in NVIDIA/TensorRT-LLM PR #18673 (an FP8 indexer's own cache write with the "
+          "-1 sentinel tail)",
+          "NO_STALE_WRITE", ("MATCHES_REFERENCE", "NO_FOREIGN_READ"), family="metadata",
+          sites=("vllm/model_executor/models/extract_hidden_states.py",)),
     Fault("swap-rows-aliased", ("v1",),
           "swap_states swaps a 2-D per-row buffer (here the block-table rows) with a tuple "
           "of row views, so both rows end up holding the second row's block ids; the "

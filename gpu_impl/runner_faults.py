@@ -6,13 +6,15 @@
 bugs lived; with no fault on, every override defers to the fixed shell.
 
 Faults consulted here: ``full-replay-not-restaged``, ``captured-buffer-rebound``,
-``padded-rows-classified-as-prefill``, ``padded-rows-metadata-stale``.
+``padded-rows-classified-as-prefill``, ``padded-rows-metadata-stale``,
+``backend-slot-tail-stale``, ``pad-slot-wraps-to-last-slot``.
 """
 
 from __future__ import annotations
 
 import torch
 
+from .attention import reshape_and_cache
 from .faults import FaultSet
 from .runner_shell import FULL
 
@@ -34,10 +36,27 @@ class RunnerFaults:
             return  # the historical bug: padded rows keep the vacated rows' counters
         super()._clear_padded_prefilling(num_reqs, reqs_padded)
 
-    def _pad_rows(self, num_reqs, reqs_padded) -> None:
+    def _pad_rows(self, num_reqs, reqs_padded, uniform=True) -> None:
         if "padded-rows-metadata-stale" in self.faults and self.last_forward is not None:
             return  # padded rows keep what the previous batch staged (after start-up)
-        super()._pad_rows(num_reqs, reqs_padded)
+        super()._pad_rows(num_reqs, reqs_padded, uniform)
+
+    def _build_slot_buffers(self, num_tokens, tokens_padded) -> None:
+        if "backend-slot-tail-stale" in self.faults and self.last_forward is not None:
+            # The bug class: only the real tokens are copied; the padded tail keeps
+            # what an earlier, larger batch left (start-up capture excepted).
+            for g, own in self.backend_slots.items():
+                own[:num_tokens].copy_(self.slot_mappings[g][:num_tokens])
+            return
+        super()._build_slot_buffers(num_tokens, tokens_padded)
+
+    def _backend_cache_write(self, g, num_tokens) -> None:
+        if "pad-slot-wraps-to-last-slot" in self.faults:
+            # The historical bug: the slot used as an index, -1 wrapping to the last slot.
+            reshape_and_cache(self.hidden.gpu, self.backend_slots[g], self.kv_caches[g],
+                              num_tokens, wrap_negative=True)
+            return
+        super()._backend_cache_write(g, num_tokens)
 
     def _after_capture(self) -> None:
         super()._after_capture()

@@ -42,6 +42,7 @@ from .mamba import mamba_state_update
 
 NONE, PIECEWISE, FULL = "NONE", "PIECEWISE", "FULL"
 NULL_BLOCK_ID = 0
+PAD_SLOT_ID = -1
 SENTINEL = -7.0  # what a freed block is poisoned with (finite, no payload uses it)
 
 
@@ -114,6 +115,11 @@ class RunnerShell(abc.ABC):
         self.has_initial_state = CpuGpuBuffer((rows,), torch.int32, device)
         self.slot_mappings = {g: torch.zeros(tokens, dtype=torch.int64, device=device)
                               for g in self.attn_groups}
+        # Backends that keep their own slot buffer (GroupSpec.slot_buffer): their
+        # metadata builder copies the generic slot mapping in; their KV write and
+        # FULL graphs read it.
+        self.backend_slots = {g: torch.zeros(tokens, dtype=torch.int64, device=device)
+                              for g in self.attn_groups if cfg.groups[g].slot_buffer}
         self.state_indices = {g: torch.zeros(rows, dtype=torch.int32, device=device)
                               for g in self.mamba_groups}  # the decode buffer FULL graphs read
         self.is_prefilling = np.zeros(rows, bool)  # host, per batch row of the last forward
@@ -338,9 +344,10 @@ class RunnerShell(abc.ABC):
                                                           cudagraph_mode)
         self._stage_tables(batch, reqs_padded)
         self._stage_batch(batch)
-        self._stage_padding(num_reqs, reqs_padded, num_tokens, tokens_padded)
+        self._stage_padding(num_reqs, reqs_padded, num_tokens, tokens_padded, uniform)
         for g in self.attn_groups:
             self._compute_slot_mapping(g, tokens_padded)
+        self._build_slot_buffers(num_tokens, tokens_padded)
         num_rows = reqs_padded if mode == FULL else num_reqs
         self._classify(num_reqs, reqs_padded)
         self._build_mamba_metadata(num_reqs, num_rows)
@@ -384,11 +391,12 @@ class RunnerShell(abc.ABC):
             self.seq_lens.np[:num_reqs] = lens
             self.has_initial_state.np[:num_reqs] = 0
             self.is_prefilling[:reqs_padded] = False  # dummy rows carry no request
-            self._pad_rows(num_reqs, reqs_padded)
+            self._pad_rows(num_reqs, reqs_padded, num_tokens == num_reqs)
         self.hidden.np[:tokens_padded] = np.nan  # dummy activations are garbage
         self._stage_padding(num_reqs, num_reqs, num_tokens, tokens_padded)  # tokens; copies
         self._fill_dummy_slots(num_tokens, tokens_padded, _warmup)
         if metadata:
+            self._build_slot_buffers(num_tokens, tokens_padded)
             self._stage_dummy_state_indices(tables, num_reqs, reqs_padded, mode, _warmup)
         else:
             self.read_state_indices = {}  # no metadata: the Mamba kernels do not run
@@ -417,22 +425,28 @@ class RunnerShell(abc.ABC):
         sizes = [s for s in self.config.cudagraph_capture_sizes if s >= num_tokens]
         if not sizes:
             return NONE, num_tokens, num_reqs
-        padded = sizes[0]
-        if requested == FULL and uniform_decode and padded <= self.config.max_num_reqs:
-            return FULL, padded, padded
+        padded, cfg = sizes[0], self.config
+        # FULL: a uniform decode a FULL graph fits, or any batch when every backend
+        # captures mixed batches (vLLM AttentionCGSupport.ALWAYS); rows padded to
+        # min(size, max_num_reqs) as vLLM's dispatcher pads its FULL keys.
+        if requested == FULL and (uniform_decode and padded <= cfg.max_num_reqs
+                                  or cfg.cudagraph_support == "ALWAYS"):
+            return FULL, padded, min(padded, cfg.max_num_reqs)
         return PIECEWISE, padded, num_reqs
 
-    def _pad_rows(self, num_reqs: int, reqs_padded: int) -> None:
-        """Rows padded for a FULL graph: one token each (``query_start_loc`` stays
-        non-decreasing), ``seq_len`` 0, no initial state."""
+    def _pad_rows(self, num_reqs: int, reqs_padded: int, uniform: bool = True) -> None:
+        """Rows padded for a FULL graph: one token each in a uniform decode, none
+        in a mixed batch (``query_start_loc`` stays non-decreasing; vLLM fills it
+        past the batch with the token count), ``seq_len`` 0, no initial state."""
         for row in range(num_reqs, reqs_padded):
-            self.query_start_loc.np[row + 1] = self.query_start_loc.np[row] + 1
+            self.query_start_loc.np[row + 1] = self.query_start_loc.np[row] + int(uniform)
             self.seq_lens.np[row] = 0
             self.has_initial_state.np[row] = 0
 
-    def _stage_padding(self, num_reqs, reqs_padded, num_tokens, tokens_padded) -> None:
+    def _stage_padding(self, num_reqs, reqs_padded, num_tokens, tokens_padded,
+                       uniform: bool = True) -> None:
         """Padding rows and tokens, then one host -> device copy per buffer."""
-        self._pad_rows(num_reqs, reqs_padded)
+        self._pad_rows(num_reqs, reqs_padded, uniform)
         self.req_indices.np[num_tokens:tokens_padded] = -1
         self.hidden.np[num_tokens:tokens_padded] = np.nan
         for buf in (self.req_indices, self.positions, self.hidden, self.query_start_loc,
@@ -442,7 +456,7 @@ class RunnerShell(abc.ABC):
     def _run_forward(self, mode: str, num_rows: int, tokens_padded: int,
                      tables: list | None = None, metadata: bool = True) -> None:
         if mode == FULL:
-            assert num_rows == tokens_padded and metadata
+            assert num_rows == min(tokens_padded, self.config.max_num_reqs) and metadata
             self.graphs[tokens_padded].replay()  # reads the captured (persistent) buffers
             for g in self.mamba_groups:  # whatever the builder staged, the graph read this
                 self.read_state_indices[g] = self.state_indices[g][:num_rows]
@@ -459,8 +473,13 @@ class RunnerShell(abc.ABC):
         """The model: KV writes, then — with attention metadata — Mamba state
         updates (through ``state_indices[g]``, default the persistent decode
         buffer) and attention reads (through ``tables[g]``, default
-        :meth:`kernel_table`)."""
+        :meth:`kernel_table`).  A backend with its own slot buffer writes
+        through it, and only with metadata (its layer sees none otherwise)."""
         for g in self.attn_groups:
+            if g in self.backend_slots:
+                if metadata:
+                    self._backend_cache_write(g, num_tokens)
+                continue
             reshape_and_cache(self.hidden.gpu, self.slot_mappings[g], self.kv_caches[g],
                               num_tokens)
         if not metadata:
@@ -474,6 +493,21 @@ class RunnerShell(abc.ABC):
             paged_attention_read(table, self.seq_lens.gpu, self._kv_view(g), self.attn_out[g],
                                  num_rows, self.config.groups[g].block_size, self.dcp(g))
 
+    def _build_slot_buffers(self, num_tokens: int, tokens_padded: int) -> None:
+        """Metadata build of backends with their own slot buffer: the batch's
+        tokens copied from the generic slot mapping, the padded tail
+        ``[num_tokens, tokens_padded)`` set to ``PAD_SLOT_ID`` — a FULL replay
+        reads the whole padded extent, and an earlier, larger batch left its
+        slots there (vLLM's EAGLE proposer pads its own ``_slot_mapping_buffer``
+        over the CUDA-graph padding range the same way)."""
+        for g, own in self.backend_slots.items():
+            own[:num_tokens].copy_(self.slot_mappings[g][:num_tokens])
+            own[num_tokens:tokens_padded] = PAD_SLOT_ID
+
+    def _backend_cache_write(self, g: int, num_tokens: int) -> None:
+        """The KV write of a backend with its own slot buffer (skips PAD_SLOT_ID)."""
+        reshape_and_cache(self.hidden.gpu, self.backend_slots[g], self.kv_caches[g], num_tokens)
+
     def buffers(self) -> dict[str, torch.Tensor]:
         """Every persistent device buffer a forward reads or writes, by name."""
         named = {"req_indices": self.req_indices.gpu, "positions": self.positions.gpu,
@@ -481,6 +515,8 @@ class RunnerShell(abc.ABC):
                  "seq_lens": self.seq_lens.gpu, "has_initial_state": self.has_initial_state.gpu}
         for g in self.attn_groups:
             named[f"slot_mapping[{g}]"] = self.slot_mappings[g]
+            if g in self.backend_slots:
+                named[f"backend_slot_mapping[{g}]"] = self.backend_slots[g]
             named[f"kv_cache[{g}]"] = self.kv_caches[g]
             named[f"attn_out[{g}]"] = self.attn_out[g]
             named[f"block_table[{g}]"] = self.kernel_table(g)
@@ -492,13 +528,13 @@ class RunnerShell(abc.ABC):
 
     def _capture_model(self) -> None:
         """Warm up and capture one graph per FULL capture size, largest first."""
-        rows = self.config.max_num_reqs
+        rows, always = self.config.max_num_reqs, self.config.cudagraph_support == "ALWAYS"
         for size in reversed(self.config.cudagraph_capture_sizes):
             self.dummy_run(min(size, rows), size, FULL, _warmup=True)
-            if size <= rows:
+            if size <= rows or always:  # a mixed-batch graph runs min(size, rows) rows
                 graph = Graph(self.device)
                 with graph.capture():
-                    self._forward(size, size)
+                    self._forward(min(size, rows), size)
                 self.graphs[size] = graph
         if self.device.type == "cuda":
             torch.cuda.synchronize()
@@ -519,7 +555,7 @@ class RunnerShell(abc.ABC):
         out = {}
         for size, graph in sorted(self.graphs.items()):
             with record_launches() as now:
-                self._forward(size, size)
+                self._forward(min(size, self.config.max_num_reqs), size)
             pairs: dict[str, tuple[int, int]] = {}
             for was, cur in zip(graph.launches, now):
                 for (param, old), (_, new) in zip(was.tensors(), cur.tensors()):
@@ -553,7 +589,8 @@ class RunnerShell(abc.ABC):
                                 for g in groups],
             kv_cache={g: host(v) for g, v in self.kv_caches.items()},
             mamba_state={g: host(v) for g, v in self.mamba_states.items()},
-            slot_mapping={g: host(v) for g, v in self.slot_mappings.items()},
+            slot_mapping={g: host(self.backend_slots.get(g, v))
+                          for g, v in self.slot_mappings.items()},
             state_indices={g: self._read_indices(g) for g in self.mamba_groups},
             metadata={"query_start_loc": self.query_start_loc.np.copy(),
                       "seq_lens": self.seq_lens.np.copy(),

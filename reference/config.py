@@ -24,6 +24,11 @@ RUNNERS = ("v1", "v2")
 # replayed from a graph that reads persistent metadata buffers.
 NONE, PIECEWISE, FULL = "NONE", "PIECEWISE", "FULL"
 CUDAGRAPH_MODES = (NONE, PIECEWISE, FULL)
+# What the attention backends' FULL graphs can capture (vLLM ``AttentionCGSupport``;
+# the runner takes the least over its backends): uniform single-token decode
+# batches only, or any batch (mixed prefill + decode; FlashAttention 3, Triton).
+UNIFORM_BATCH, ALWAYS = "UNIFORM_BATCH", "ALWAYS"
+CUDAGRAPH_SUPPORTS = (UNIFORM_BATCH, ALWAYS)
 
 # Bounds that keep a fuzz step affordable on a 2-core CPU under the Triton
 # interpreter, and keep payload sums exact in float32 (see payload.py).
@@ -57,11 +62,18 @@ class GroupSpec:
     kernel_block_size: attention kernel's block size; must divide ``block_size``
     (one allocation block is then ``block_size // kernel_block_size`` kernel
     blocks in block tables and slot mappings).
+    slot_buffer: attention only; the group's backend keeps its own persistent
+    slot buffer, which its metadata builder copies from the generic slot
+    mapping (padded tail ``PAD_SLOT_ID``), and its KV write — run only when
+    attention metadata was built — and its FULL graphs read that buffer (a
+    sparse indexer's or a drafter's own slot mapping, as vLLM's EAGLE
+    proposer keeps one).  Serialised only when true.
     """
 
     kind: str
     block_size: int
     kernel_block_size: int
+    slot_buffer: bool = False
 
 
 @dataclass(frozen=True)
@@ -84,6 +96,14 @@ class RunnerConfig:
       every ``condense`` (vLLM's ``reorder_batch_threshold``: its Mamba builders
       ask for 1) — rows with at most n scheduled tokens and prior state first.
       Serialised only when non-zero, so traces from before it keep their bytes.
+    cudagraph_support: ``UNIFORM_BATCH`` — FULL graphs replay uniform
+      single-token decode batches only, of at most ``max_num_reqs`` rows;
+      ``ALWAYS`` — the attention backends also capture mixed batches, so a
+      FULL request replays any batch that fits a capture size, rows padded to
+      ``min(size, max_num_reqs)`` (vLLM's dispatcher for FULL non-uniform
+      keys).  ``ALWAYS`` needs a config without Mamba groups (vLLM's Mamba
+      builders support uniform batches only, and the least support wins).
+      Serialised only when ``ALWAYS``.
     """
 
     runner: str = "v1"
@@ -103,6 +123,7 @@ class RunnerConfig:
     dcp_rank: int = 0
     cp_kv_cache_interleave_size: int = 1
     reorder_batch_threshold: int = 0
+    cudagraph_support: str = UNIFORM_BATCH
 
     def __post_init__(self):
         self.validate()
@@ -134,7 +155,15 @@ class RunnerConfig:
 
     @property
     def full_capture_sizes(self) -> tuple[int, ...]:
+        """Capture sizes with a FULL graph: those a uniform decode fits (<=
+        ``max_num_reqs``), or every size with ``cudagraph_support`` ``ALWAYS``."""
+        if self.cudagraph_support == ALWAYS:
+            return tuple(self.cudagraph_capture_sizes)
         return tuple(s for s in self.cudagraph_capture_sizes if s <= self.max_num_reqs)
+
+    def full_graph_rows(self, size: int) -> int:
+        """Batch rows a FULL graph of capture size ``size`` runs over."""
+        return min(size, self.max_num_reqs)
 
     # -- (de)serialisation -------------------------------------------------
     def to_json(self) -> dict:
@@ -143,6 +172,7 @@ class RunnerConfig:
             "groups": [
                 {"kind": g.kind, "block_size": g.block_size,
                  "kernel_block_size": g.kernel_block_size}
+                | ({"slot_buffer": True} if g.slot_buffer else {})
                 for g in self.groups
             ],
             "num_blocks": self.num_blocks,
@@ -155,7 +185,9 @@ class RunnerConfig:
             "dcp_rank": self.dcp_rank,
             "cp_kv_cache_interleave_size": self.cp_kv_cache_interleave_size,
         } | ({"reorder_batch_threshold": self.reorder_batch_threshold}
-             if self.reorder_batch_threshold else {})
+             if self.reorder_batch_threshold else {}) \
+          | ({"cudagraph_support": self.cudagraph_support}
+             if self.cudagraph_support != UNIFORM_BATCH else {})
 
     @classmethod
     def from_json(cls, obj) -> "RunnerConfig":
@@ -165,16 +197,19 @@ class RunnerConfig:
         known = {"runner", "groups", "num_blocks", "max_num_reqs",
                  "max_num_blocks_per_req", "max_num_batched_tokens",
                  "cudagraph_capture_sizes", "head_size", "dcp_world_size", "dcp_rank",
-                 "cp_kv_cache_interleave_size", "reorder_batch_threshold"}
+                 "cp_kv_cache_interleave_size", "reorder_batch_threshold",
+                 "cudagraph_support"}
         for key in sorted(obj):
             if key not in known:
                 raise ConfigError(key, "unknown field")
         kwargs = {}
-        for key in sorted(known - {"runner", "groups", "cudagraph_capture_sizes"}):
+        for key in sorted(known - {"runner", "groups", "cudagraph_capture_sizes",
+                                   "cudagraph_support"}):
             if key in obj:
                 kwargs[key] = _int(obj[key], key)
-        if "runner" in obj:
-            kwargs["runner"] = obj["runner"]
+        for key in ("runner", "cudagraph_support"):
+            if key in obj:
+                kwargs[key] = obj[key]
         if "groups" in obj:
             groups = obj["groups"]
             if not isinstance(groups, list):
@@ -184,13 +219,17 @@ class RunnerConfig:
                 if not isinstance(g, dict):
                     raise ConfigError(f"groups[{i}]", "must be an object")
                 for key in sorted(g):
-                    if key not in ("kind", "block_size", "kernel_block_size"):
+                    if key not in ("kind", "block_size", "kernel_block_size", "slot_buffer"):
                         raise ConfigError(f"groups[{i}].{key}", "unknown field")
                 if "kind" not in g or "block_size" not in g:
                     raise ConfigError(f"groups[{i}]", "needs 'kind' and 'block_size'")
                 bs = _int(g["block_size"], f"groups[{i}].block_size")
                 kbs = _int(g.get("kernel_block_size", bs), f"groups[{i}].kernel_block_size")
-                specs.append(GroupSpec(g["kind"], bs, kbs))
+                own = g.get("slot_buffer", False)
+                if not isinstance(own, bool):
+                    raise ConfigError(f"groups[{i}].slot_buffer", f"must be true or false, "
+                                      f"got {own!r}")
+                specs.append(GroupSpec(g["kind"], bs, kbs, own))
             kwargs["groups"] = tuple(specs)
         if "cudagraph_capture_sizes" in obj:
             sizes = obj["cudagraph_capture_sizes"]
@@ -220,6 +259,9 @@ class RunnerConfig:
                                   f"{g.block_size} (1..{g.block_size}, dividing it)")
             if g.kind == ATTENTION and g.block_size & (g.block_size - 1):
                 raise ConfigError(f"groups[{i}].block_size", "must be a power of two")
+            if g.slot_buffer and g.kind != ATTENTION:
+                raise ConfigError(f"groups[{i}].slot_buffer", "only an attention backend keeps "
+                                  "a slot buffer (a mamba group has no slot mapping)")
         if not self.attention_groups:
             raise ConfigError("groups", "need at least one attention group")
         _bound(self.num_blocks, 2, NUM_BLOCKS_MAX, "num_blocks")
@@ -247,6 +289,12 @@ class RunnerConfig:
                                   f"{interleave} must divide every attention block_size")
         _bound(self.reorder_batch_threshold, 0, self.max_num_batched_tokens,
                "reorder_batch_threshold")
+        if self.cudagraph_support not in CUDAGRAPH_SUPPORTS:
+            raise ConfigError("cudagraph_support", f"{self.cudagraph_support!r} not one of "
+                              f"{list(CUDAGRAPH_SUPPORTS)}")
+        if self.cudagraph_support == ALWAYS and self.mamba_groups:
+            raise ConfigError("cudagraph_support", "ALWAYS needs a config without Mamba "
+                              "groups (Mamba backends capture uniform batches only)")
         if self.reorder_batch_threshold and self.runner != "v1":
             raise ConfigError("reorder_batch_threshold", "batch reordering is V1's (the "
                               "persistent batch); V2 batches are built per step: use 0")

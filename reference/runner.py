@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .block_table import EMPTY_ROW, PersistentBatchRows
-from .config import CUDAGRAPH_MODES, FULL, NONE, PIECEWISE, RunnerConfig
+from .config import ALWAYS, CUDAGRAPH_MODES, FULL, NONE, PIECEWISE, RunnerConfig
 from .dcp import global_position, local_slots
 from .ledger import Ledger, OpError
 from .payload import NULL_BLOCK_ID, PAD_SLOT_ID, SENTINEL, payload, payload_sum
@@ -66,17 +66,22 @@ def dispatch(config: RunnerConfig, num_reqs: int, num_tokens: int, uniform_decod
              requested: str) -> tuple[str, int, int]:
     """cudagraph dispatch: (mode, num_tokens_padded, num_reqs_padded).
 
-    FULL needs a uniform-decode batch (one token per request) and a FULL capture
-    size (<= max_num_reqs); otherwise PIECEWISE pads tokens only; a batch larger
-    than every capture size, or mode NONE, runs eager and unpadded.
+    FULL needs a uniform-decode batch (one token per request) and a capture size
+    a uniform decode fits (<= max_num_reqs) — or, with ``cudagraph_support``
+    ``ALWAYS``, any batch within a capture size; rows are padded to
+    ``min(size, max_num_reqs)`` (vLLM ``CudagraphDispatcher``: a uniform batch
+    falls back to the non-uniform FULL key when no uniform one fits).
+    Otherwise PIECEWISE pads tokens only; a batch larger than every capture
+    size, or mode NONE, runs eager and unpadded.
     """
     if requested == NONE:
         return NONE, num_tokens, num_reqs
     padded = config.padded_num_tokens(num_tokens)
     if padded is None:
         return NONE, num_tokens, num_reqs
-    if requested == FULL and uniform_decode and padded in config.full_capture_sizes:
-        return FULL, padded, padded
+    if requested == FULL and padded in config.full_capture_sizes and (
+            uniform_decode and padded <= config.max_num_reqs or config.cudagraph_support == ALWAYS):
+        return FULL, padded, config.full_graph_rows(padded)
     return PIECEWISE, padded, num_reqs
 
 
@@ -91,7 +96,10 @@ class ReferenceRunnerBase(abc.ABC):
     kernels read, committed per forward — ``kv_cache[g]`` float32 (num_blocks,
     block_size, head_size) for attention groups, ``mamba_state[g]`` float32
     (num_blocks, head_size) for mamba groups, persistent buffers
-    ``slot_mapping[g]`` int64 (max_num_batched_tokens,), ``state_indices[g]``
+    ``slot_mapping[g]`` int64 (max_num_batched_tokens,) — the generic one, and
+    ``backend_slot_mapping[g]`` for groups whose backend keeps its own
+    (``GroupSpec.slot_buffer``; :meth:`write_slots` is what the KV write reads) —
+    ``state_indices[g]``
     int32 (max_num_reqs,), ``attn_out[g]`` float32 (max_num_reqs, head_size),
     ``ledger`` and ``last_forward``.  Illegal ops raise :class:`OpError` before
     changing anything.
@@ -105,6 +113,8 @@ class ReferenceRunnerBase(abc.ABC):
         self.device_block_table = [np.zeros_like(t) for t in self.rows.block_table]
         self.kv_cache, self.mamba_state = {}, {}
         self.slot_mapping, self.state_indices, self.attn_out = {}, {}, {}
+        self.backend_slot_mapping = {g: np.zeros(tokens, np.int64) for g in cfg.attention_groups
+                                     if cfg.groups[g].slot_buffer}
         for g in cfg.attention_groups:
             bs = cfg.groups[g].block_size
             self.kv_cache[g] = np.full((cfg.num_blocks, bs, heads), SENTINEL, np.float32)
@@ -121,7 +131,7 @@ class ReferenceRunnerBase(abc.ABC):
         self.has_initial_state = np.zeros(rows, np.int32)
         self.is_prefilling = np.zeros(rows, bool)
         for size in reversed(cfg.cudagraph_capture_sizes):  # engine start-up
-            self.dummy_run(min(size, rows), size, FULL)
+            self.dummy_run(cfg.full_graph_rows(size), size, FULL)
         self.last_forward: ForwardInfo | None = None
 
     # -- request / row ops -------------------------------------------------
@@ -200,7 +210,8 @@ class ReferenceRunnerBase(abc.ABC):
             self.is_prefilling[b] = start < int(self.rows.num_prompt_tokens[row])
             t += n
             qsl[b + 1] = t
-        self._stage_padding(num_reqs, reqs_padded, num_tokens, tokens_padded)
+        self._stage_padding(num_reqs, reqs_padded, num_tokens, tokens_padded, uniform)
+        self._build_slot_buffers(tokens_padded)
         for g in self.config.mamba_groups:
             self.state_indices[g][:num_reqs] = self.device_block_table[g][:num_reqs, 0]
             self.state_indices[g][num_reqs:reqs_padded] = NULL_BLOCK_ID
@@ -226,11 +237,13 @@ class ReferenceRunnerBase(abc.ABC):
             self.seq_lens[:num_reqs] = per_req
             self.has_initial_state[:num_reqs] = 0
             self.is_prefilling[:num_reqs] = False
-            self._stage_padding(num_reqs, reqs_padded, num_tokens, tokens_padded)
+            self._stage_padding(num_reqs, reqs_padded, num_tokens, tokens_padded,
+                                num_tokens == num_reqs)
         self.hidden[:tokens_padded] = np.nan
         for g in self.config.attention_groups:
             self.slot_mapping[g][:self._dummy_pad_extent(tokens_padded)] = PAD_SLOT_ID
         if metadata:
+            self._build_slot_buffers(tokens_padded)
             for g in self.config.mamba_groups:
                 self.state_indices[g][:reqs_padded] = \
                     self.device_block_table[g][:reqs_padded, 0]
@@ -284,11 +297,14 @@ class ReferenceRunnerBase(abc.ABC):
         blocks = self.device_block_table[group][row, kcol].astype(np.int64)
         return np.where(is_local, blocks * kbs + off % kbs, PAD_SLOT_ID)
 
-    def _stage_padding(self, num_reqs, reqs_padded, num_tokens, tokens_padded) -> None:
-        """Padded rows (FULL): one token each, seq_len 0, no initial state, not a
-        prefill; padded tokens: NaN, PAD slot."""
+    def _stage_padding(self, num_reqs, reqs_padded, num_tokens, tokens_padded,
+                       uniform: bool = True) -> None:
+        """Padded rows (FULL): one token each in a uniform decode, none in a
+        mixed batch (vLLM fills ``query_start_loc`` past the batch with its token
+        count), seq_len 0, no initial state, not a prefill; padded tokens: NaN,
+        PAD slot."""
         for b in range(num_reqs, reqs_padded):
-            self.query_start_loc[b + 1] = self.query_start_loc[b] + 1
+            self.query_start_loc[b + 1] = self.query_start_loc[b] + int(uniform)
             self.seq_lens[b] = 0
             self.has_initial_state[b] = 0
             self.is_prefilling[b] = False
@@ -296,12 +312,24 @@ class ReferenceRunnerBase(abc.ABC):
         for g in self.config.attention_groups:
             self.slot_mapping[g][num_tokens:tokens_padded] = PAD_SLOT_ID
 
+    def _build_slot_buffers(self, tokens_padded: int) -> None:
+        """Backends with their own slot buffer copy the generic slot mapping of
+        the batch's tokens, padded tail included (``PAD_SLOT_ID``)."""
+        for g, own in self.backend_slot_mapping.items():
+            own[:tokens_padded] = self.slot_mapping[g][:tokens_padded]
+
+    def write_slots(self, g: int) -> np.ndarray:
+        """The slot buffer group ``g``'s KV write reads, int64 (max_num_batched_tokens,)."""
+        return self.backend_slot_mapping.get(g, self.slot_mapping[g])
+
     def _run_kernels(self, mode: str, num_rows: int, num_tokens: int,
                      metadata: bool = True) -> None:
-        """KV writes (through the slot mappings, which need no metadata), then —
-        with attention metadata — Mamba updates and attention reads."""
+        """KV writes (through the generic slot mappings, which need no metadata;
+        a backend's own slot buffer only with metadata), then — with attention
+        metadata — Mamba updates and attention reads."""
         for g in self.config.attention_groups:
-            self._kv_write(g, num_tokens)
+            if metadata or g not in self.backend_slot_mapping:
+                self._kv_write(g, num_tokens)
         if not metadata:
             return
         for g in self.config.mamba_groups:
@@ -310,7 +338,7 @@ class ReferenceRunnerBase(abc.ABC):
             self._attention(g, num_rows)
 
     def _kv_write(self, g: int, num_tokens: int) -> None:
-        slots = self.slot_mapping[g][:num_tokens]
+        slots = self.write_slots(g)[:num_tokens]
         keep = slots != PAD_SLOT_ID
         flat = self.kv_cache[g].reshape(-1, self.config.head_size)
         flat[slots[keep]] = self.hidden[:num_tokens][keep]

@@ -39,7 +39,9 @@ class Observation:
       tables);
     - ``kv_cache[g]`` float32 (num_blocks, block_size, head_size) per attention
       group; ``mamba_state[g]`` float32 (num_blocks, head_size) per Mamba group;
-    - ``slot_mapping[g]`` int64 (max_num_batched_tokens,); ``attn_out[g]``
+    - ``slot_mapping[g]`` int64 (max_num_batched_tokens,): the slot buffer the
+      group's KV write reads (the generic slot mapping, or the backend's own
+      where ``GroupSpec.slot_buffer``); ``attn_out[g]``
       float32 (max_num_reqs, head_size);
     - ``state_indices[g]`` int32 (max_num_reqs,): the state index each row of
       the last forward's Mamba kernel read (rows :func:`rows_read`; 0 past

@@ -3,7 +3,8 @@
 Draws the runner (unless pinned), the KV-cache groups (an attention group whose
 kernel block size may split its allocation blocks, an optional Mamba group, an
 optional second attention group with its own block size), pool size, batch
-limits and CUDA-graph capture sizes, within bounds a 2-core CPU running the
+limits, CUDA-graph capture sizes and the attention backends' capabilities (a
+backend's own slot buffer; FULL graphs for mixed batches), within bounds a 2-core CPU running the
 Triton interpreter can afford.  The simplest draw (what shrinking moves
 towards) is the default hybrid config: one attention group, one Mamba group.
 """
@@ -46,7 +47,14 @@ def runner_configs(draw, runner: str | None = None,
     # runner takes the least over its builders, so a Mamba group always
     # reorders); attention-only backends here do not.
     reorder = 1 if runner == "v1" and any(g.kind == MAMBA for g in groups) else 0
+    # Attention backends: the first group's may keep its own slot buffer, and
+    # without Mamba groups the backends may capture mixed batches in FULL graphs.
+    if draw(st.sampled_from([False, False, True])):
+        groups[0] = GroupSpec(ATTENTION, block_size, kernel_block_size, slot_buffer=True)
+    mamba = any(g.kind == MAMBA for g in groups)
+    support = "ALWAYS" if not mamba and draw(st.sampled_from([False, True])) else "UNIFORM_BATCH"
     return RunnerConfig(
+        cudagraph_support=support,
         reorder_batch_threshold=reorder,
         runner=runner,
         dcp_world_size=world,

@@ -66,7 +66,7 @@ class _ObserveReference:
             device_block_table=[t.copy() for t in self.device_block_table],
             kv_cache={g: v.copy() for g, v in self.kv_cache.items()},
             mamba_state={g: v.copy() for g, v in self.mamba_state.items()},
-            slot_mapping={g: v.copy() for g, v in self.slot_mapping.items()},
+            slot_mapping={g: self.write_slots(g).copy() for g in self.slot_mapping},
             state_indices={g: read_rows_only(v, self.last_forward)
                            for g, v in self.state_indices.items()},
             attn_out={g: v.copy() for g, v in self.attn_out.items()},
