@@ -51,6 +51,10 @@ FEATURES: dict[str, str] = {
     "padding-over-prefilling-row": "a FULL forward padded over a V1 row whose last request's "
                                    "last step was a prompt chunk (engines keep its counters "
                                    "there: vLLM #41841)",
+    "full-replay-mixed-batch": "a FULL replay of a batch that is not one token per row "
+                               "(backends that capture mixed batches: cudagraph_support ALWAYS)",
+    "backend-slots-padded": "a forward that builds metadata with padded tokens, on a config "
+                            "whose attention backend keeps its own slot buffer",
     **{f"forward:{m}:{r}:{k}": f"a forward dispatched {m} on runner {r}, config with {k} group(s)"
        for m in MODES for r in RUNNERS for k in GROUP_KINDS},
 }
@@ -158,6 +162,11 @@ class Tracker:
         if (cfg.runner == "v1" and fwd.cudagraph_mode == "FULL"
                 and self.left_prefilling & set(range(fwd.num_reqs, fwd.num_reqs_padded))):
             hit.append("padding-over-prefilling-row")
+        if fwd.cudagraph_mode == "FULL" and fwd.num_tokens != fwd.num_reqs:
+            hit.append("full-replay-mixed-batch")
+        if (fwd.metadata and fwd.num_tokens_padded > fwd.num_tokens
+                and any(g.slot_buffer for g in cfg.groups)):
+            hit.append("backend-slots-padded")
         if not fwd.dummy and self.loaded & set(fwd.req_ids) and (
                 fwd.num_reqs_padded > fwd.num_reqs or fwd.num_tokens_padded > fwd.num_tokens):
             hit.append("loaded-next-to-padded")
