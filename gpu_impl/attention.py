@@ -55,7 +55,7 @@ def paged_attention_read(block_table: torch.Tensor, seq_lens: torch.Tensor,
     launch(_paged_attention_read_kernel, (1,), block_table, seq_lens, kv_cache, out, num_rows,
            WIDTH=width, BLOCK_SIZE=block_size, HEAD=head,
            ALLOC_BLOCK_SIZE=alloc_block_size or block_size, WORLD=world, RANK=rank,
-           INTERLEAVE=interleave,
+           INTERLEAVE=interleave, NUM_BLOCKS=kv_cache.shape[0],
            BLOCK_R=triton.next_power_of_2(block_table.shape[0]),
            BLOCK_J=triton.next_power_of_2(width * block_size))
 
@@ -101,6 +101,7 @@ def _paged_attention_read_kernel(
     WORLD: tl.constexpr,  # decode context parallel world size
     RANK: tl.constexpr,
     INTERLEAVE: tl.constexpr,
+    NUM_BLOCKS: tl.constexpr,  # kernel blocks in the cache: ids past it read 0
     BLOCK_R: tl.constexpr,
     BLOCK_J: tl.constexpr,
 ):
@@ -114,8 +115,9 @@ def _paged_attention_read_kernel(
                        mask=cell_ok, other=0)
     seq_len = tl.load(seq_lens_ptr + r, mask=row_ok, other=0)
     slot = block_id * BLOCK_SIZE + j[None, :] % BLOCK_SIZE
+    in_pool = cell_ok & (block_id >= 0) & (block_id < NUM_BLOCKS)  # garbage ids: no load
     vals = tl.load(kv_cache_ptr + slot[:, :, None] * HEAD + d[None, None, :],
-                   mask=cell_ok[:, :, None], other=0.0)
+                   mask=in_pool[:, :, None], other=0.0)
     # The position each cell holds on this rank: kernel column -> allocation column and
     # offset, then the DCP dealing (world 1: the plain j).
     kernels_per_block = ALLOC_BLOCK_SIZE // BLOCK_SIZE

@@ -25,12 +25,15 @@ def mamba_state_update(hidden: torch.Tensor, query_start_loc: torch.Tensor,
 
     hidden: float32 (max_num_batched_tokens, head_size); query_start_loc: int32
     (max_num_reqs + 1,); state_indices / has_initial_state: int32
-    (max_num_reqs,); state: float32 (num_blocks, head_size).
+    (max_num_reqs,); state: float32 (num_blocks, head_size).  An index past
+    the pool (an engine's garbage) is dropped: a GPU would fault, the
+    interpreter would corrupt host memory; ``MATCHES_REFERENCE`` reports it.
     """
     launch(_mamba_state_update_kernel, (1,), hidden, query_start_loc, state_indices,
            has_initial_state, state, num_rows, HEAD=hidden.shape[1],
            BLOCK_R=triton.next_power_of_2(state_indices.shape[0]),
-           BLOCK_T=triton.next_power_of_2(hidden.shape[0]), NUM_TOKENS=hidden.shape[0])
+           BLOCK_T=triton.next_power_of_2(hidden.shape[0]), NUM_TOKENS=hidden.shape[0],
+           NUM_SLOTS=state.shape[0])
 
 
 @triton.jit
@@ -45,6 +48,7 @@ def _mamba_state_update_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_T: tl.constexpr,
     NUM_TOKENS: tl.constexpr,
+    NUM_SLOTS: tl.constexpr,  # num_blocks: an index past it is dropped (a GPU would fault)
 ):
     r = tl.arange(0, BLOCK_R)
     t = tl.arange(0, BLOCK_T)
@@ -60,7 +64,7 @@ def _mamba_state_update_kernel(
     member = (t[None, :] >= lo[:, None]) & (t[None, :] < hi[:, None]) & tok_ok[None, :]
     contrib = tl.where(member[:, :, None], x[None, :, :], 0.0)
     xs = tl.sum(contrib, axis=1)
-    keep = row_ok & (idx >= 0)
+    keep = row_ok & (idx >= 0) & (idx < NUM_SLOTS)
     mask = keep[:, None] & (d[None, :] < HEAD)
     old = tl.load(state_ptr + idx[:, None] * HEAD + d[None, :], mask=mask, other=0.0)
     old = tl.where(init[:, None] != 0, old, 0.0)

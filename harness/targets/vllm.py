@@ -53,13 +53,20 @@ from harness.targets.registry import TargetRefused, TargetSpec, TargetUnavailabl
 __all__ = ["SPEC", "TargetRefused", "TargetUnavailable", "load", "make_vllm_runner", "refusal"]
 
 
+MAMBA_BUILDER_SITES = ("vllm/v1/attention/backends/mamba_attn.py",
+                       "vllm/v1/attention/backends/mamba2_attn.py")
 ENGINE_SITES = {
-    "v1": ("vllm/v1/worker/block_table.py", "vllm/v1/worker/gpu_input_batch.py"),
-    "v2": ("vllm/v1/worker/gpu/block_table.py", "vllm/v1/worker/gpu/states.py"),
+    "v1": ("vllm/v1/worker/block_table.py", "vllm/v1/worker/gpu_input_batch.py")
+    + MAMBA_BUILDER_SITES,
+    "v2": ("vllm/v1/worker/gpu/block_table.py", "vllm/v1/worker/gpu/states.py")
+    + MAMBA_BUILDER_SITES,
 }
-"""Per runner, the upstream files whose code this target runs as vLLM's own (the
-rest of a model runner — dummy runs, metadata staging, graph buffers — is
-gpu_impl's fault-free shell).  A catalogue fault lives at ``Fault.sites``."""
+"""Per runner, the upstream files whose code this target runs as vLLM's own: the
+block tables, the persistent batch / request states, and the Mamba metadata
+builder (:mod:`harness.targets.vllm_builders`).  The rest of a model runner —
+dummy runs, the runner side of metadata (counters, ``is_prefilling``, padded
+rows), graph buffers, attention backends' own slot buffers — is gpu_impl's
+fault-free shell.  A catalogue fault lives at ``Fault.sites``."""
 
 
 def unexercised(trace) -> str | None:
@@ -113,6 +120,8 @@ def load() -> SimpleNamespace:
                                     "the vllm target could set it; start a fresh process")
         os.environ["TRITON_INTERPRET"] = "1"
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        # The metadata builders' VllmConfig logs its defaults at INFO on every run.
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     from gpu_impl.device import DeviceError, select_device
 
     try:
@@ -133,7 +142,8 @@ def load() -> SimpleNamespace:
     except Exception as e:  # noqa: BLE001 - any import failure means "cannot use"
         raise TargetUnavailable(f"vLLM {version} failed to import ({type(e).__name__}: {e}); "
                                 "reinstall with scripts/install-vllm-target.sh") from None
-    for module in (torch_utils, v1_utils, buffer_utils, v1_block_table, gpu_input_batch):
+    for module in (torch_utils, v1_utils, buffer_utils, v1_block_table, gpu_input_batch,
+                   backend_utils):
         if hasattr(module, "PIN_MEMORY"):
             module.PIN_MEMORY = False
     _shim_uva_buffer(buffer_utils.UvaBuffer)

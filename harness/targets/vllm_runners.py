@@ -121,6 +121,39 @@ class VllmInputBatch:
             self.batch.batch_update_builder.removed_append(row)
 
 
+class _VllmMambaMetadata:
+    """The Mamba metadata build through vLLM's own builder
+    (:class:`harness.targets.vllm_builders.VllmMambaBuilders`): FULL graphs are
+    captured on its persistent decode buffer, and every build's state indices
+    are what vLLM's ``Mamba2AttentionMetadataBuilder`` returns.  The runner side
+    stays the shell's: counters, ``is_prefilling``, padded rows (nulled on a copy
+    of the block table, as vLLM's runner nulls them in place)."""
+
+    def _init_tables(self) -> None:
+        super()._init_tables()
+        self.mamba_builders = None
+        if self.mamba_groups:
+            from harness.targets.vllm_builders import VllmMambaBuilders
+
+            self.mamba_builders = VllmMambaBuilders(self.config, self.device)
+            for g in self.mamba_groups:
+                # Ours: zeroed where vLLM allocates it empty, so replays are deterministic.
+                self.state_indices[g] = self.mamba_builders.persistent(g)
+                self.state_indices[g].zero_()
+
+    def _build_mamba_metadata(self, num_reqs, num_rows, tables=None) -> None:
+        if not self.mamba_groups or num_rows == 0:
+            return
+        qsl = self.query_start_loc.np[:num_rows + 1]
+        seq_lens = self.seq_lens.np[:num_rows]
+        prefilling = self.is_prefilling[:num_rows]
+        for g in self.mamba_groups:
+            table = (self.kernel_table(g) if tables is None else tables[g])[:num_rows, :1].clone()
+            table[num_reqs:] = 0  # NULL_BLOCK_ID: vLLM's runner nulls padded rows
+            self.read_state_indices[g] = self.mamba_builders.build(g, table, qsl, seq_lens,
+                                                                   prefilling)
+
+
 class _ReferenceWidth:
     """Report the block-table columns the reference has: vLLM V1 pads each row to
     an alignment its attention backends need (columns nothing writes)."""
@@ -133,7 +166,7 @@ class _ReferenceWidth:
         return cfg.blocks_per_req_max(group) * split
 
 
-class VllmV1Runner(_ReferenceWidth, RunnerShellV1):
+class VllmV1Runner(_VllmMambaMetadata, _ReferenceWidth, RunnerShellV1):
     """The V1 runner shell over vLLM's own persistent batch (:class:`VllmInputBatch`:
     vLLM's ``InputBatch`` with its ``MultiGroupBlockTable``).  (config, device)."""
 
@@ -176,7 +209,7 @@ class VllmV1Runner(_ReferenceWidth, RunnerShellV1):
             self.positions.gpu[:self._num_tokens])
 
 
-class VllmV2Runner(_ReferenceWidth, RunnerShellV2):
+class VllmV2Runner(_VllmMambaMetadata, _ReferenceWidth, RunnerShellV2):
     """The V2 runner shell with vLLM's ``BlockTables`` as its tables and vLLM's
     ``RequestState`` (``vllm/v1/worker/gpu/states.py``) assigning and releasing
     state indices (its free list: the last index freed is the next one given).

@@ -239,6 +239,39 @@ def test_persistent_batch_is_vllms_own_input_batch(vllm, monkeypatch):
     assert "req_ids" in verdict.violation.detail
 
 
+@pytest.mark.parametrize("runner", ["v1", "v2"])
+def test_mamba_metadata_is_vllms_own_builder(vllm, monkeypatch, runner):
+    """The Mamba decode/prefill split and persistent decode buffer are vLLM's
+    ``Mamba2AttentionMetadataBuilder``: the FULL graphs read its buffer (so a
+    builder that never refreshes it sends the decodes' state into the null
+    block), and every forward that builds metadata goes through its ``build``."""
+    from vllm.v1.attention.backends import mamba_attn
+
+    from harness.core.session import replay
+
+    trace = load(CORPORA / "vllm" / f"{runner}-mamba-builder-decode-buffer.json")
+    assert replay(trace, (), "vllm").violation is None
+    base = mamba_attn.BaseMambaAttentionMetadataBuilder
+    if not hasattr(base, "_update_metadata_for_cudagraph_capture"):
+        pytest.skip(f"vLLM {vllm.version} refreshes its decode buffer elsewhere")
+    monkeypatch.setattr(base, "_update_metadata_for_cudagraph_capture", lambda self, md: md)
+    verdict = replay(trace, (), "vllm")
+    assert verdict.violation is not None, "the FULL replays did not read vLLM's buffer"
+    assert trace.ops[verdict.violation.op_index]["cudagraph_mode"] == "FULL"
+    monkeypatch.undo()
+    from harness.targets.vllm_builders import VllmMambaBuilders
+
+    built, original = [], VllmMambaBuilders.build
+
+    def counting(self, *args):
+        built.append(args[0])
+        return original(self, *args)
+
+    monkeypatch.setattr(VllmMambaBuilders, "build", counting)
+    assert replay(trace, (), "vllm").violation is None
+    assert built, "no forward went through vLLM's builder"
+
+
 @pytest.mark.slow  # installs up to four vLLM releases (cached after): nightly-sized
 def test_real_bisect_names_the_release_that_cleared_the_stale_row(vllm, capsys):
     """The issue's acceptance command, for real: 0.26.0 fails, a later release

@@ -1,0 +1,139 @@
+"""vLLM's own Mamba metadata builder, driven by the vllm target's runner shells.
+
+:class:`VllmMambaBuilders` constructs the installed release's
+``Mamba2AttentionMetadataBuilder`` (``vllm/v1/attention/backends/mamba2_attn.py``
+over ``mamba_attn.py``'s ``BaseMambaAttentionMetadataBuilder``) once per Mamba
+KV-cache group and calls its ``build`` on every forward that builds attention
+metadata.  vLLM's code then decides, from the ``CommonAttentionMetadata`` the
+runner shell hands it: which rows are decodes (its one-token-prefill-with-prior-
+state rule and ``split_decodes_and_prefills``), the state index each row's
+kernel reads, and whether its persistent decode buffer ``state_indices_tensor_d``
+— the buffer FULL graphs read — is refreshed.  The runner shell's FULL graphs
+are captured on that buffer (``state_indices[g]`` is a view of it), so a replay
+reads what vLLM's builder left there.
+
+What stays ours (the runner side, ``gpu_model_runner.py``): the counters and
+``is_prefilling`` the shell classifies, padded rows' metadata, and nulling the
+padded block-table rows before the build (vLLM's runner does it in place on the
+device table; here on a copy, so a stale padded row a fault-free shell never
+has stays visible to the structural invariants).
+
+Construction on a CPU-only machine needs four shims, each the least that works
+(measured on 0.26.0 and 0.33.0):
+
+- ``VllmConfig(device_config=DeviceConfig("cpu"), ...)``: the unspecified
+  platform cannot infer a device;
+- ``model_config`` is a stand-in with the one method the builder reads
+  (``get_mamba_chunk_size``): a real ``ModelConfig`` needs a Hugging Face
+  config and the model registry (which imports ``einops``);
+- ``compilation_config.cudagraph_mode`` / ``cudagraph_capture_sizes`` are set
+  after construction (``VllmConfig`` forces ``NONE`` on a platform without
+  static graphs); ``FULL_AND_PIECEWISE`` when the config has capture sizes;
+- ``PIN_MEMORY`` is off in ``vllm.v1.attention.backends.utils`` (set by
+  :func:`harness.targets.vllm.load`).
+
+A release whose builder cannot be constructed or built this way raises
+:class:`harness.targets.vllm.TargetUnavailable` with a one-line reason.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from harness.targets.vllm import TargetUnavailable, _kwargs_for, load
+
+MAMBA_LAYER = "model.layers.0.mixer"
+CHUNK_SIZE = 8  # Mamba2 chunk size: only prefill chunk metadata depends on it
+
+
+class VllmMambaBuilders:
+    """One vLLM ``Mamba2AttentionMetadataBuilder`` per Mamba group of ``config``.
+
+    ``persistent(g)``: int32 (decode_cudagraph_max_bs,) view of the builder's
+    ``state_indices_tensor_d`` column 0 (what a FULL graph reads);
+    :meth:`build` returns the state index each batch row's kernel reads.
+    """
+
+    def __init__(self, config, device: torch.device):
+        try:
+            self._builders = {g: self._make(config, device) for g in config.mamba_groups}
+        except TargetUnavailable:
+            raise
+        except Exception as e:  # noqa: BLE001 - the release's constructor refused
+            raise TargetUnavailable(f"vLLM {load().version}'s Mamba2 metadata builder cannot be "
+                                    f"constructed on the CPU ({type(e).__name__}: {e})") from None
+        self.device = device
+
+    @staticmethod
+    def _make(config, device):
+        from vllm.config import (CacheConfig, CompilationConfig, DeviceConfig, SchedulerConfig,
+                                 VllmConfig)
+        from vllm.config.compilation import CUDAGraphMode
+        from vllm.v1.attention.backends.mamba2_attn import Mamba2AttentionMetadataBuilder
+        from vllm.v1.kv_cache_interface import MambaSpec
+
+        from harness.targets.vllm import max_model_len
+
+        sizes = list(config.cudagraph_capture_sizes)
+        model_len = max_model_len(config)
+        scheduler = SchedulerConfig(**_kwargs_for(SchedulerConfig, dict(
+            max_num_seqs=config.max_num_reqs,
+            max_num_batched_tokens=max(config.max_num_batched_tokens, model_len),
+            max_model_len=model_len, is_encoder_decoder=False)))
+        vllm_config = VllmConfig(
+            device_config=DeviceConfig(device="cpu"), scheduler_config=scheduler,
+            cache_config=CacheConfig(**_kwargs_for(CacheConfig, dict(mamba_cache_mode="none"))),
+            compilation_config=CompilationConfig(
+                max_cudagraph_capture_size=max(sizes) if sizes else None))
+        compilation = vllm_config.compilation_config
+        compilation.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE if sizes \
+            else CUDAGraphMode.NONE
+        compilation.cudagraph_capture_sizes = sizes
+        compilation.max_cudagraph_capture_size = max(sizes) if sizes else None
+        vllm_config.model_config = SimpleNamespace(
+            max_model_len=model_len, dtype=torch.float32,
+            get_mamba_chunk_size=lambda: CHUNK_SIZE)
+        spec = MambaSpec(**_kwargs_for(MambaSpec, dict(
+            block_size=model_len, shapes=((3, 8), (2, 4, 4)),
+            dtypes=(torch.float32, torch.float32), mamba_cache_mode="none",
+            num_speculative_blocks=0)))
+        return Mamba2AttentionMetadataBuilder(spec, [MAMBA_LAYER], vllm_config, device)
+
+    def persistent(self, g: int) -> torch.Tensor:
+        return self._builders[g].state_indices_tensor_d[:, 0]
+
+    def build(self, g: int, table: torch.Tensor, query_start_loc: np.ndarray,
+              seq_lens: np.ndarray, is_prefilling: np.ndarray) -> torch.Tensor:
+        """vLLM's build over ``num_rows = len(seq_lens)`` batch rows.
+
+        table: int32 (num_rows, 1) — column 0 the state index, padded rows already
+        the null block; query_start_loc int32 (num_rows + 1,); seq_lens int32
+        (num_rows,); is_prefilling bool (num_rows,).  Returns int32 (num_rows,):
+        the decode rows' indices (a view of the persistent buffer when vLLM
+        refreshed it) followed by the prefill rows'.
+        """
+        from vllm.v1.attention.backend import CommonAttentionMetadata
+
+        num_rows = len(seq_lens)
+        qsl = torch.from_numpy(np.ascontiguousarray(query_start_loc, np.int32))
+        lens = torch.from_numpy(np.ascontiguousarray(seq_lens, np.int32))
+        num_tokens = int(qsl[-1])
+        common = CommonAttentionMetadata(**_kwargs_for(CommonAttentionMetadata, dict(
+            query_start_loc=qsl.to(self.device), query_start_loc_cpu=qsl,
+            seq_lens=lens.to(self.device), seq_lens_cpu=lens, seq_lens_cpu_upper_bound=lens,
+            num_computed_tokens_cpu=lens - torch.diff(qsl), num_reqs=num_rows,
+            num_actual_tokens=num_tokens, max_query_len=int(torch.diff(qsl).max()),
+            max_seq_len=int(lens.max()), block_table_tensor=table,
+            slot_mapping=torch.full((num_tokens,), -1, dtype=torch.int64, device=self.device),
+            causal=True, is_prefilling=torch.from_numpy(is_prefilling.copy()))))
+        md = self._builders[g].build(common_prefix_len=0, common_attn_metadata=common)
+        decode = md.state_indices_tensor_d
+        decode = decode[:, 0] if decode.dim() == 2 else decode
+        prefill = md.state_indices_tensor_p
+        if prefill is None or md.num_prefills == 0:
+            return decode
+        prefill = prefill[:, 0] if prefill.dim() == 2 else prefill
+        return torch.cat([decode, prefill])
