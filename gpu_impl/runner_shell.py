@@ -475,13 +475,16 @@ class RunnerShell(abc.ABC):
         buffer) and attention reads (through ``tables[g]``, default
         :meth:`kernel_table`).  A backend with its own slot buffer writes
         through it, and only with metadata (its layer sees none otherwise)."""
+        inputs = {g: self._attention_inputs(g, num_rows, num_tokens,
+                                            self.kernel_table(g) if tables is None else tables[g],
+                                            metadata)
+                  for g in self.attn_groups}
         for g in self.attn_groups:
             if g in self.backend_slots:
                 if metadata:
                     self._backend_cache_write(g, num_tokens)
                 continue
-            reshape_and_cache(self.hidden.gpu, self.slot_mappings[g], self.kv_caches[g],
-                              num_tokens)
+            reshape_and_cache(self.hidden.gpu, inputs[g][0], self.kv_caches[g], num_tokens)
         if not metadata:
             return
         for g in self.mamba_groups:
@@ -489,9 +492,16 @@ class RunnerShell(abc.ABC):
             mamba_state_update(self.hidden.gpu, self.query_start_loc.gpu, indices,
                                self.has_initial_state.gpu, self.mamba_states[g], num_rows)
         for g in self.attn_groups:
-            table = self.kernel_table(g) if tables is None else tables[g]
-            paged_attention_read(table, self.seq_lens.gpu, self._kv_view(g), self.attn_out[g],
+            _, table, seq_lens = inputs[g]
+            paged_attention_read(table, seq_lens, self._kv_view(g), self.attn_out[g],
                                  num_rows, self.config.groups[g].block_size, self.dcp(g))
+
+    def _attention_inputs(self, g: int, num_rows: int, num_tokens: int, table: torch.Tensor,
+                          metadata: bool) -> tuple:
+        """(slot mapping, block table, seq_lens) group ``g``'s attention layer gets
+        from its metadata builder: the runner's own buffers (an attention builder
+        that keeps none of its own passes them through)."""
+        return self.slot_mappings[g], table, self.seq_lens.gpu
 
     def _build_slot_buffers(self, num_tokens: int, tokens_padded: int) -> None:
         """Metadata build of backends with their own slot buffer: the batch's

@@ -53,17 +53,18 @@ from harness.targets.registry import TargetRefused, TargetSpec, TargetUnavailabl
 __all__ = ["SPEC", "TargetRefused", "TargetUnavailable", "load", "make_vllm_runner", "refusal"]
 
 
-MAMBA_BUILDER_SITES = ("vllm/v1/attention/backends/mamba_attn.py",
-                       "vllm/v1/attention/backends/mamba2_attn.py")
+BUILDER_SITES = ("vllm/v1/attention/backends/mamba_attn.py",
+                 "vllm/v1/attention/backends/mamba2_attn.py",
+                 "vllm/v1/attention/backends/triton_attn.py")
 ENGINE_SITES = {
     "v1": ("vllm/v1/worker/block_table.py", "vllm/v1/worker/gpu_input_batch.py")
-    + MAMBA_BUILDER_SITES,
+    + BUILDER_SITES,
     "v2": ("vllm/v1/worker/gpu/block_table.py", "vllm/v1/worker/gpu/states.py")
-    + MAMBA_BUILDER_SITES,
+    + BUILDER_SITES,
 }
 """Per runner, the upstream files whose code this target runs as vLLM's own: the
-block tables, the persistent batch / request states, and the Mamba metadata
-builder (:mod:`harness.targets.vllm_builders`).  The rest of a model runner —
+block tables, the persistent batch / request states, and the Mamba2 and Triton
+attention metadata builders (:mod:`harness.targets.vllm_builders`).  The rest of a model runner —
 dummy runs, the runner side of metadata (counters, ``is_prefilling``, padded
 rows), graph buffers, attention backends' own slot buffers — is gpu_impl's
 fault-free shell.  A catalogue fault lives at ``Fault.sites``."""

@@ -1,4 +1,5 @@
-"""vLLM's own Mamba metadata builder, driven by the vllm target's runner shells.
+"""vLLM's own metadata builders, driven by the vllm target's runner shells:
+Mamba2 for Mamba groups, Triton attention for attention groups.
 
 :class:`VllmMambaBuilders` constructs the installed release's
 ``Mamba2AttentionMetadataBuilder`` (``vllm/v1/attention/backends/mamba2_attn.py``
@@ -32,6 +33,16 @@ Construction on a CPU-only machine needs four shims, each the least that works
 - ``PIN_MEMORY`` is off in ``vllm.v1.attention.backends.utils`` (set by
   :func:`harness.targets.vllm.load`).
 
+The attention side is :class:`VllmAttentionBuilders`: the release's
+``TritonAttentionMetadataBuilder`` (``vllm/v1/attention/backends/triton_attn.py``,
+the attention builder that constructs on a CPU — FlashAttention's and the CPU
+backend's need ``einops`` / ``vllm._C``), built on every forward that builds
+metadata; the KV write and the attention read take the slot mapping, block
+table and ``seq_lens`` it hands the layer.  It keeps no buffer of its own for
+them (it passes the runner's through), so FULL graphs read the runner's.
+Its ``build_for_cudagraph_capture`` (which sets ``seq_lens`` to 1) is not used:
+capture builds like any other forward.
+
 A release whose builder cannot be constructed or built this way raises
 :class:`harness.targets.vllm.TargetUnavailable` with a one-line reason.
 """
@@ -47,6 +58,106 @@ from harness.targets.vllm import TargetUnavailable, _kwargs_for, load
 
 MAMBA_LAYER = "model.layers.0.mixer"
 CHUNK_SIZE = 8  # Mamba2 chunk size: only prefill chunk metadata depends on it
+
+
+def vllm_config(config):
+    """A real ``VllmConfig`` for ``config`` (a ``RunnerConfig``) on the CPU, with
+    the shims the module docstring lists."""
+    from vllm.config import (CacheConfig, CompilationConfig, DeviceConfig, SchedulerConfig,
+                             VllmConfig)
+    from vllm.config.compilation import CUDAGraphMode
+
+    from harness.targets.vllm import max_model_len
+
+    sizes = list(config.cudagraph_capture_sizes)
+    model_len = max_model_len(config)
+    scheduler = SchedulerConfig(**_kwargs_for(SchedulerConfig, dict(
+        max_num_seqs=config.max_num_reqs,
+        max_num_batched_tokens=max(config.max_num_batched_tokens, model_len),
+        max_model_len=model_len, is_encoder_decoder=False)))
+    out = VllmConfig(
+        device_config=DeviceConfig(device="cpu"), scheduler_config=scheduler,
+        cache_config=CacheConfig(**_kwargs_for(CacheConfig, dict(mamba_cache_mode="none"))),
+        compilation_config=CompilationConfig(
+            max_cudagraph_capture_size=max(sizes) if sizes else None))
+    compilation = out.compilation_config
+    compilation.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE if sizes \
+        else CUDAGraphMode.NONE
+    compilation.cudagraph_capture_sizes = sizes
+    compilation.max_cudagraph_capture_size = max(sizes) if sizes else None
+    out.model_config = SimpleNamespace(
+        max_model_len=model_len, dtype=torch.float32, rswa_window=None,
+        get_mamba_chunk_size=lambda: CHUNK_SIZE,
+        get_num_attention_heads=lambda parallel_config: 1,
+        get_num_kv_heads=lambda parallel_config: 1,
+        get_head_size=lambda: config.head_size)
+    return out
+
+
+def common_metadata(device, qsl_host: np.ndarray, seq_lens_host: np.ndarray,
+                    table: torch.Tensor, **tensors):
+    """vLLM's ``CommonAttentionMetadata`` for ``len(seq_lens_host)`` batch rows
+    (the fields the installed release has); qsl_host int32 (num_rows + 1,),
+    seq_lens_host int32 (num_rows,).  ``tensors``: device tensors to use as
+    they are (``query_start_loc``, ``seq_lens``, ``slot_mapping``: the runner's
+    buffers), else fresh ones from the host arrays; ``is_prefilling``: bool
+    NumPy (num_rows,) or None."""
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    qsl = torch.from_numpy(np.ascontiguousarray(qsl_host, np.int32))
+    lens = torch.from_numpy(np.ascontiguousarray(seq_lens_host, np.int32))
+    num_tokens = int(qsl[-1])
+    prefilling = tensors.pop("is_prefilling", None)
+    cand = dict(
+        query_start_loc=qsl.to(device), query_start_loc_cpu=qsl, seq_lens=lens.to(device),
+        seq_lens_cpu=lens, seq_lens_cpu_upper_bound=lens,
+        num_computed_tokens_cpu=lens - torch.diff(qsl), num_reqs=len(lens),
+        num_actual_tokens=num_tokens, max_query_len=int(torch.diff(qsl).max()),
+        max_seq_len=int(lens.max()), block_table_tensor=table,
+        slot_mapping=torch.full((num_tokens,), -1, dtype=torch.int64, device=device),
+        causal=True,
+        is_prefilling=None if prefilling is None else torch.from_numpy(prefilling.copy()))
+    cand.update(tensors)
+    return CommonAttentionMetadata(**_kwargs_for(CommonAttentionMetadata, cand))
+
+
+class VllmAttentionBuilders:
+    """One vLLM ``TritonAttentionMetadataBuilder`` per attention group of ``config``."""
+
+    def __init__(self, config, device: torch.device, kernel_block_sizes: dict):
+        try:
+            from vllm.v1.attention.backends.triton_attn import TritonAttentionMetadataBuilder
+            from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+            shared = vllm_config(config)
+            self._builders = {
+                g: TritonAttentionMetadataBuilder(
+                    FullAttentionSpec(**_kwargs_for(FullAttentionSpec, dict(
+                        block_size=kernel_block_sizes[g], num_kv_heads=1,
+                        head_size=config.head_size, dtype=torch.float32))),
+                    [f"model.layers.{g}.self_attn.attn"], shared, device)
+                for g in config.attention_groups}
+        except Exception as e:  # noqa: BLE001 - the release's constructor refused
+            raise TargetUnavailable(f"vLLM {load().version}'s Triton attention metadata builder "
+                                    f"cannot be constructed on the CPU ({type(e).__name__}: "
+                                    f"{e})") from None
+        self.device = device
+
+    def build(self, g: int, query_start_loc, seq_lens, table, slot_mapping) -> tuple:
+        """vLLM's build over ``table.shape[0]`` rows: (slot_mapping, block_table,
+        seq_lens) as its metadata hands them to the attention layer.
+
+        query_start_loc / seq_lens: the runner's device buffers (int32), their
+        host copies read for the maxima; table int32 (num_rows, width);
+        slot_mapping int64 (num_tokens_padded,)."""
+        num_rows = table.shape[0]
+        common = common_metadata(
+            self.device, query_start_loc.cpu().numpy()[:num_rows + 1],
+            seq_lens.cpu().numpy()[:num_rows], table,
+            query_start_loc=query_start_loc[:num_rows + 1], seq_lens=seq_lens[:num_rows],
+            slot_mapping=slot_mapping)
+        md = self._builders[g].build(0, common)
+        return md.slot_mapping, md.block_table, md.seq_lens
 
 
 class VllmMambaBuilders:
@@ -69,38 +180,17 @@ class VllmMambaBuilders:
 
     @staticmethod
     def _make(config, device):
-        from vllm.config import (CacheConfig, CompilationConfig, DeviceConfig, SchedulerConfig,
-                                 VllmConfig)
-        from vllm.config.compilation import CUDAGraphMode
         from vllm.v1.attention.backends.mamba2_attn import Mamba2AttentionMetadataBuilder
         from vllm.v1.kv_cache_interface import MambaSpec
 
         from harness.targets.vllm import max_model_len
 
-        sizes = list(config.cudagraph_capture_sizes)
-        model_len = max_model_len(config)
-        scheduler = SchedulerConfig(**_kwargs_for(SchedulerConfig, dict(
-            max_num_seqs=config.max_num_reqs,
-            max_num_batched_tokens=max(config.max_num_batched_tokens, model_len),
-            max_model_len=model_len, is_encoder_decoder=False)))
-        vllm_config = VllmConfig(
-            device_config=DeviceConfig(device="cpu"), scheduler_config=scheduler,
-            cache_config=CacheConfig(**_kwargs_for(CacheConfig, dict(mamba_cache_mode="none"))),
-            compilation_config=CompilationConfig(
-                max_cudagraph_capture_size=max(sizes) if sizes else None))
-        compilation = vllm_config.compilation_config
-        compilation.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE if sizes \
-            else CUDAGraphMode.NONE
-        compilation.cudagraph_capture_sizes = sizes
-        compilation.max_cudagraph_capture_size = max(sizes) if sizes else None
-        vllm_config.model_config = SimpleNamespace(
-            max_model_len=model_len, dtype=torch.float32,
-            get_mamba_chunk_size=lambda: CHUNK_SIZE)
         spec = MambaSpec(**_kwargs_for(MambaSpec, dict(
-            block_size=model_len, shapes=((3, 8), (2, 4, 4)),
+            block_size=max_model_len(config), shapes=((3, 8), (2, 4, 4)),
             dtypes=(torch.float32, torch.float32), mamba_cache_mode="none",
             num_speculative_blocks=0)))
-        return Mamba2AttentionMetadataBuilder(spec, [MAMBA_LAYER], vllm_config, device)
+        return Mamba2AttentionMetadataBuilder(spec, [MAMBA_LAYER], vllm_config(config),
+                                              device)
 
     def persistent(self, g: int) -> torch.Tensor:
         return self._builders[g].state_indices_tensor_d[:, 0]
@@ -115,20 +205,8 @@ class VllmMambaBuilders:
         the decode rows' indices (a view of the persistent buffer when vLLM
         refreshed it) followed by the prefill rows'.
         """
-        from vllm.v1.attention.backend import CommonAttentionMetadata
-
-        num_rows = len(seq_lens)
-        qsl = torch.from_numpy(np.ascontiguousarray(query_start_loc, np.int32))
-        lens = torch.from_numpy(np.ascontiguousarray(seq_lens, np.int32))
-        num_tokens = int(qsl[-1])
-        common = CommonAttentionMetadata(**_kwargs_for(CommonAttentionMetadata, dict(
-            query_start_loc=qsl.to(self.device), query_start_loc_cpu=qsl,
-            seq_lens=lens.to(self.device), seq_lens_cpu=lens, seq_lens_cpu_upper_bound=lens,
-            num_computed_tokens_cpu=lens - torch.diff(qsl), num_reqs=num_rows,
-            num_actual_tokens=num_tokens, max_query_len=int(torch.diff(qsl).max()),
-            max_seq_len=int(lens.max()), block_table_tensor=table,
-            slot_mapping=torch.full((num_tokens,), -1, dtype=torch.int64, device=self.device),
-            causal=True, is_prefilling=torch.from_numpy(is_prefilling.copy()))))
+        common = common_metadata(self.device, query_start_loc, seq_lens, table,
+                                 is_prefilling=is_prefilling)
         md = self._builders[g].build(common_prefix_len=0, common_attn_metadata=common)
         decode = md.state_indices_tensor_d
         decode = decode[:, 0] if decode.dim() == 2 else decode

@@ -121,25 +121,35 @@ class VllmInputBatch:
             self.batch.batch_update_builder.removed_append(row)
 
 
-class _VllmMambaMetadata:
-    """The Mamba metadata build through vLLM's own builder
-    (:class:`harness.targets.vllm_builders.VllmMambaBuilders`): FULL graphs are
-    captured on its persistent decode buffer, and every build's state indices
-    are what vLLM's ``Mamba2AttentionMetadataBuilder`` returns.  The runner side
-    stays the shell's: counters, ``is_prefilling``, padded rows (nulled on a copy
-    of the block table, as vLLM's runner nulls them in place)."""
+class _VllmMetadataBuilders:
+    """The metadata build through vLLM's own builders
+    (:mod:`harness.targets.vllm_builders`).  Mamba groups: FULL graphs are
+    captured on ``Mamba2AttentionMetadataBuilder``'s persistent decode buffer,
+    and every build's state indices are what it returns.  Attention groups: the
+    KV write and attention read take what ``TritonAttentionMetadataBuilder``
+    hands the layer.  The runner side stays the shell's: counters,
+    ``is_prefilling``, padded rows (nulled on a copy of the block table for the
+    Mamba build, as vLLM's runner nulls them in place)."""
 
     def _init_tables(self) -> None:
         super()._init_tables()
+        from harness.targets.vllm_builders import VllmAttentionBuilders, VllmMambaBuilders
+
+        self.attn_builders = VllmAttentionBuilders(
+            self.config, self.device, {g: self.kernel_block_size(g) for g in self.attn_groups})
         self.mamba_builders = None
         if self.mamba_groups:
-            from harness.targets.vllm_builders import VllmMambaBuilders
-
             self.mamba_builders = VllmMambaBuilders(self.config, self.device)
             for g in self.mamba_groups:
                 # Ours: zeroed where vLLM allocates it empty, so replays are deterministic.
                 self.state_indices[g] = self.mamba_builders.persistent(g)
                 self.state_indices[g].zero_()
+
+    def _attention_inputs(self, g, num_rows, num_tokens, table, metadata) -> tuple:
+        if not metadata or num_rows == 0:  # no metadata: the KV write reads the slots alone
+            return super()._attention_inputs(g, num_rows, num_tokens, table, metadata)
+        return self.attn_builders.build(g, self.query_start_loc.gpu, self.seq_lens.gpu,
+                                        table[:num_rows], self.slot_mappings[g][:num_tokens])
 
     def _build_mamba_metadata(self, num_reqs, num_rows, tables=None) -> None:
         if not self.mamba_groups or num_rows == 0:
@@ -166,7 +176,7 @@ class _ReferenceWidth:
         return cfg.blocks_per_req_max(group) * split
 
 
-class VllmV1Runner(_VllmMambaMetadata, _ReferenceWidth, RunnerShellV1):
+class VllmV1Runner(_VllmMetadataBuilders, _ReferenceWidth, RunnerShellV1):
     """The V1 runner shell over vLLM's own persistent batch (:class:`VllmInputBatch`:
     vLLM's ``InputBatch`` with its ``MultiGroupBlockTable``).  (config, device)."""
 
@@ -209,7 +219,7 @@ class VllmV1Runner(_VllmMambaMetadata, _ReferenceWidth, RunnerShellV1):
             self.positions.gpu[:self._num_tokens])
 
 
-class VllmV2Runner(_VllmMambaMetadata, _ReferenceWidth, RunnerShellV2):
+class VllmV2Runner(_VllmMetadataBuilders, _ReferenceWidth, RunnerShellV2):
     """The V2 runner shell with vLLM's ``BlockTables`` as its tables and vLLM's
     ``RequestState`` (``vllm/v1/worker/gpu/states.py``) assigning and releasing
     state indices (its free list: the last index freed is the next one given).

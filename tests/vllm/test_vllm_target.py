@@ -272,6 +272,40 @@ def test_mamba_metadata_is_vllms_own_builder(vllm, monkeypatch, runner):
     assert built, "no forward went through vLLM's builder"
 
 
+def test_attention_metadata_is_vllms_own_builder(vllm, monkeypatch):
+    """The attention layers read what vLLM's ``TritonAttentionMetadataBuilder``
+    hands them: a builder whose metadata says every row has no context makes
+    the attention outputs differ from the reference's, and one that hands the
+    layer a fresh tensor instead of the runner's buffer leaves the captured
+    graphs reading a tensor nothing stages into."""
+    from vllm.v1.attention.backends import triton_attn
+
+    from harness.core.session import replay
+
+    trace = load(CORPORA / "vllm" / "v1-mamba-builder-decode-buffer.json")
+    original = triton_attn.TritonAttentionMetadataBuilder.build
+
+    def no_context(self, *args, **kwargs):
+        md = original(self, *args, **kwargs)
+        md.seq_lens.zero_()  # in the runner's buffer: the graphs' addresses hold
+        return md
+
+    def fresh_tensor(self, *args, **kwargs):
+        md = original(self, *args, **kwargs)
+        md.seq_lens = md.seq_lens.clone()
+        return md
+
+    monkeypatch.setattr(triton_attn.TritonAttentionMetadataBuilder, "build", no_context)
+    verdict = replay(trace, (), "vllm")
+    assert verdict.violation is not None, "the attention read did not use vLLM's metadata"
+    assert verdict.violation.invariant in ("MATCHES_REFERENCE", "NO_FOREIGN_READ"), \
+        verdict.violation.line()
+    monkeypatch.setattr(triton_attn.TritonAttentionMetadataBuilder, "build", fresh_tensor)
+    verdict = replay(trace, (), "vllm")
+    assert verdict.violation is not None
+    assert verdict.violation.invariant == "GRAPH_ADDRESSES_STABLE", verdict.violation.line()
+
+
 @pytest.mark.slow  # installs up to four vLLM releases (cached after): nightly-sized
 def test_real_bisect_names_the_release_that_cleared_the_stale_row(vllm, capsys):
     """The issue's acceptance command, for real: 0.26.0 fails, a later release
