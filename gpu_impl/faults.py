@@ -151,8 +151,8 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "lightseekorg/tokenspeed PR #1218 ('a larger prior iteration leaves stale token ids, "
           "cache locations ... where the captured graph still reads'), InternLM/lmdeploy PR "
           "#4569 ('kv cache would be polluted if block_offsets contain data from previous step')",
-          "NO_STALE_WRITE", ("MATCHES_REFERENCE", "NO_FOREIGN_READ"), family="metadata",
-          sites=("vllm/v1/spec_decode/eagle.py",)),
+          "NO_STALE_WRITE", ("MATCHES_REFERENCE", "NO_FOREIGN_READ", "NULL_BLOCK_FINITE"),
+          family="metadata", sites=("vllm/v1/spec_decode/eagle.py",)),
     Fault("pad-slot-wraps-to-last-slot", ("v1", "v2"),
           "an attention backend's own cache write indexes the cache with the slot as a "
           "Python/torch index instead of skipping PAD_SLOT_ID: every padding token (-1) "
@@ -164,6 +164,18 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "-1 sentinel tail)",
           "NO_STALE_WRITE", ("MATCHES_REFERENCE", "NO_FOREIGN_READ"), family="metadata",
           sites=("vllm/model_executor/models/extract_hidden_states.py",)),
+    Fault("decode-slots-sliced-prefill-first", ("v1", "v2"),
+          "a Mamba-style mixer slices its state indices as if prefills came first while the "
+          "batch is ordered decode-first: in a mixed batch decode row i updates the state "
+          "slot of row num_prefills + i and the prefills take the decodes' slots — the "
+          "reorder permuted the rows, the layer's view of the derived buffer did not follow",
+          "vllm-project/vllm PR #40766 '[Bugfix] fix bailing_moe_linear decode index err' "
+          "(vllm/model_executor/models/bailing_moe_linear.py: _decode_infer was ported from "
+          "SGLang's prefill-first layout; decode requests in mixed batches read the wrong "
+          "positions and 'update incorrect KV cache state slots'; fixed by slicing decodes "
+          "from 0: slot_start=0, slot_end=num_decodes)",
+          "MATCHES_REFERENCE", ("NO_STALE_WRITE", "LOADED_BLOCKS_INTACT"), family="metadata",
+          sites=("vllm/model_executor/models/bailing_moe_linear.py",)),
     Fault("swap-rows-aliased", ("v1",),
           "swap_states swaps a 2-D per-row buffer (here the block-table rows) with a tuple "
           "of row views, so both rows end up holding the second row's block ids; the "

@@ -7,7 +7,8 @@ bugs lived; with no fault on, every override defers to the fixed shell.
 
 Faults consulted here: ``full-replay-not-restaged``, ``captured-buffer-rebound``,
 ``padded-rows-classified-as-prefill``, ``padded-rows-metadata-stale``,
-``backend-slot-tail-stale``, ``pad-slot-wraps-to-last-slot``.
+``backend-slot-tail-stale``, ``pad-slot-wraps-to-last-slot``,
+``decode-slots-sliced-prefill-first``.
 """
 
 from __future__ import annotations
@@ -57,6 +58,15 @@ class RunnerFaults:
                               num_tokens, wrap_negative=True)
             return
         super()._backend_cache_write(g, num_tokens)
+
+    def _layer_state_indices(self, indices, num_decodes):
+        num_prefills = len(indices) - num_decodes
+        if "decode-slots-sliced-prefill-first" in self.faults and num_decodes and num_prefills:
+            # The historical bug: the mixer slices decodes from the end (a prefill-first
+            # layout), so decode row i updates indices[num_prefills + i] and prefill
+            # row j indices[j] — other rows' state slots in a mixed batch.
+            return torch.roll(indices, -num_prefills)
+        return super()._layer_state_indices(indices, num_decodes)
 
     def _after_capture(self) -> None:
         super()._after_capture()

@@ -248,7 +248,14 @@ class RunnerShell(abc.ABC):
                 self.state_indices[g][:num_rows] = fresh
                 self.read_state_indices[g] = self.state_indices[g][:num_rows]
             else:
-                self.read_state_indices[g] = fresh
+                self.read_state_indices[g] = self._layer_state_indices(fresh, num_decodes)
+
+    def _layer_state_indices(self, indices: torch.Tensor, num_decodes: int) -> torch.Tensor:
+        """The state index each row's Mamba layer uses, from the builder's
+        ``indices`` (batch order: the ``num_decodes`` decodes first, then the
+        prefills): the decode part is ``indices[:num_decodes]``, the prefill part
+        the rest (vLLM's mixers slice decodes first, as the batch is reordered)."""
+        return indices
 
     def _after_capture(self) -> None:
         """Called once the start-up graphs are captured (nothing to do here)."""

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from reference import ATTENTION, MAMBA
 
 from harness.core.ops.forward import MODES  # the cudagraph modes, FULL first
@@ -51,6 +53,8 @@ FEATURES: dict[str, str] = {
     "padding-over-prefilling-row": "a FULL forward padded over a V1 row whose last request's "
                                    "last step was a prompt chunk (engines keep its counters "
                                    "there: vLLM #41841)",
+    "mamba-decodes-with-prefills": "a forward whose Mamba layers see decodes (one token, "
+                                   "prior state) and prefills in one batch",
     "full-replay-mixed-batch": "a FULL replay of a batch that is not one token per row "
                                "(backends that capture mixed batches: cudagraph_support ALWAYS)",
     "backend-slots-padded": "a forward that builds metadata with padded tokens, on a config "
@@ -131,13 +135,13 @@ class Tracker:
             hit.append(f"dummy-after-{self.prev_op}")
         fwd = reference.last_forward if kind in ("step", "dummy_run") else None
         if fwd is not None:
-            hit += self._forward_hits(fwd)
+            hit += self._forward_hits(fwd, reference)
             self.prev_forward = fwd
             self.prev_real_forward = None if fwd.dummy else fwd
         # dedupe, keep order
         return list(dict.fromkeys(hit))
 
-    def _forward_hits(self, fwd) -> list[str]:
+    def _forward_hits(self, fwd, reference=None) -> list[str]:
         cfg, hit = self.config, []
         for k in {cfg.groups[g].kind for g in range(len(cfg.groups))}:
             hit.append(f"forward:{fwd.cudagraph_mode}:{cfg.runner}:{k}")
@@ -162,6 +166,13 @@ class Tracker:
         if (cfg.runner == "v1" and fwd.cudagraph_mode == "FULL"
                 and self.left_prefilling & set(range(fwd.num_reqs, fwd.num_reqs_padded))):
             hit.append("padding-over-prefilling-row")
+        if (reference is not None and cfg.mamba_groups and fwd.metadata and not fwd.dummy
+                and fwd.num_reqs > 1):
+            n = fwd.num_reqs
+            qlen = np.diff(reference.query_start_loc[:n + 1])
+            decode = (qlen == 1) & (reference.seq_lens[:n] > 1)
+            if decode.any() and not decode.all():
+                hit.append("mamba-decodes-with-prefills")
         if fwd.cudagraph_mode == "FULL" and fwd.num_tokens != fwd.num_reqs:
             hit.append("full-replay-mixed-batch")
         if (fwd.metadata and fwd.num_tokens_padded > fwd.num_tokens
