@@ -37,10 +37,10 @@ class RunnerFaults:
             return  # the historical bug: padded rows keep the vacated rows' counters
         super()._clear_padded_prefilling(num_reqs, reqs_padded)
 
-    def _pad_rows(self, num_reqs, reqs_padded, uniform=True) -> None:
+    def _pad_rows(self, num_reqs, reqs_padded) -> None:
         if "padded-rows-metadata-stale" in self.faults and self.last_forward is not None:
             return  # padded rows keep what the previous batch staged (after start-up)
-        super()._pad_rows(num_reqs, reqs_padded, uniform)
+        super()._pad_rows(num_reqs, reqs_padded)
 
     def _build_slot_buffers(self, num_tokens, tokens_padded) -> None:
         if "backend-slot-tail-stale" in self.faults and self.last_forward is not None:

@@ -351,7 +351,7 @@ class RunnerShell(abc.ABC):
                                                           cudagraph_mode)
         self._stage_tables(batch, reqs_padded)
         self._stage_batch(batch)
-        self._stage_padding(num_reqs, reqs_padded, num_tokens, tokens_padded, uniform)
+        self._stage_padding(num_reqs, reqs_padded, num_tokens, tokens_padded)
         for g in self.attn_groups:
             self._compute_slot_mapping(g, tokens_padded)
         self._build_slot_buffers(num_tokens, tokens_padded)
@@ -398,7 +398,7 @@ class RunnerShell(abc.ABC):
             self.seq_lens.np[:num_reqs] = lens
             self.has_initial_state.np[:num_reqs] = 0
             self.is_prefilling[:reqs_padded] = False  # dummy rows carry no request
-            self._pad_rows(num_reqs, reqs_padded, num_tokens == num_reqs)
+            self._pad_rows(num_reqs, reqs_padded)
         self.hidden.np[:tokens_padded] = np.nan  # dummy activations are garbage
         self._stage_padding(num_reqs, num_reqs, num_tokens, tokens_padded)  # tokens; copies
         self._fill_dummy_slots(num_tokens, tokens_padded, _warmup)
@@ -441,19 +441,18 @@ class RunnerShell(abc.ABC):
             return FULL, padded, min(padded, cfg.max_num_reqs)
         return PIECEWISE, padded, num_reqs
 
-    def _pad_rows(self, num_reqs: int, reqs_padded: int, uniform: bool = True) -> None:
-        """Rows padded for a FULL graph: one token each in a uniform decode, none
-        in a mixed batch (``query_start_loc`` stays non-decreasing; vLLM fills it
-        past the batch with the token count), ``seq_len`` 0, no initial state."""
+    def _pad_rows(self, num_reqs: int, reqs_padded: int) -> None:
+        """Rows padded for a FULL graph: an empty query (``query_start_loc``
+        past the batch holds its token count, as vLLM fills it), ``seq_len`` 0,
+        no initial state."""
         for row in range(num_reqs, reqs_padded):
-            self.query_start_loc.np[row + 1] = self.query_start_loc.np[row] + int(uniform)
+            self.query_start_loc.np[row + 1] = self.query_start_loc.np[row]
             self.seq_lens.np[row] = 0
             self.has_initial_state.np[row] = 0
 
-    def _stage_padding(self, num_reqs, reqs_padded, num_tokens, tokens_padded,
-                       uniform: bool = True) -> None:
+    def _stage_padding(self, num_reqs, reqs_padded, num_tokens, tokens_padded) -> None:
         """Padding rows and tokens, then one host -> device copy per buffer."""
-        self._pad_rows(num_reqs, reqs_padded, uniform)
+        self._pad_rows(num_reqs, reqs_padded)
         self.req_indices.np[num_tokens:tokens_padded] = -1
         self.hidden.np[num_tokens:tokens_padded] = np.nan
         for buf in (self.req_indices, self.positions, self.hidden, self.query_start_loc,

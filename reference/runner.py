@@ -210,7 +210,7 @@ class ReferenceRunnerBase(abc.ABC):
             self.is_prefilling[b] = start < int(self.rows.num_prompt_tokens[row])
             t += n
             qsl[b + 1] = t
-        self._stage_padding(num_reqs, reqs_padded, num_tokens, tokens_padded, uniform)
+        self._stage_padding(num_reqs, reqs_padded, num_tokens, tokens_padded)
         self._build_slot_buffers(tokens_padded)
         for g in self.config.mamba_groups:
             self.state_indices[g][:num_reqs] = self.device_block_table[g][:num_reqs, 0]
@@ -237,8 +237,7 @@ class ReferenceRunnerBase(abc.ABC):
             self.seq_lens[:num_reqs] = per_req
             self.has_initial_state[:num_reqs] = 0
             self.is_prefilling[:num_reqs] = False
-            self._stage_padding(num_reqs, reqs_padded, num_tokens, tokens_padded,
-                                num_tokens == num_reqs)
+            self._stage_padding(num_reqs, reqs_padded, num_tokens, tokens_padded)
         self.hidden[:tokens_padded] = np.nan
         for g in self.config.attention_groups:
             self.slot_mapping[g][:self._dummy_pad_extent(tokens_padded)] = PAD_SLOT_ID
@@ -297,14 +296,12 @@ class ReferenceRunnerBase(abc.ABC):
         blocks = self.device_block_table[group][row, kcol].astype(np.int64)
         return np.where(is_local, blocks * kbs + off % kbs, PAD_SLOT_ID)
 
-    def _stage_padding(self, num_reqs, reqs_padded, num_tokens, tokens_padded,
-                       uniform: bool = True) -> None:
-        """Padded rows (FULL): one token each in a uniform decode, none in a
-        mixed batch (vLLM fills ``query_start_loc`` past the batch with its token
-        count), seq_len 0, no initial state, not a prefill; padded tokens: NaN,
-        PAD slot."""
+    def _stage_padding(self, num_reqs, reqs_padded, num_tokens, tokens_padded) -> None:
+        """Padded rows (FULL): an empty query (vLLM fills ``query_start_loc`` past
+        the batch with its token count), seq_len 0, no initial state, not a
+        prefill; padded tokens: NaN, PAD slot (they belong to no row)."""
         for b in range(num_reqs, reqs_padded):
-            self.query_start_loc[b + 1] = self.query_start_loc[b] + int(uniform)
+            self.query_start_loc[b + 1] = self.query_start_loc[b]
             self.seq_lens[b] = 0
             self.has_initial_state[b] = 0
             self.is_prefilling[b] = False
