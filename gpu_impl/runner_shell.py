@@ -124,6 +124,7 @@ class RunnerShell(abc.ABC):
                               for g in self.mamba_groups}  # the decode buffer FULL graphs read
         self.is_prefilling = np.zeros(rows, bool)  # host, per batch row of the last forward
         self.read_state_indices: dict[int, torch.Tensor] = {}  # what the last forward read
+        self.attn_inputs: dict | None = None  # per attention group, what its builder handed over
         self.attn_out = {g: torch.zeros((rows, heads), dtype=torch.float32, device=device)
                          for g in self.attn_groups}
 
@@ -358,6 +359,7 @@ class RunnerShell(abc.ABC):
         num_rows = reqs_padded if mode == FULL else num_reqs
         self._classify(num_reqs, reqs_padded)
         self._build_mamba_metadata(num_reqs, num_rows)
+        self._build_attention_inputs(num_rows, tokens_padded, None, True)
         self._run_forward(mode, num_rows, tokens_padded)
         self._advance(batch)
         for req, n, start in batch:
@@ -408,6 +410,7 @@ class RunnerShell(abc.ABC):
         else:
             self.read_state_indices = {}  # no metadata: the Mamba kernels do not run
         num_rows = reqs_padded if mode == FULL else num_reqs
+        self._build_attention_inputs(num_rows, tokens_padded, tables, metadata)
         if not _warmup:
             self._run_forward(mode, num_rows, tokens_padded, tables, metadata)
         elif self.device.type == "cuda":
@@ -467,7 +470,8 @@ class RunnerShell(abc.ABC):
             for g in self.mamba_groups:  # whatever the builder staged, the graph read this
                 self.read_state_indices[g] = self.state_indices[g][:num_rows]
         else:
-            self._forward(num_rows, tokens_padded, tables, self.read_state_indices, metadata)
+            self._forward(num_rows, tokens_padded, tables, self.read_state_indices, metadata,
+                          self.attn_inputs)
 
     def _kv_view(self, g: int) -> torch.Tensor:
         """The KV cache as the kernels see it: (num_kernel_blocks, kernel_block_size, head)."""
@@ -475,16 +479,19 @@ class RunnerShell(abc.ABC):
         return self.kv_caches[g].view(-1, kbs, self.config.head_size)
 
     def _forward(self, num_rows: int, num_tokens: int, tables: list | None = None,
-                 state_indices: dict | None = None, metadata: bool = True) -> None:
+                 state_indices: dict | None = None, metadata: bool = True,
+                 attn_inputs: dict | None = None) -> None:
         """The model: KV writes, then — with attention metadata — Mamba state
         updates (through ``state_indices[g]``, default the persistent decode
         buffer) and attention reads (through ``tables[g]``, default
-        :meth:`kernel_table`).  A backend with its own slot buffer writes
-        through it, and only with metadata (its layer sees none otherwise)."""
-        inputs = {g: self._attention_inputs(g, num_rows, num_tokens,
-                                            self.kernel_table(g) if tables is None else tables[g],
-                                            metadata)
-                  for g in self.attn_groups}
+        :meth:`kernel_table`), with the slot mapping, block table and
+        ``seq_lens`` of ``attn_inputs[g]`` (what the backend's builder handed
+        over: :meth:`_build_attention_inputs`; default the runner's buffers).
+        A backend with its own slot buffer writes through it, and only with
+        metadata (its layer sees none otherwise)."""
+        inputs = attn_inputs or {
+            g: (self.slot_mappings[g], self.kernel_table(g) if tables is None else tables[g],
+                self.seq_lens.gpu) for g in self.attn_groups}
         for g in self.attn_groups:
             if g in self.backend_slots:
                 if metadata:
@@ -501,6 +508,16 @@ class RunnerShell(abc.ABC):
             _, table, seq_lens = inputs[g]
             paged_attention_read(table, seq_lens, self._kv_view(g), self.attn_out[g],
                                  num_rows, self.config.groups[g].block_size, self.dcp(g))
+
+    def _build_attention_inputs(self, num_rows: int, num_tokens: int, tables: list | None,
+                                metadata: bool) -> None:
+        """The attention backends' metadata build, once per forward (before a
+        FULL replay too, as engines build before replaying): ``attn_inputs``."""
+        self.attn_inputs = {
+            g: self._attention_inputs(g, num_rows, num_tokens,
+                                      self.kernel_table(g) if tables is None else tables[g],
+                                      metadata)
+            for g in self.attn_groups}
 
     def _attention_inputs(self, g: int, num_rows: int, num_tokens: int, table: torch.Tensor,
                           metadata: bool) -> tuple:
@@ -549,13 +566,14 @@ class RunnerShell(abc.ABC):
             self.dummy_run(min(size, rows), size, FULL, _warmup=True)
             if size <= rows or always:  # a mixed-batch graph runs min(size, rows) rows
                 graph = Graph(self.device)
-                with graph.capture():
-                    self._forward(min(size, rows), size)
+                with graph.capture():  # on what the warm-up's metadata build handed over
+                    self._forward(min(size, rows), size, attn_inputs=self.attn_inputs)
                 self.graphs[size] = graph
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         self.last_forward = None
         self.dummy_read = None
+        self.attn_inputs = None  # until a forward builds: the runner's buffers
         self._after_capture()
 
     # -- observation -------------------------------------------------------------
@@ -570,8 +588,9 @@ class RunnerShell(abc.ABC):
         names = {t.untyped_storage().data_ptr(): n for n, t in sorted(self.buffers().items())}
         out = {}
         for size, graph in sorted(self.graphs.items()):
-            with record_launches() as now:
-                self._forward(min(size, self.config.max_num_reqs), size)
+            with record_launches() as now:  # the latest build's inputs: no builder runs here
+                self._forward(min(size, self.config.max_num_reqs), size,
+                              attn_inputs=self.attn_inputs)
             pairs: dict[str, tuple[int, int]] = {}
             for was, cur in zip(graph.launches, now):
                 for (param, old), (_, new) in zip(was.tensors(), cur.tensors()):

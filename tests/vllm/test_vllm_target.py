@@ -274,36 +274,60 @@ def test_mamba_metadata_is_vllms_own_builder(vllm, monkeypatch, runner):
 
 def test_attention_metadata_is_vllms_own_builder(vllm, monkeypatch):
     """The attention layers read what vLLM's ``TritonAttentionMetadataBuilder``
-    hands them: a builder whose metadata says every row has no context makes
-    the attention outputs differ from the reference's, and one that hands the
-    layer a fresh tensor instead of the runner's buffer leaves the captured
-    graphs reading a tensor nothing stages into."""
+    hands them, and it builds before every forward with metadata, FULL replays
+    included: a builder that says every row has no context changes the
+    outputs; one that hands over a fresh tensor for any of slot mapping, block
+    table or ``seq_lens`` leaves the captured graphs reading a tensor nothing
+    stages into."""
     from vllm.v1.attention.backends import triton_attn
 
+    from gpu_impl.runner_shell import RunnerShell
     from harness.core.session import replay
 
     trace = load(CORPORA / "vllm" / "v1-mamba-builder-decode-buffer.json")
-    original = triton_attn.TritonAttentionMetadataBuilder.build
+    builder = triton_attn.TritonAttentionMetadataBuilder
+    original, run_forward = builder.build, RunnerShell._run_forward
+    events = []
+
+    def counted(self, *args, **kwargs):
+        events.append("build")
+        return original(self, *args, **kwargs)
+
+    def forward(self, mode, *args, **kwargs):
+        events.append(mode)
+        return run_forward(self, mode, *args, **kwargs)
+
+    monkeypatch.setattr(builder, "build", counted)
+    monkeypatch.setattr(RunnerShell, "_run_forward", forward)
+    assert replay(trace, (), "vllm").violation is None
+    forwards = [i for i, e in enumerate(events) if e != "build"]
+    assert [events[i] for i in forwards].count("FULL") == 2
+    for i in forwards:
+        assert events[i - 1] == "build", f"forward {events[i]} without a build before it"
+    monkeypatch.undo()
 
     def no_context(self, *args, **kwargs):
         md = original(self, *args, **kwargs)
         md.seq_lens.zero_()  # in the runner's buffer: the graphs' addresses hold
         return md
 
-    def fresh_tensor(self, *args, **kwargs):
-        md = original(self, *args, **kwargs)
-        md.seq_lens = md.seq_lens.clone()
-        return md
-
-    monkeypatch.setattr(triton_attn.TritonAttentionMetadataBuilder, "build", no_context)
+    monkeypatch.setattr(builder, "build", no_context)
     verdict = replay(trace, (), "vllm")
     assert verdict.violation is not None, "the attention read did not use vLLM's metadata"
     assert verdict.violation.invariant in ("MATCHES_REFERENCE", "NO_FOREIGN_READ"), \
         verdict.violation.line()
-    monkeypatch.setattr(triton_attn.TritonAttentionMetadataBuilder, "build", fresh_tensor)
-    verdict = replay(trace, (), "vllm")
-    assert verdict.violation is not None
-    assert verdict.violation.invariant == "GRAPH_ADDRESSES_STABLE", verdict.violation.line()
+    for field, param in (("slot_mapping", "slot_mapping"), ("block_table", "block_table"),
+                         ("seq_lens", "seq_lens")):
+        def fresh(self, *args, _field=field, **kwargs):
+            md = original(self, *args, **kwargs)
+            setattr(md, _field, getattr(md, _field).clone())
+            return md
+
+        monkeypatch.setattr(builder, "build", fresh)
+        verdict = replay(trace, (), "vllm")
+        assert verdict.violation is not None, field
+        assert verdict.violation.invariant == "GRAPH_ADDRESSES_STABLE", verdict.violation.line()
+        assert param in verdict.violation.detail, (field, verdict.violation.detail)
 
 
 @pytest.mark.slow  # installs up to four vLLM releases (cached after): nightly-sized
