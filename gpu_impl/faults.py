@@ -157,11 +157,14 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "an attention backend's own cache write indexes the cache with the slot as a "
           "Python/torch index instead of skipping PAD_SLOT_ID: every padding token (-1) "
           "lands in the last slot of the last block, whoever owns it",
-          "vllm-project/vllm issue #43810 / PR #43869 'Fix extract_hidden_states CUDA graph "
-          "padding polluting KV cache' (vllm/model_executor/models/extract_hidden_states.py "
-          "basic_cache: -1 // block_size = -1, -1 % block_size = block_size - 1); the same "
-          "class in NVIDIA/TensorRT-LLM PR #18673 (an FP8 indexer's own cache write with the "
-          "-1 sentinel tail)",
+          "vllm-project/vllm issue #43810 (vllm/model_executor/models/extract_hidden_states.py "
+          "basic_cache indexed its cache with the slot: -1 // block_size = -1, -1 % block_size "
+          "= block_size - 1, the last slot); vLLM 0.26.0's basic_cache instead clamps -1 to "
+          "slot 0 of its own cache-only group's null block (scratch there), and PR #43869 "
+          "proposes skipping negative slots as reshape_and_cache does — the model's fixed "
+          "path (here the backend writes the shared KV cache, whose null block is not "
+          "scratch); the same class in NVIDIA/TensorRT-LLM PR #18673 (an FP8 indexer's own "
+          "cache write with the -1 sentinel tail)",
           "NO_STALE_WRITE", ("MATCHES_REFERENCE", "NO_FOREIGN_READ"), family="metadata",
           sites=("vllm/model_executor/models/extract_hidden_states.py",)),
     Fault("decode-slots-sliced-prefill-first", ("v1", "v2"),
