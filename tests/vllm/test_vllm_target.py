@@ -330,6 +330,35 @@ def test_attention_metadata_is_vllms_own_builder(vllm, monkeypatch):
         assert param in verdict.violation.detail, (field, verdict.violation.detail)
 
 
+def test_suspected_dummy_run_prefilling_reaches_vllms_builder(vllm, monkeypatch):
+    """The README's first suspected upstream issue, half run on vLLM's code: with
+    the dummy rows' ``is_prefilling`` computed as vLLM's ``_dummy_run`` computes
+    it (from the persistent batch's stale counters — our transcription of the
+    runner side, which the vllm target does not run as vLLM's), the release's
+    own Mamba builder skips refreshing its decode buffer and the FULL dummy
+    replay writes NaN into a live request's state.  With the fixed runner side
+    the trace passes (it is a corpus trace)."""
+    from harness.core.session import replay
+    from harness.targets.vllm_runners import VllmV1Runner
+
+    trace = load(CORPORA / "vllm" / "v1-dummy-run-stale-prefilling-counters.json")
+    assert replay(trace, (), "vllm").violation is None
+    original = VllmV1Runner._stage_dummy_state_indices
+
+    def as_vllm_dummy_run(self, tables, num_reqs, reqs_padded, mode, warmup):
+        if not warmup:  # is_prefilling[num_reqs:] = False with num_reqs = num_reqs_padded
+            computed, prompt = self._row_counters(reqs_padded)
+            self.is_prefilling[:reqs_padded] = computed < prompt
+        return original(self, tables, num_reqs, reqs_padded, mode, warmup)
+
+    monkeypatch.setattr(VllmV1Runner, "_stage_dummy_state_indices", as_vllm_dummy_run)
+    verdict = replay(trace, (), "vllm")
+    assert verdict.violation is not None
+    v = verdict.violation
+    assert (v.invariant, trace.ops[v.op_index]["op"], v.group) == ("NO_STALE_WRITE", "dummy_run", 1)
+    assert "owned by req 0" in v.detail, v.detail
+
+
 @pytest.mark.slow  # installs up to four vLLM releases (cached after): nightly-sized
 def test_real_bisect_names_the_release_that_cleared_the_stale_row(vllm, capsys):
     """The issue's acceptance command, for real: 0.26.0 fails, a later release
