@@ -81,8 +81,9 @@ def unexercised(trace) -> str | None:
     if not faults or any(set(f.sites) & set(driven) for f in faults):
         return None
     sites = sorted({s for f in faults for s in f.sites})
-    return (f"the recorded fault's code path ({', '.join(sites)}) is blockfuzz's runner "
-            f"shell in the vllm adapter, not vLLM's; only {', '.join(driven)} run as vLLM's")
+    return (f"the recorded fault's code path ({', '.join(sites)}) is blockfuzz's own code in "
+            f"the vllm adapter (runner shell, layers, backends), not vLLM's; only "
+            f"{', '.join(driven)} run as vLLM's")
 
 
 def installed_version() -> str | None:
