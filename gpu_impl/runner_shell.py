@@ -465,7 +465,7 @@ class RunnerShell(abc.ABC):
     def _run_forward(self, mode: str, num_rows: int, tokens_padded: int,
                      tables: list | None = None, metadata: bool = True) -> None:
         if mode == FULL:
-            assert num_rows == min(tokens_padded, self.config.max_num_reqs) and metadata
+            assert num_rows == self.config.full_graph_rows(tokens_padded) and metadata
             self.graphs[tokens_padded].replay()  # reads the captured (persistent) buffers
             for g in self.mamba_groups:  # whatever the builder staged, the graph read this
                 self.read_state_indices[g] = self.state_indices[g][:num_rows]
@@ -561,13 +561,13 @@ class RunnerShell(abc.ABC):
 
     def _capture_model(self) -> None:
         """Warm up and capture one graph per FULL capture size, largest first."""
-        rows, always = self.config.max_num_reqs, self.config.cudagraph_support == "ALWAYS"
-        for size in reversed(self.config.cudagraph_capture_sizes):
-            self.dummy_run(min(size, rows), size, FULL, _warmup=True)
-            if size <= rows or always:  # a mixed-batch graph runs min(size, rows) rows
+        cfg = self.config
+        for size in reversed(cfg.cudagraph_capture_sizes):
+            self.dummy_run(cfg.full_graph_rows(size), size, FULL, _warmup=True)
+            if size in cfg.full_capture_sizes:  # mixed-batch graphs run min(size, rows) rows
                 graph = Graph(self.device)
                 with graph.capture():  # on what the warm-up's metadata build handed over
-                    self._forward(min(size, rows), size, attn_inputs=self.attn_inputs)
+                    self._forward(cfg.full_graph_rows(size), size, attn_inputs=self.attn_inputs)
                 self.graphs[size] = graph
         if self.device.type == "cuda":
             torch.cuda.synchronize()
@@ -589,7 +589,7 @@ class RunnerShell(abc.ABC):
         out = {}
         for size, graph in sorted(self.graphs.items()):
             with record_launches() as now:  # the latest build's inputs: no builder runs here
-                self._forward(min(size, self.config.max_num_reqs), size,
+                self._forward(self.config.full_graph_rows(size), size,
                               attn_inputs=self.attn_inputs)
             pairs: dict[str, tuple[int, int]] = {}
             for was, cur in zip(graph.launches, now):

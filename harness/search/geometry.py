@@ -14,6 +14,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from reference import ATTENTION, MAMBA, GroupSpec, RunnerConfig
+from reference.config import ALWAYS, UNIFORM_BATCH
 
 
 @st.composite
@@ -52,7 +53,7 @@ def runner_configs(draw, runner: str | None = None,
     if draw(st.sampled_from([False, False, True])):
         groups[0] = GroupSpec(ATTENTION, block_size, kernel_block_size, slot_buffer=True)
     mamba = any(g.kind == MAMBA for g in groups)
-    support = "ALWAYS" if not mamba and draw(st.sampled_from([False, True])) else "UNIFORM_BATCH"
+    support = ALWAYS if not mamba and draw(st.sampled_from([False, True])) else UNIFORM_BATCH
     return RunnerConfig(
         cudagraph_support=support,
         reorder_batch_threshold=reorder,

@@ -171,8 +171,6 @@ class VllmMambaBuilders:
     def __init__(self, config, device: torch.device):
         try:
             self._builders = {g: self._make(config, device) for g in config.mamba_groups}
-        except TargetUnavailable:
-            raise
         except Exception as e:  # noqa: BLE001 - the release's constructor refused
             raise TargetUnavailable(f"vLLM {load().version}'s Mamba2 metadata builder cannot be "
                                     f"constructed on the CPU ({type(e).__name__}: {e})") from None
