@@ -1,13 +1,21 @@
 """Mamba-style recurrent state update, written in place at the state index.
 
 Stands in for the Mamba / GDN / KDA kernels of hybrid models: each batch row
-sums the payload of its tokens and adds it to its state slot
-``state[state_indices[row]]`` (from zero when the request has no initial
-state).  The state index comes from the metadata builder — ``block_table[row,
-0]`` of the mamba group for real rows, the null block for rows padded to a
-FULL capture size — which is why a stale block-table row, or a state-index
-buffer not re-staged before a FULL replay, writes state into a block the row
-does not own (seed 000).  ``PAD_SLOT_ID`` (-1) rows are skipped.
+sums the payload of its tokens and adds it to its state slot (from zero when
+the request has no initial state).  The state indices come from the metadata
+builder — the Mamba group's block-table columns for real rows, the null block
+for rows padded to a FULL capture size — which is why a stale block-table row,
+or a state-index buffer not re-staged before a FULL replay, writes state into
+a block the row does not own (seed 000).  ``PAD_SLOT_ID`` (-1) rows are
+skipped.
+
+With speculative decoding a request holds ``1 + k`` state columns (vLLM's
+spec-decode ``ssm_state_indices``, GDN's ``fused_recurrent_gated_delta_rule``):
+a row starts from the column its last accepted count names
+(``num_accepted_tokens - 1``, bounded below by 0), and a spec-decode row
+writes the state after each of its tokens to columns 0, 1, ...; any other row
+writes its final state to column 0.  Without speculation (one column) this is
+the plain update.
 """
 
 from __future__ import annotations
@@ -20,35 +28,59 @@ from .cuda_graph import launch
 
 def mamba_state_update(hidden: torch.Tensor, query_start_loc: torch.Tensor,
                        state_indices: torch.Tensor, has_initial_state: torch.Tensor,
-                       state: torch.Tensor, num_rows: int) -> None:
+                       state: torch.Tensor, num_rows: int,
+                       num_accepted: torch.Tensor | None = None,
+                       spec_rows: torch.Tensor | None = None,
+                       read_out: torch.Tensor | None = None,
+                       column_unbounded: bool = False) -> None:
     """In-place update of rows [0, num_rows).
 
     hidden: float32 (max_num_batched_tokens, head_size); query_start_loc: int32
-    (max_num_reqs + 1,); state_indices / has_initial_state: int32
-    (max_num_reqs,); state: float32 (num_blocks, head_size).  An index past
-    the pool (an engine's garbage) is dropped: a GPU would fault, the
-    interpreter would corrupt host memory; ``MATCHES_REFERENCE`` reports it.
+    (max_num_reqs + 1,); state_indices: int32 (max_num_reqs,) or (max_num_reqs,
+    num_columns), contiguous rows; has_initial_state: int32 (max_num_reqs,);
+    state: float32 (num_blocks, head_size).  num_accepted / spec_rows: int32
+    (max_num_reqs,) — the running column is ``max(num_accepted - 1, 0)``
+    (``column_unbounded``: ``num_accepted - 1``, a fault's path: 0 reads the
+    previous row's last column) and spec rows write every token's state;
+    None = column 0, no spec rows.  read_out: int32 (max_num_reqs,), receives
+    the index each row read its initial state through.  An index past the
+    pool (an engine's garbage) is dropped: a GPU would fault, the interpreter
+    would corrupt host memory; ``MATCHES_REFERENCE`` reports it.
     """
+    ncol = 1 if state_indices.dim() == 1 else state_indices.shape[1]
+    rows = state_indices.shape[0]
+    if num_accepted is None:
+        num_accepted = torch.ones(rows, dtype=torch.int32, device=hidden.device)
+    if spec_rows is None:
+        spec_rows = torch.zeros(rows, dtype=torch.int32, device=hidden.device)
+    if read_out is None:
+        read_out = torch.zeros(rows, dtype=torch.int32, device=hidden.device)
     launch(_mamba_state_update_kernel, (1,), hidden, query_start_loc, state_indices,
-           has_initial_state, state, num_rows, HEAD=hidden.shape[1],
-           BLOCK_R=triton.next_power_of_2(state_indices.shape[0]),
+           has_initial_state, state, num_accepted, spec_rows, read_out, num_rows,
+           HEAD=hidden.shape[1], NCOL=ncol,
+           BLOCK_R=triton.next_power_of_2(rows),
            BLOCK_T=triton.next_power_of_2(hidden.shape[0]), NUM_TOKENS=hidden.shape[0],
-           NUM_SLOTS=state.shape[0])
+           NUM_SLOTS=state.shape[0], COLUMN_UNBOUNDED=column_unbounded)
 
 
 @triton.jit
 def _mamba_state_update_kernel(
     hidden_ptr,  # float32 [NUM_TOKENS, HEAD]: payload of each token
     query_start_loc_ptr,  # int32 [max_num_reqs + 1]: row r owns tokens [qsl[r], qsl[r+1])
-    state_indices_ptr,  # int32 [max_num_reqs]: state slot (block id) per row, -1 = skip
+    state_indices_ptr,  # int32 [max_num_reqs, NCOL]: state slot (block id) per column, -1 = skip
     has_initial_state_ptr,  # int32 [max_num_reqs]: 1 = add to the old state, 0 = start at 0
     state_ptr,  # float32 [num_blocks, HEAD]: recurrent state, updated in place
+    num_accepted_ptr,  # int32 [max_num_reqs]: last accepted count (running column + 1)
+    spec_rows_ptr,  # int32 [max_num_reqs]: 1 = spec decode (a state per token)
+    read_out_ptr,  # int32 [max_num_reqs]: output, the index each row read through
     num_rows,
     HEAD: tl.constexpr,
+    NCOL: tl.constexpr,  # state columns per row (1 + num_speculative_tokens)
     BLOCK_R: tl.constexpr,
     BLOCK_T: tl.constexpr,
     NUM_TOKENS: tl.constexpr,
     NUM_SLOTS: tl.constexpr,  # num_blocks: an index past it is dropped (a GPU would fault)
+    COLUMN_UNBOUNDED: tl.constexpr,  # fault switch (accepted-column-unbounded)
 ):
     r = tl.arange(0, BLOCK_R)
     t = tl.arange(0, BLOCK_T)
@@ -56,16 +88,29 @@ def _mamba_state_update_kernel(
     row_ok = r < num_rows
     lo = tl.load(query_start_loc_ptr + r, mask=row_ok, other=0)
     hi = tl.load(query_start_loc_ptr + r + 1, mask=row_ok, other=0)
-    idx = tl.load(state_indices_ptr + r, mask=row_ok, other=-1)
     init = tl.load(has_initial_state_ptr + r, mask=row_ok, other=0)
+    spec = tl.load(spec_rows_ptr + r, mask=row_ok, other=0)
+    column = tl.load(num_accepted_ptr + r, mask=row_ok, other=1) - 1
+    if not COLUMN_UNBOUNDED:
+        column = tl.maximum(column, 0)
+    flat = r * NCOL + column  # -1 past row 0's start: a GPU reads what lies before
+    src = tl.load(state_indices_ptr + flat, mask=row_ok & (flat >= 0), other=0)
+    tl.store(read_out_ptr + r, src, mask=row_ok)
+    src_ok = row_ok & (src >= 0) & (src < NUM_SLOTS)
+    old = tl.load(state_ptr + src[:, None] * HEAD + d[None, :],
+                  mask=src_ok[:, None] & (init[:, None] != 0), other=0.0)
     tok_ok = t < NUM_TOKENS
     x = tl.load(hidden_ptr + t[:, None] * HEAD + d[None, :],
                 mask=tok_ok[:, None] & (d[None, :] < HEAD), other=0.0)
-    member = (t[None, :] >= lo[:, None]) & (t[None, :] < hi[:, None]) & tok_ok[None, :]
-    contrib = tl.where(member[:, :, None], x[None, :, :], 0.0)
-    xs = tl.sum(contrib, axis=1)
-    keep = row_ok & (idx >= 0) & (idx < NUM_SLOTS)
-    mask = keep[:, None] & (d[None, :] < HEAD)
-    old = tl.load(state_ptr + idx[:, None] * HEAD + d[None, :], mask=mask, other=0.0)
-    old = tl.where(init[:, None] != 0, old, 0.0)
-    tl.store(state_ptr + idx[:, None] * HEAD + d[None, :], old + xs, mask=mask)
+    for c in tl.static_range(NCOL):
+        # Spec rows: the state after token c goes to column c; other rows: the
+        # final state to column 0.
+        end = tl.where(spec != 0, lo + c + 1, hi)
+        member = (t[None, :] >= lo[:, None]) & (t[None, :] < end[:, None]) & tok_ok[None, :]
+        xs = tl.sum(tl.where(member[:, :, None], x[None, :, :], 0.0), axis=1)
+        dst = tl.load(state_indices_ptr + r * NCOL + c, mask=row_ok, other=-1)
+        write = row_ok & (dst >= 0) & (dst < NUM_SLOTS) & (src >= 0)
+        if c > 0:
+            write = write & (spec != 0) & (lo + c < hi)
+        tl.store(state_ptr + dst[:, None] * HEAD + d[None, :], old + xs,
+                 mask=write[:, None] & (d[None, :] < HEAD))

@@ -25,7 +25,7 @@ class GPUModelRunnerV1(RunnerFaults, RunnerShellV1):
     def _make_input_batch(self) -> InputBatch:
         cfg = self.config
         groups = cfg.groups
-        widths = [1 if s.kind == "mamba" else cfg.max_num_blocks_per_req for s in groups]
+        widths = [cfg.blocks_per_req_max(g) for g in range(len(groups))]
         return InputBatch(cfg.max_num_reqs, widths, [s.block_size for s in groups],
                           [s.kernel_block_size for s in groups], self.device,
                           self.faults, [self.dcp(g) for g in range(len(groups))])

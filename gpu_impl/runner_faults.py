@@ -65,7 +65,7 @@ class RunnerFaults:
             # The historical bug: the mixer slices decodes from the end (a prefill-first
             # layout), so decode row i updates indices[num_prefills + i] and prefill
             # row j indices[j] — other rows' state slots in a mixed batch.
-            return torch.roll(indices, -num_prefills)
+            return torch.roll(indices, -num_prefills, dims=0)
         return super()._layer_state_indices(indices, num_decodes)
 
     def _after_capture(self) -> None:

@@ -36,7 +36,7 @@ import torch
 from reference.runner import ForwardInfo  # the record type every runner reports; no oracle logic
 
 from .attention import paged_attention_read, reshape_and_cache
-from .block_table import CpuGpuBuffer
+from .block_table import CpuGpuBuffer, compute_slot_mapping
 from .cuda_graph import Graph, record_launches
 from .mamba import mamba_state_update
 
@@ -65,6 +65,7 @@ class CachedRequestState:
         self.prompt_len = prompt_len
         self.block_ids = [list(b) for b in block_ids]
         self.num_computed_tokens = 0
+        self.num_accepted = 1  # the sampler's last kept count (speculative decoding)
 
 
 class RunnerShell(abc.ABC):
@@ -120,13 +121,38 @@ class RunnerShell(abc.ABC):
         # FULL graphs read it.
         self.backend_slots = {g: torch.zeros(tokens, dtype=torch.int64, device=device)
                               for g in self.attn_groups if cfg.groups[g].slot_buffer}
-        self.state_indices = {g: torch.zeros(rows, dtype=torch.int32, device=device)
+        cols = cfg.mamba_columns  # one state column per speculative position
+        self.state_indices = {g: torch.zeros((rows, cols), dtype=torch.int32, device=device)
                               for g in self.mamba_groups}  # the decode buffer FULL graphs read
+        # The Mamba builder's per-row spec-decode metadata (persistent: FULL graphs
+        # read it): last accepted count and spec-decode flag; and what each row's
+        # kernel read its initial state through.
+        self.num_accepted = CpuGpuBuffer((rows,), torch.int32, device, fill=1)
+        self.spec_rows = CpuGpuBuffer((rows,), torch.int32, device)
+        self.mamba_read = {g: torch.zeros(rows, dtype=torch.int32, device=device)
+                           for g in self.mamba_groups}
+        self._init_drafter()
         self.is_prefilling = np.zeros(rows, bool)  # host, per batch row of the last forward
         self.read_state_indices: dict[int, torch.Tensor] = {}  # what the last forward read
         self.attn_inputs: dict | None = None  # per attention group, what its builder handed over
         self.attn_out = {g: torch.zeros((rows, heads), dtype=torch.float32, device=device)
                          for g in self.attn_groups}
+
+    def _init_drafter(self) -> None:
+        """The drafter's layer and persistent inputs (vLLM's EAGLE proposer keeps
+        its own ``positions``, hidden states and ``_slot_mapping_buffer``, sized
+        for its CUDA graphs): nothing without speculative decoding."""
+        cfg, device = self.config, self.device
+        self.draft_group = cfg.draft_group
+        self.draft_graphs: dict[int, Graph] = {}
+        if self.draft_group is None:
+            return
+        tokens, heads = cfg.max_num_batched_tokens, cfg.head_size
+        self.draft_kv = self._cache(tuple(self.kv_caches[self.draft_group].shape))
+        self.draft_req_indices = CpuGpuBuffer((tokens,), torch.int32, device, fill=-1)
+        self.draft_positions = CpuGpuBuffer((tokens,), torch.int64, device)
+        self.draft_hidden = CpuGpuBuffer((tokens, heads), torch.float32, device)
+        self.draft_slots = torch.full((tokens,), PAD_SLOT_ID, dtype=torch.int64, device=device)
 
     # -- subclass hooks ----------------------------------------------------------
     @abc.abstractmethod
@@ -189,6 +215,16 @@ class RunnerShell(abc.ABC):
         advances them (rows past the batch: whatever those rows hold)."""
 
     @abc.abstractmethod
+    def _row_accepted(self, num_reqs: int) -> np.ndarray:
+        """Last accepted count of batch rows [0, num_reqs) as the runner's rows hold
+        them (int32), before this step's sampler."""
+
+    @abc.abstractmethod
+    def _store_accepted(self, batch: list, kept: list[int]) -> None:
+        """The sampler's kept counts of this step, per batch row, into the rows
+        (vLLM ``_update_states_after_model_execute``)."""
+
+    @abc.abstractmethod
     def _host_rows(self) -> dict:
         """The observation's host-row fields (``host_block_table``,
         ``host_num_blocks_per_row``, ``host_req_ids``, ``num_computed_tokens``,
@@ -225,7 +261,8 @@ class RunnerShell(abc.ABC):
         decode even while prefilling; decodes come first, the first non-decode
         row starts the prefills.  State indices are column 0 of the rows
         (``tables[g]``, default the kernel table), rows past ``num_reqs`` the
-        null block.  Only an all-decode batch of at most ``min(max_num_reqs,
+        null block; with speculative decoding every state column of the rows
+        (``block_table[:, :1 + k]``).  Only an all-decode batch of at most ``min(max_num_reqs,
         largest capture size)`` rows (vLLM's ``decode_cudagraph_max_bs``)
         refreshes the persistent decode buffer ``state_indices[g]`` that FULL
         graphs read — padded to ``num_rows`` with the null block — and reads it;
@@ -243,7 +280,7 @@ class RunnerShell(abc.ABC):
         max_bs = min(self.config.max_num_reqs, max(sizes)) if sizes else 0
         for g in self.mamba_groups:
             table = self.kernel_table(g) if tables is None else tables[g]
-            fresh = table[:num_rows, 0].clone()
+            fresh = table[:num_rows, :self.state_indices[g].shape[1]].clone()
             fresh[num_reqs:] = NULL_BLOCK_ID
             if num_decodes == num_rows and 0 < num_decodes <= max_bs:
                 self.state_indices[g][:num_rows] = fresh
@@ -257,6 +294,10 @@ class RunnerShell(abc.ABC):
         prefills): the decode part is ``indices[:num_decodes]``, the prefill part
         the rest (vLLM's mixers slice decodes first, as the batch is reordered)."""
         return indices
+
+    def _column_unbounded(self) -> bool:
+        """The Mamba kernel's running column without its lower bound (a fault's path)."""
+        return False
 
     def _after_capture(self) -> None:
         """Called once the start-up graphs are captured (nothing to do here)."""
@@ -314,6 +355,8 @@ class RunnerShell(abc.ABC):
         for g, ids in enumerate(state.block_ids):
             cache = self.kv_caches.get(g, self.mamba_states.get(g))
             cache[torch.tensor(ids, dtype=torch.long, device=self.device)] = SENTINEL
+            if g == self.draft_group:
+                self.draft_kv[torch.tensor(ids, dtype=torch.long, device=self.device)] = SENTINEL
 
     def kv_load(self, req: int) -> None:
         """A P/D connector writes the prompt's KV and the final Mamba state."""
@@ -340,8 +383,19 @@ class RunnerShell(abc.ABC):
         self._set_num_computed(req, state.num_computed_tokens)
 
     # -- forwards --------------------------------------------------------------
-    def execute_model(self, scheduled: list, cudagraph_mode: str) -> None:
-        """One real step. scheduled: [(req, num_tokens)], any subset of live requests."""
+    def execute_model(self, scheduled: list, cudagraph_mode: str,
+                      accepted: list | None = None) -> None:
+        """One real step. scheduled: [(req, num_tokens)], any subset of live requests;
+        accepted: per item, the tokens the sampler keeps (speculative decoding;
+        None: every token of a decode, one for a prefill chunk that ends the
+        prompt, none for one that does not)."""
+        kept_of = {}
+        for i, (req, n) in enumerate(scheduled):
+            st = self.requests[req]
+            if st.num_computed_tokens >= st.prompt_len:  # a decode
+                kept_of[req] = n if accepted is None else accepted[i]
+            else:
+                kept_of[req] = int(st.num_computed_tokens + n >= st.prompt_len)
         batch = self._batch(scheduled)
         num_reqs = len(batch)
         num_tokens = sum(n for _, n, _ in batch)
@@ -359,13 +413,91 @@ class RunnerShell(abc.ABC):
         num_rows = reqs_padded if mode == FULL else num_reqs
         self._classify(num_reqs, reqs_padded)
         self._build_mamba_metadata(num_reqs, num_rows)
+        self._build_spec_metadata(num_reqs, num_rows, dummy=False)
         self._build_attention_inputs(num_rows, tokens_padded, None, True)
         self._run_forward(mode, num_rows, tokens_padded)
-        self._advance(batch)
-        for req, n, start in batch:
-            self.requests[req].num_computed_tokens = start + n
+        # A decode advances by its kept tokens (the rejected ones' KV is garbage).
+        decode = {req: self.requests[req].num_computed_tokens >= self.requests[req].prompt_len
+                  for req, _, _ in batch}
+        advanced = [(req, kept_of[req] if decode[req] else n, start) for req, n, start in batch]
+        if self.draft_group is not None:
+            self._run_drafter(advanced, num_tokens, cudagraph_mode)
+        self._advance(advanced)
+        for req, adv, start in advanced:
+            self.requests[req].num_computed_tokens = start + adv
+        self._store_accepted(batch, [kept_of[req] for req, _, _ in batch])
         self.last_forward = ForwardInfo(False, mode, num_reqs, reqs_padded, num_tokens,
                                         tokens_padded, tuple(req for req, _, _ in batch))
+
+    def _build_spec_metadata(self, num_reqs: int, num_rows: int, dummy: bool) -> None:
+        """The Mamba builder's spec-decode metadata of rows [0, num_rows): each
+        real row's last accepted count and whether it is a spec decode (prompt
+        done, speculative decoding on: vLLM's ``spec_sequence_masks``); padded
+        and dummy rows count 1 and are no spec decode."""
+        acc, spec = self.num_accepted.np, self.spec_rows.np
+        acc[:num_rows], spec[:num_rows] = 1, 0
+        if not dummy and num_reqs and self.config.num_speculative_tokens:
+            computed, prompt = self._row_counters(num_reqs)
+            acc[:num_reqs] = self._row_accepted(num_reqs)
+            spec[:num_reqs] = computed >= prompt
+        self.num_accepted.copy_to_gpu()
+        self.spec_rows.copy_to_gpu()
+
+    def _run_drafter(self, advanced: list, num_tokens: int, requested: str) -> None:
+        """The drafter after a real forward (vLLM ``EagleProposer.propose``).
+
+        Pass 0 runs the batch's tokens through the draft layer, writing draft KV
+        at the target's slots of the draft group (copied into the drafter's own
+        slot buffer, its padded tail ``PAD_SLOT_ID``).  Each further pass
+        (``num_speculative_tokens - 1``) runs one token per request at the
+        position after its last valid token, then the next; the slots come from
+        the shared block table (:meth:`_draft_slot_mapping`; a position past the
+        request's blocks maps to ``PAD_SLOT_ID``, as vLLM clamps positions past
+        the model length), and a uniform batch replays the drafter's FULL graph
+        over rows padded to a capture size when FULL was requested.
+        advanced: (req, tokens it advanced by, start) per batch row.
+        """
+        cfg, g = self.config, self.draft_group
+        self.draft_slots[:num_tokens].copy_(self.slot_mappings[g][:num_tokens])
+        self.draft_slots[num_tokens:] = PAD_SLOT_ID
+        self.draft_hidden.np[:num_tokens] = self.hidden.np[:num_tokens] + np.float32(0.5)
+        self.draft_hidden.copy_to_gpu()
+        reshape_and_cache(self.draft_hidden.gpu, self.draft_slots, self.draft_kv, num_tokens)
+        num_reqs = len(advanced)
+        mode, _, rows_padded = self._dispatch(num_reqs, num_reqs, True, requested)
+        for i in range(1, cfg.num_speculative_tokens):
+            for b, (req, adv, start) in enumerate(advanced):
+                room = min(len(self.requests[req].block_ids[g]) * cfg.groups[g].block_size
+                           * self.dcp(g)[0], 256)
+                q = start + adv - 1 + i
+                inside = q < room
+                self.draft_req_indices.np[b] = b if inside else -1
+                self.draft_positions.np[b] = q if inside else 0
+                self.draft_hidden.np[b] = (token_payload(req, np.array([q]), cfg.head_size)[0]
+                                           + np.float32(0.5)) if inside else np.nan
+            self._run_draft_pass(num_reqs, rows_padded if mode == FULL else num_reqs, mode)
+
+    def _run_draft_pass(self, num_reqs: int, num_rows: int, mode: str) -> None:
+        """One single-token draft pass over rows [0, num_rows) whose first
+        ``num_reqs`` are real (host inputs staged): rows past them carry no
+        request (``draft_req_indices`` -1: slot ``PAD_SLOT_ID``)."""
+        self.draft_req_indices.np[num_reqs:num_rows] = -1
+        for buf in (self.draft_req_indices, self.draft_positions, self.draft_hidden):
+            buf.copy_to_gpu()
+        self._draft_slot_mapping(num_reqs, num_rows)
+        if mode == FULL:
+            self.draft_graphs[num_rows].replay()
+        else:
+            reshape_and_cache(self.draft_hidden.gpu, self.draft_slots, self.draft_kv, num_rows)
+
+    def _draft_slot_mapping(self, num_reqs: int, num_rows: int) -> None:
+        """The drafter's slots for rows [0, num_rows) from the draft group's kernel
+        table at ``draft_positions`` (vLLM's ``eagle_step_update_slot_mapping``:
+        the kernel block size the table holds, rows past the batch padded)."""
+        g = self.draft_group
+        compute_slot_mapping(self.kernel_table(g), self.config.groups[g].block_size,
+                             self.kernel_block_size(g), self.dcp(g), self.draft_req_indices.gpu,
+                             self.draft_positions.gpu, self.draft_slots, num_rows)
 
     def _stage_batch(self, batch: list) -> None:
         """Host side of the token and per-row metadata buffers for a real batch."""
@@ -407,12 +539,19 @@ class RunnerShell(abc.ABC):
         if metadata:
             self._build_slot_buffers(num_tokens, tokens_padded)
             self._stage_dummy_state_indices(tables, num_reqs, reqs_padded, mode, _warmup)
+            self._build_spec_metadata(0, reqs_padded, dummy=True)
         else:
             self.read_state_indices = {}  # no metadata: the Mamba kernels do not run
         num_rows = reqs_padded if mode == FULL else num_reqs
         self._build_attention_inputs(num_rows, tokens_padded, tables, metadata)
         if not _warmup:
             self._run_forward(mode, num_rows, tokens_padded, tables, metadata)
+            if self.draft_group is not None and mode == FULL \
+                    and self.config.num_speculative_tokens > 1:
+                # The drafter's dummy run (an idle rank stays in lockstep): its
+                # FULL graph over the padded rows, no request in them.
+                self.draft_hidden.np[:num_rows] = np.nan
+                self._run_draft_pass(0, num_rows, FULL)
         elif self.device.type == "cuda":
             # Start-up warm-up compiles the kernels before capture.  Under the
             # interpreter there is nothing to compile, and a warm-up's only
@@ -503,7 +642,9 @@ class RunnerShell(abc.ABC):
         for g in self.mamba_groups:
             indices = self.state_indices[g] if state_indices is None else state_indices[g]
             mamba_state_update(self.hidden.gpu, self.query_start_loc.gpu, indices,
-                               self.has_initial_state.gpu, self.mamba_states[g], num_rows)
+                               self.has_initial_state.gpu, self.mamba_states[g], num_rows,
+                               self.num_accepted.gpu, self.spec_rows.gpu, self.mamba_read[g],
+                               self._column_unbounded())
         for g in self.attn_groups:
             _, table, seq_lens = inputs[g]
             paged_attention_read(table, seq_lens, self._kv_view(g), self.attn_out[g],
@@ -553,7 +694,14 @@ class RunnerShell(abc.ABC):
             named[f"kv_cache[{g}]"] = self.kv_caches[g]
             named[f"attn_out[{g}]"] = self.attn_out[g]
             named[f"block_table[{g}]"] = self.kernel_table(g)
+        named["num_accepted"] = self.num_accepted.gpu
+        named["spec_rows"] = self.spec_rows.gpu
+        if self.draft_group is not None:
+            named["draft_slot_mapping"] = self.draft_slots
+            named["draft_hidden"] = self.draft_hidden.gpu
+            named["draft_kv_cache"] = self.draft_kv
         for g in self.mamba_groups:
+            named[f"mamba_read[{g}]"] = self.mamba_read[g]
             named[f"state_indices[{g}]"] = self.state_indices[g]
             named[f"mamba_state[{g}]"] = self.mamba_states[g]
             named[f"block_table[{g}]"] = self.kernel_table(g)
@@ -569,6 +717,13 @@ class RunnerShell(abc.ABC):
                 with graph.capture():  # on what the warm-up's metadata build handed over
                     self._forward(cfg.full_graph_rows(size), size, attn_inputs=self.attn_inputs)
                 self.graphs[size] = graph
+            if self.draft_group is not None and size <= cfg.max_num_reqs \
+                    and size in cfg.full_capture_sizes:
+                graph = Graph(self.device)  # the drafter's single-token passes
+                with graph.capture():
+                    reshape_and_cache(self.draft_hidden.gpu, self.draft_slots, self.draft_kv,
+                                      size)
+                self.draft_graphs[size] = graph
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         self.last_forward = None
@@ -606,8 +761,8 @@ class RunnerShell(abc.ABC):
         (max_num_reqs,), 0 past the rows it ran over."""
         out = np.zeros(self.config.max_num_reqs, np.int32)
         if g in self.read_state_indices and self.last_forward is not None:
-            got = host(self.read_state_indices[g])
-            out[:len(got)] = got
+            n = len(self.read_state_indices[g])  # rows the kernel ran over
+            out[:n] = host(self.mamba_read[g])[:n]
         return out
 
     def snapshot(self) -> dict:
@@ -623,6 +778,8 @@ class RunnerShell(abc.ABC):
             device_block_table=[host(self.kernel_table(g))[:, :self._report_width(g)]
                                 for g in groups],
             kv_cache={g: host(v) for g, v in self.kv_caches.items()},
+            draft_kv_cache=({} if self.draft_group is None
+                            else {self.draft_group: host(self.draft_kv)}),
             mamba_state={g: host(v) for g, v in self.mamba_states.items()},
             slot_mapping={g: host(self.backend_slots.get(g, v))
                           for g, v in self.slot_mappings.items()},

@@ -43,6 +43,9 @@ class PersistentBatch:
         self.req_ids = np.full(max_num_reqs, EMPTY_ROW, np.int64)
         self.num_computed_tokens = np.zeros(max_num_reqs, np.int32)
         self.num_prompt_tokens = np.zeros(max_num_reqs, np.int32)
+        # The sampler's last kept count per row (vLLM's num_accepted_tokens_cpu):
+        # the next step's running Mamba state column, so it moves with the row.
+        self.num_accepted_tokens = np.ones(max_num_reqs, np.int32)
         self.block_table = block_table
 
     @property
@@ -54,13 +57,14 @@ class PersistentBatch:
         return int(rows[0]) if rows.size else None
 
     def add_request(self, req: int, block_ids: list[list[int]], num_computed_tokens: int,
-                    num_prompt_tokens: int) -> int:
+                    num_prompt_tokens: int, num_accepted_tokens: int = 1) -> int:
         free = np.flatnonzero(self.req_ids == EMPTY_ROW)
         assert free.size, "persistent batch is full"
         row = int(free[0])
         self.req_ids[row] = req
         self.num_computed_tokens[row] = num_computed_tokens
         self.num_prompt_tokens[row] = num_prompt_tokens
+        self.num_accepted_tokens[row] = num_accepted_tokens
         self.block_table.add_row(block_ids, row)
         return row
 
@@ -78,7 +82,8 @@ class PersistentBatch:
         self.block_table.clear_row(row)
 
     def swap_states(self, i: int, j: int) -> None:
-        for arr in (self.req_ids, self.num_computed_tokens, self.num_prompt_tokens):
+        for arr in (self.req_ids, self.num_computed_tokens, self.num_prompt_tokens,
+                    self.num_accepted_tokens):
             arr[[i, j]] = arr[[j, i]]
         self.block_table.swap_row(i, j)
 
@@ -92,6 +97,7 @@ class PersistentBatch:
             self.req_ids[tgt] = self.req_ids[src]
             self.num_computed_tokens[tgt] = self.num_computed_tokens[src]
             self.num_prompt_tokens[tgt] = self.num_prompt_tokens[src]
+            self.num_accepted_tokens[tgt] = self.num_accepted_tokens[src]
             self.req_ids[src] = EMPTY_ROW  # counters stay, as vLLM's condense leaves them
             self.block_table.move_row(src, tgt)
         raise AssertionError("condense did not converge")
@@ -184,7 +190,8 @@ class RunnerShellV1(RunnerShell):
         for req in num_tokens_of:
             st, row = self.requests[req], batch.row_of(req)
             if row is None:
-                batch.add_request(req, st.block_ids, st.num_computed_tokens, st.prompt_len)
+                batch.add_request(req, st.block_ids, st.num_computed_tokens, st.prompt_len,
+                                  st.num_accepted)
             else:  # the scheduler's count for a request already in the batch
                 batch.num_computed_tokens[row] = st.num_computed_tokens
         batch.condense()
@@ -217,6 +224,17 @@ class RunnerShellV1(RunnerShell):
         batch = self.input_batch
         return (np.asarray(batch.num_computed_tokens[:reqs_padded]).copy(),
                 np.asarray(batch.num_prompt_tokens[:reqs_padded]).copy())
+
+    def _row_accepted(self, num_reqs: int) -> np.ndarray:
+        return np.asarray(self.input_batch.num_accepted_tokens[:num_reqs]).copy()
+
+    def _store_accepted(self, batch, kept) -> None:
+        """Batch row b is persistent row b (vLLM writes ``num_accepted_tokens_cpu``
+        by batch row after the forward); the request keeps its count for when it
+        re-enters the batch."""
+        for b, ((req, _, _), a) in enumerate(zip(batch, kept)):
+            self.input_batch.num_accepted_tokens[b] = a
+            self.requests[req].num_accepted = a
 
     def _host_rows(self) -> dict:
         batch = self.input_batch

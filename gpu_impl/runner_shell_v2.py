@@ -46,6 +46,7 @@ class RunnerShellV2(RunnerShell):
         self.req_index: dict[int, int] = {}
         self.num_computed_tokens = np.zeros(cfg.max_num_reqs, np.int32)
         self.num_prompt_tokens = np.zeros(cfg.max_num_reqs, np.int32)
+        self.accepted_by_index = np.ones(cfg.max_num_reqs, np.int32)  # by state index
         self.idx_mapping = CpuGpuBuffer((cfg.max_num_reqs,), torch.int32, self.device)
         self.block_tables = self._make_block_tables()
 
@@ -73,6 +74,7 @@ class RunnerShellV2(RunnerShell):
         self.block_tables.append_block_ids(index, state.block_ids, overwrite=True)
         self.num_computed_tokens[index] = 0
         self.num_prompt_tokens[index] = state.prompt_len
+        self.accepted_by_index[index] = 1
 
     def _rows_append(self, req, block_ids) -> None:
         self.block_tables.append_block_ids(self.req_index[req], block_ids, overwrite=False)
@@ -105,6 +107,14 @@ class RunnerShellV2(RunnerShell):
         idx = self.idx_mapping.np[:n]
         computed[:n], prompt[:n] = self.num_computed_tokens[idx], self.num_prompt_tokens[idx]
         return computed, prompt
+
+    def _row_accepted(self, num_reqs: int) -> np.ndarray:
+        return self.accepted_by_index[self.idx_mapping.np[:num_reqs]].copy()
+
+    def _store_accepted(self, batch, kept) -> None:
+        for (req, _, _), a in zip(batch, kept):
+            self.accepted_by_index[self.req_index[req]] = a
+            self.requests[req].num_accepted = a
 
     def _advance(self, batch) -> None:
         for req, n, start in batch:

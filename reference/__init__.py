@@ -7,7 +7,7 @@ Imports NumPy and the standard library only.
 from .config import (ATTENTION, CUDAGRAPH_MODES, FULL, MAMBA, NONE, PIECEWISE,
                      ConfigError, GroupSpec, RunnerConfig)
 from .ledger import FREE, RESERVED, Ledger, OpError
-from .payload import NULL_BLOCK_ID, PAD_SLOT_ID, SENTINEL, payload, payload_sum
+from .payload import NULL_BLOCK_ID, PAD_SLOT_ID, SENTINEL, draft_payload, payload, payload_sum
 from .runner import ForwardInfo, ReferenceRunnerBase, ReferenceV1Runner, dispatch, is_uniform_decode
 from .runner_v2 import ReferenceV2Runner
 
@@ -20,7 +20,7 @@ def reference_runner(config: RunnerConfig) -> ReferenceRunnerBase:
 __all__ = [
     "ATTENTION", "CUDAGRAPH_MODES", "FULL", "MAMBA", "NONE", "PIECEWISE", "ConfigError",
     "GroupSpec", "RunnerConfig", "FREE", "RESERVED", "Ledger", "OpError", "NULL_BLOCK_ID",
-    "PAD_SLOT_ID", "SENTINEL", "payload", "payload_sum", "ForwardInfo", "ReferenceRunnerBase", "ReferenceV1Runner", "ReferenceV2Runner",
+    "PAD_SLOT_ID", "SENTINEL", "draft_payload", "payload", "payload_sum", "ForwardInfo", "ReferenceRunnerBase", "ReferenceV1Runner", "ReferenceV2Runner",
     "reference_runner",
     "dispatch",
     "is_uniform_decode",

@@ -39,6 +39,7 @@ MAX_NUM_BATCHED_TOKENS_MAX = 64
 BLOCK_SIZE_MAX = 32
 HEAD_SIZE_MAX = 8
 NUM_GROUPS_MAX = 4
+SPECULATIVE_TOKENS_MAX = 4
 
 
 class ConfigError(ValueError):
@@ -57,8 +58,9 @@ class GroupSpec:
     """One KV-cache group.
 
     kind: ``"attention"`` (paged KV cache, ``block_size`` tokens per block) or
-    ``"mamba"`` (one recurrent-state slot per block; a request owns exactly one
-    block, its state index is ``block_table[row, 0]``).
+    ``"mamba"`` (one recurrent-state slot per block; a request owns exactly
+    ``1 + num_speculative_tokens`` blocks — one state column per speculative
+    position — and without speculation its state index is ``block_table[row, 0]``).
     kernel_block_size: attention kernel's block size; must divide ``block_size``
     (one allocation block is then ``block_size // kernel_block_size`` kernel
     blocks in block tables and slot mappings).
@@ -104,6 +106,13 @@ class RunnerConfig:
       keys).  ``ALWAYS`` needs a config without Mamba groups (vLLM's Mamba
       builders support uniform batches only, and the least support wins).
       Serialised only when ``ALWAYS``.
+    num_speculative_tokens: k, draft tokens per decode (0: no speculative
+      decoding).  With k > 0 (vLLM ``SpeculativeConfig`` with an EAGLE/MTP
+      drafter): a decode runs 1..1+k tokens and reports how many were accepted;
+      a drafter writes a draft layer's KV cache through the first attention
+      group's block table after every forward; each Mamba group keeps 1 + k
+      state columns per request (vLLM's ``num_speculative_blocks``).
+      Serialised only when non-zero.
     """
 
     runner: str = "v1"
@@ -124,6 +133,7 @@ class RunnerConfig:
     cp_kv_cache_interleave_size: int = 1
     reorder_batch_threshold: int = 0
     cudagraph_support: str = UNIFORM_BATCH
+    num_speculative_tokens: int = 0
 
     def __post_init__(self):
         self.validate()
@@ -138,8 +148,22 @@ class RunnerConfig:
         return [i for i, g in enumerate(self.groups) if g.kind == MAMBA]
 
     def blocks_per_req_max(self, group: int) -> int:
-        """Columns of ``group``'s block table (1 for a mamba group)."""
-        return 1 if self.groups[group].kind == MAMBA else self.max_num_blocks_per_req
+        """Columns of ``group``'s block table (a mamba group: one state column per
+        speculative position, ``1 + num_speculative_tokens``)."""
+        if self.groups[group].kind == MAMBA:
+            return self.mamba_columns
+        return self.max_num_blocks_per_req
+
+    @property
+    def mamba_columns(self) -> int:
+        """State blocks a request holds in each Mamba group: ``1 + num_speculative_tokens``."""
+        return 1 + self.num_speculative_tokens
+
+    @property
+    def draft_group(self) -> int | None:
+        """The attention group whose block table the drafter shares (its draft
+        layer's KV cache has that group's shape), or None without speculation."""
+        return self.attention_groups[0] if self.num_speculative_tokens else None
 
     def tokens_per_block(self, group: int) -> int:
         """Positions one allocation block covers on this rank's view (x dcp_world_size)."""
@@ -187,7 +211,9 @@ class RunnerConfig:
         } | ({"reorder_batch_threshold": self.reorder_batch_threshold}
              if self.reorder_batch_threshold else {}) \
           | ({"cudagraph_support": self.cudagraph_support}
-             if self.cudagraph_support != UNIFORM_BATCH else {})
+             if self.cudagraph_support != UNIFORM_BATCH else {}) \
+          | ({"num_speculative_tokens": self.num_speculative_tokens}
+             if self.num_speculative_tokens else {})
 
     @classmethod
     def from_json(cls, obj) -> "RunnerConfig":
@@ -198,7 +224,7 @@ class RunnerConfig:
                  "max_num_blocks_per_req", "max_num_batched_tokens",
                  "cudagraph_capture_sizes", "head_size", "dcp_world_size", "dcp_rank",
                  "cp_kv_cache_interleave_size", "reorder_batch_threshold",
-                 "cudagraph_support"}
+                 "cudagraph_support", "num_speculative_tokens"}
         for key in sorted(obj):
             if key not in known:
                 raise ConfigError(key, "unknown field")
@@ -295,6 +321,7 @@ class RunnerConfig:
         if self.cudagraph_support == ALWAYS and self.mamba_groups:
             raise ConfigError("cudagraph_support", "ALWAYS needs a config without Mamba "
                               "groups (Mamba backends capture uniform batches only)")
+        _bound(self.num_speculative_tokens, 0, SPECULATIVE_TOKENS_MAX, "num_speculative_tokens")
         if self.reorder_batch_threshold and self.runner != "v1":
             raise ConfigError("reorder_batch_threshold", "batch reordering is V1's (the "
                               "persistent batch); V2 batches are built per step: use 0")

@@ -46,6 +46,11 @@ class RequestLedger:
     loaded: bool = False  # filled by kv_load and not yet stepped
     stepped: bool = False  # has had its first real step
     last_step_tokens: int = 0  # tokens its latest step ran, until rolled back (speculation)
+    last_seq_len: int = 0  # context its latest step's attention read (rejected tokens included)
+
+    def is_decode(self) -> bool:
+        """Its prompt is done (stepped or loaded): a step of it decodes."""
+        return self.num_computed_tokens >= self.prompt_len
 
     def capacity_tokens(self, config: RunnerConfig) -> int:
         """Tokens the request's attention blocks can hold (min over groups)."""
@@ -100,8 +105,10 @@ class Ledger:
             if not blocks[g]:
                 raise OpError(f"blocks[{g}]", "a new request needs at least one block")
         for g in cfg.mamba_groups:
-            if len(blocks[g]) != 1:
-                raise OpError(f"blocks[{g}]", "a mamba group takes exactly one block")
+            if len(blocks[g]) != cfg.mamba_columns:
+                raise OpError(f"blocks[{g}]", "a mamba group takes exactly "
+                              + ("one block" if cfg.mamba_columns == 1 else
+                                 f"{cfg.mamba_columns} blocks (1 + num_speculative_tokens)"))
         capacity = min(len(blocks[g]) * cfg.tokens_per_block(g) for g in cfg.attention_groups)
         if isinstance(prompt_len, bool) or not isinstance(prompt_len, int):
             raise OpError("prompt_len", f"must be an integer, got {prompt_len!r}")
@@ -148,6 +155,15 @@ class Ledger:
             if end > min(r.capacity_tokens(cfg), POSITION_MAX + 1):
                 raise OpError(f"scheduled[{i}][1]", f"request {req} has room for "
                               f"{r.capacity_tokens(cfg) - r.num_computed_tokens} more tokens, not {n}")
+            k = cfg.num_speculative_tokens
+            if k and r.is_decode() and n > 1 + k:
+                raise OpError(f"scheduled[{i}][1]", f"request {req} decodes: at most 1 + "
+                              f"num_speculative_tokens = {1 + k} tokens, not {n}")
+            if k and not r.is_decode() and end > r.prompt_len:
+                left = r.prompt_len - r.num_computed_tokens
+                raise OpError(f"scheduled[{i}][1]", f"request {req} prefills: with speculative "
+                              f"decoding a chunk stops at its prompt's end ({left} tokens "
+                              f"left), not {n}")
             total += n
         if total > cfg.max_num_batched_tokens:
             raise OpError("scheduled", f"{total} tokens > max_num_batched_tokens="
@@ -219,17 +235,45 @@ class Ledger:
             raise OpError("num_tokens", f"would roll request {req} back into its prompt "
                           f"({r.prompt_len} tokens)")
 
+    def sampled(self, scheduled: list, accepted=None) -> list[int]:
+        """Tokens the sampler keeps per scheduled item (vLLM: a row's valid sampled
+        tokens, what the hybrid runner stores as ``num_accepted_tokens``): a
+        decode keeps ``accepted`` (1..num_tokens; default all), a prefill chunk
+        that ends its prompt 1, one that does not 0 (its sample is discarded).
+        ``accepted``: one count per item or None; raises :class:`OpError`."""
+        out = []
+        for i, (req, n) in enumerate(scheduled):
+            r = self.requests[req]
+            if r.is_decode():
+                a = n if accepted is None else accepted[i]
+                if isinstance(a, bool) or not isinstance(a, int) or not 1 <= a <= n:
+                    raise OpError(f"scheduled[{i}][2]", f"request {req} decodes {n} token(s): "
+                                  f"num_accepted must be in [1, {n}], got {a!r}")
+            else:
+                a = int(r.num_computed_tokens + n >= r.prompt_len)
+                if accepted is not None and accepted[i] != a:
+                    raise OpError(f"scheduled[{i}][2]", f"request {req} prefills: its sampler "
+                                  f"keeps {a} token(s) (1 when the chunk ends the prompt, "
+                                  f"else 0), not {accepted[i]!r}")
+            out.append(a)
+        return out
+
     def rollback(self, req: int, num_tokens: int) -> None:
         self.check_rollback(req, num_tokens)
         r = self.requests[req]
         r.num_computed_tokens -= num_tokens
         r.last_step_tokens = 0
 
-    def step(self, scheduled: list) -> None:
+    def step(self, scheduled: list, accepted=None) -> None:
+        """A step of ``scheduled`` [[req, num_tokens]]; with speculative decoding a
+        decode advances by its accepted tokens (:meth:`sampled`), the rejected
+        ones' KV is left as garbage."""
         self.check_step(scheduled)
-        for req, n in scheduled:
+        kept = self.sampled(scheduled, accepted)
+        for (req, n), a in zip(scheduled, kept):
             r = self.requests[req]
-            r.num_computed_tokens += n
+            r.last_seq_len = r.num_computed_tokens + n
+            r.num_computed_tokens += a if r.is_decode() else n
             r.last_step_tokens = n
             r.stepped = True
             r.loaded = False

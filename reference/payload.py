@@ -10,6 +10,8 @@ pairwise): every value and every partial sum stays below 2**24.
   when it is freed).  Finite, so a masked read multiplies it by 0 to 0, and
   negative, so no payload equals it.
 - Dummy runs carry NaN payloads (their activations are garbage).
+- ``draft_payload(x) = x + 0.5``: what the drafter's layer writes for a token
+  whose target payload is ``x`` (exact in float32, never equal to a payload).
 """
 
 from __future__ import annotations
@@ -39,3 +41,8 @@ def payload(req: int, positions: np.ndarray, head_size: int) -> np.ndarray:
 def payload_sum(req: int, start: int, stop: int, head_size: int) -> np.ndarray:
     """Sum of ``payload(req, p)`` for p in [start, stop): float32 (head_size,)."""
     return payload(req, np.arange(start, stop), head_size).sum(axis=0, dtype=np.float32)
+
+
+def draft_payload(target: np.ndarray) -> np.ndarray:
+    """The draft layer's KV for tokens whose target payload is ``target`` (float32, same shape)."""
+    return (np.asarray(target, np.float32) + np.float32(0.5)).astype(np.float32)

@@ -26,7 +26,8 @@ from .block_table import EMPTY_ROW, PersistentBatchRows
 from .config import ALWAYS, CUDAGRAPH_MODES, FULL, NONE, PIECEWISE, RunnerConfig
 from .dcp import global_position, local_slots
 from .ledger import Ledger, OpError
-from .payload import NULL_BLOCK_ID, PAD_SLOT_ID, SENTINEL, payload, payload_sum
+from .payload import (NULL_BLOCK_ID, PAD_SLOT_ID, POSITION_MAX, SENTINEL, draft_payload,
+                      payload, payload_sum)
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,17 @@ class ReferenceRunnerBase(abc.ABC):
         self.seq_lens = np.zeros(rows, np.int32)
         self.has_initial_state = np.zeros(rows, np.int32)
         self.is_prefilling = np.zeros(rows, bool)
+        # Speculative decoding: the state column each row reads (the running
+        # column), whether it is a spec decode, the Mamba columns it may write,
+        # each request's last accepted count, and the draft layer's KV cache.
+        self.state_columns = np.zeros(rows, np.int32)
+        self.spec_rows = np.zeros(rows, bool)
+        self.write_indices = {g: np.zeros((rows, cfg.mamba_columns), np.int32)
+                              for g in cfg.mamba_groups}
+        self.num_accepted_of: dict[int, int] = {}
+        self.draft_kv_cache = {}
+        if cfg.draft_group is not None:
+            self.draft_kv_cache[cfg.draft_group] = self.kv_cache[cfg.draft_group].copy()
         for size in reversed(cfg.cudagraph_capture_sizes):  # engine start-up
             self.dummy_run(cfg.full_graph_rows(size), size, FULL)
         self.last_forward: ForwardInfo | None = None
@@ -137,6 +149,7 @@ class ReferenceRunnerBase(abc.ABC):
     # -- request / row ops -------------------------------------------------
     def add(self, req: int, blocks: list[list[int]], prompt_len: int) -> None:
         self.ledger.add(req, blocks, prompt_len)
+        self.num_accepted_of[req] = 1  # vLLM's add_request: one accepted token
         self._enter_batch(req)
 
     def append(self, req: int, blocks: list[list[int]]) -> None:
@@ -154,6 +167,7 @@ class ReferenceRunnerBase(abc.ABC):
             self.rows.clear_row(row)
         for g, ids in enumerate(self.ledger.remove(req)):
             self._poison(g, ids)
+        self.num_accepted_of.pop(req, None)
 
     def kv_load(self, req: int) -> None:
         """A P/D transfer fills ``req``'s prompt KV and its mamba state."""
@@ -181,14 +195,26 @@ class ReferenceRunnerBase(abc.ABC):
         if self.config.mamba_groups:
             raise OpError("op", "rollback needs a config without Mamba groups (a single "
                           "state column per request cannot be rolled back)")
+        if self.config.num_speculative_tokens:
+            raise OpError("op", "rollback is for configs without a drafter; with "
+                          "num_speculative_tokens > 0 accepted counts come with spec_step")
         self.ledger.rollback(req, num_tokens)
         self._row_progress(req, self.ledger.requests[req].num_computed_tokens)
 
     # -- forwards ----------------------------------------------------------
-    def step(self, scheduled: list, cudagraph_mode: str) -> None:
-        """One real step; scheduled: [[req, num_tokens], ...], any subset of live requests."""
+    def step(self, scheduled: list, cudagraph_mode: str, accepted: list | None = None) -> None:
+        """One real step; scheduled: [[req, num_tokens], ...], any subset of live
+        requests; accepted: per item, the tokens the sampler keeps (speculative
+        decoding: ``Ledger.sampled``; None = every decode token).  With
+        ``num_speculative_tokens`` the drafter runs after the forward."""
         _check_mode(cudagraph_mode)
+        if accepted is not None and not self.config.num_speculative_tokens:
+            raise OpError("op", "spec_step needs a config with num_speculative_tokens > 0 "
+                          "(a drafter); use step")
         self.ledger.check_step(scheduled)
+        kept = self.ledger.sampled(scheduled, accepted)
+        is_decode = {req: self.ledger.requests[req].is_decode() for req, _ in scheduled}
+        kept_of = {req: a for (req, _), a in zip(scheduled, kept)}
         batch = self._batch(scheduled)  # [(req, num_tokens, state row)] in batch order
         num_reqs = len(batch)
         num_tokens = sum(n for _, n, _ in batch)
@@ -212,15 +238,62 @@ class ReferenceRunnerBase(abc.ABC):
             qsl[b + 1] = t
         self._stage_padding(num_reqs, reqs_padded, num_tokens, tokens_padded)
         self._build_slot_buffers(tokens_padded)
-        for g in self.config.mamba_groups:
-            self.state_indices[g][:num_reqs] = self.device_block_table[g][:num_reqs, 0]
-            self.state_indices[g][num_reqs:reqs_padded] = NULL_BLOCK_ID
+        spec = bool(self.config.num_speculative_tokens)
+        self.spec_rows[:] = False
+        self.state_columns[:] = 0
+        for b, (req, _, _) in enumerate(batch):
+            self.spec_rows[b] = spec and is_decode[req]
+            # The running column: the state after the last accepted token
+            # (bounded: a count of 0 — a discarded prefill sample — reads column 0).
+            self.state_columns[b] = max(self.num_accepted_of[req], 1) - 1 if spec else 0
+        self._stage_state_indices(num_reqs, reqs_padded)
         self._run_kernels(mode, reqs_padded if mode == FULL else num_reqs, tokens_padded)
-        self.ledger.step(scheduled)
+        if spec:
+            self._draft(batch, kept_of, is_decode, num_tokens)
+        self.ledger.step(scheduled, kept)
         for req, n, row in batch:
+            self.num_accepted_of[req] = kept_of[req]
             self._row_progress(req, self.ledger.requests[req].num_computed_tokens)
         self.last_forward = ForwardInfo(False, mode, num_reqs, reqs_padded, num_tokens,
                                         tokens_padded, tuple(req for req, _, _ in batch))
+
+    def _stage_state_indices(self, num_rows: int, rows_padded: int) -> None:
+        """Mamba state columns of batch rows [0, rows_padded): the device table's
+        columns for real rows, the null block for padded ones; ``state_indices``
+        is the block each row reads its initial state from (its running column)."""
+        for g in self.config.mamba_groups:
+            cols = self.write_indices[g]
+            cols[:num_rows] = self.device_block_table[g][:num_rows, :cols.shape[1]]
+            cols[num_rows:rows_padded] = NULL_BLOCK_ID
+            rows = np.arange(rows_padded)
+            self.state_indices[g][:rows_padded] = cols[rows, self.state_columns[:rows_padded]]
+
+    def _draft(self, batch: list, kept_of: dict, is_decode: dict, num_tokens: int) -> None:
+        """The drafter after a real forward (vLLM's EAGLE proposer ``propose``): its
+        first pass re-runs the batch's tokens through the draft layer, writing
+        draft KV at the target's slots of the draft group; each further pass
+        (``num_speculative_tokens - 1`` of them) runs one token per request at
+        the position after its last valid token, then the next — slots from the
+        shared block table, ``PAD_SLOT_ID`` past the request's blocks (vLLM
+        clamps positions past the model length and pads their slots).  Padded
+        rows and padded tokens write nothing.  Values: ``draft_payload``."""
+        cfg = self.config
+        g = cfg.draft_group
+        flat = self.draft_kv_cache[g].reshape(-1, cfg.head_size)
+        slots = self.slot_mapping[g][:num_tokens]
+        keep = slots != PAD_SLOT_ID
+        flat[slots[keep]] = draft_payload(self.hidden[:num_tokens][keep])
+        for i in range(1, cfg.num_speculative_tokens):
+            for b, (req, n, row) in enumerate(batch):
+                r = self.ledger.requests[req]
+                start = int(self.rows.num_computed_tokens[row])
+                last = start + (kept_of[req] if is_decode[req] else n) - 1
+                q = last + i
+                if q >= min(len(r.blocks[g]) * cfg.tokens_per_block(g), POSITION_MAX + 1):
+                    continue
+                slot = int(self._slots(g, b, np.array([q]))[0])
+                if slot != PAD_SLOT_ID:
+                    flat[slot] = draft_payload(payload(req, np.array([q]), cfg.head_size))[0]
 
     def dummy_run(self, num_reqs: int, num_tokens: int, cudagraph_mode: str) -> None:
         """An idle rank's padded fake batch (DP lockstep): NaN payload, no real rows."""
@@ -243,9 +316,9 @@ class ReferenceRunnerBase(abc.ABC):
             self.slot_mapping[g][:self._dummy_pad_extent(tokens_padded)] = PAD_SLOT_ID
         if metadata:
             self._build_slot_buffers(tokens_padded)
-            for g in self.config.mamba_groups:
-                self.state_indices[g][:reqs_padded] = \
-                    self.device_block_table[g][:reqs_padded, 0]
+            self.spec_rows[:] = False
+            self.state_columns[:] = 0
+            self._stage_state_indices(reqs_padded, reqs_padded)
         self._run_kernels(mode, reqs_padded if mode == FULL else num_reqs, tokens_padded,
                           metadata)
         self.last_forward = ForwardInfo(True, mode, num_reqs, reqs_padded, num_tokens,
@@ -341,14 +414,25 @@ class ReferenceRunnerBase(abc.ABC):
         flat[slots[keep]] = self.hidden[:num_tokens][keep]
 
     def _mamba_update(self, g: int, num_rows: int) -> None:
+        """Each row starts from the state at ``state_indices`` (its running
+        column; 0 without initial state); a spec-decode row writes the state
+        after each of its tokens to columns 0, 1, ... (vLLM's spec-decode
+        ``ssm_state_indices`` / ``num_accepted_tokens`` kernels), any other row
+        its final state to column 0."""
         for b in range(num_rows):
             idx = int(self.state_indices[g][b])
             if idx == PAD_SLOT_ID:
                 continue
             lo, hi = int(self.query_start_loc[b]), int(self.query_start_loc[b + 1])
-            x = self.hidden[lo:hi].sum(axis=0, dtype=np.float32)
-            old = self.mamba_state[g][idx] if self.has_initial_state[b] else 0.0
-            self.mamba_state[g][idx] = old + x
+            old = self.mamba_state[g][idx].copy() if self.has_initial_state[b] else 0.0
+            cols = self.write_indices[g][b]
+            if self.spec_rows[b]:
+                for t in range(hi - lo):
+                    x = self.hidden[lo:lo + t + 1].sum(axis=0, dtype=np.float32)
+                    self.mamba_state[g][cols[t]] = old + x
+            else:
+                self.mamba_state[g][cols[0]] = old + self.hidden[lo:hi].sum(axis=0,
+                                                                           dtype=np.float32)
 
     def _attention(self, g: int, num_rows: int) -> None:
         cfg = self.config
@@ -367,6 +451,8 @@ class ReferenceRunnerBase(abc.ABC):
             self.attn_out[g][b] = (weight[:, None] * vals).sum(axis=0, dtype=np.float32)
 
     def _poison(self, g: int, ids: list[int]) -> None:
+        if g in self.draft_kv_cache:
+            self.draft_kv_cache[g][ids] = SENTINEL
         if g in self.kv_cache:
             self.kv_cache[g][ids] = SENTINEL
         else:

@@ -57,6 +57,9 @@ class Observation:
       read, data_ptr the runner stages into now)}}, None without graphs;
     - ``dummy_tables``: per group, (rows the last dummy run's kernels read are
       all zero, they are views of the persistent input tables) — V2 only;
+    - ``draft_kv_cache[g]`` float32 (num_blocks, block_size, head_size): the
+      drafter's layer's KV cache (speculative decoding), keyed by the attention
+      group whose block table the drafter shares; empty without a drafter;
     - ``device_row_counts[g]`` (reference V2 only): entries of each input-table
       row the last gather defined; past them a row holds whatever the engine
       left, and is compared up to there only.
@@ -80,6 +83,16 @@ class Observation:
     dummy_tables: list | None = None
     device_row_counts: list | None = None
     metadata: dict | None = None
+    draft_kv_cache: dict | None = None
+
+    def caches(self) -> list[tuple[str, int, np.ndarray, bool]]:
+        """Every cache a kernel writes, as (name, group, array, is_mamba): the
+        attention KV caches, the Mamba states, the draft layer's KV caches."""
+        out = [(f"kv_cache[{g}]", g, v, False) for g, v in sorted(self.kv_cache.items())]
+        out += [(f"mamba_state[{g}]", g, v, True) for g, v in sorted(self.mamba_state.items())]
+        out += [(f"draft_kv_cache[{g}]", g, v, False)
+                for g, v in sorted((self.draft_kv_cache or {}).items())]
+        return out
 
     def batch_req_ids(self) -> tuple:
         """Request of each real batch row of the last forward (empty for a dummy run)."""

@@ -3,8 +3,9 @@
 Draws the runner (unless pinned), the KV-cache groups (an attention group whose
 kernel block size may split its allocation blocks, an optional Mamba group, an
 optional second attention group with its own block size), pool size, batch
-limits, CUDA-graph capture sizes and the attention backends' capabilities (a
-backend's own slot buffer; FULL graphs for mixed batches), within bounds a 2-core CPU running the
+limits, CUDA-graph capture sizes, the attention backends' capabilities (a
+backend's own slot buffer; FULL graphs for mixed batches) and speculative
+decoding (``num_speculative_tokens``), within bounds a 2-core CPU running the
 Triton interpreter can afford.  The simplest draw (what shrinking moves
 towards) is the default hybrid config: one attention group, one Mamba group.
 """
@@ -19,12 +20,14 @@ from reference.config import ALWAYS, UNIFORM_BATCH
 
 @st.composite
 def runner_configs(draw, runner: str | None = None,
-                   kernel_split: dict | None = None, dcp: dict | None = None) -> RunnerConfig:
+                   kernel_split: dict | None = None, dcp: dict | None = None,
+                   spec: bool = True) -> RunnerConfig:
     """A valid :class:`RunnerConfig`; ``runner`` pins ``v1`` / ``v2``.
 
     kernel_split: {runner: bool} — False keeps ``kernel_block_size == block_size``
     for that runner (a target whose block tables cannot split blocks, see
-    :func:`target_limits`); dcp: {runner: bool} — False keeps one DCP rank.
+    :func:`target_limits`); dcp: {runner: bool} — False keeps one DCP rank;
+    spec: False keeps ``num_speculative_tokens`` 0 (a target without a drafter).
     """
     runner = runner or draw(st.sampled_from(["v1", "v2"]))
     # Repeated entries weight the draw: most examples keep a Mamba group and
@@ -54,7 +57,13 @@ def runner_configs(draw, runner: str | None = None,
         groups[0] = GroupSpec(ATTENTION, block_size, kernel_block_size, slot_buffer=True)
     mamba = any(g.kind == MAMBA for g in groups)
     support = ALWAYS if not mamba and draw(st.sampled_from([False, True])) else UNIFORM_BATCH
+    # Speculative decoding (a drafter proposing k tokens) in half the examples;
+    # vLLM's Mamba builders then treat up to 1 + k tokens as a decode.
+    k = draw(st.sampled_from([0, 0, 0, 2, 1, 3])) if spec else 0
+    if reorder:
+        reorder = 1 + k
     return RunnerConfig(
+        num_speculative_tokens=k,
         cudagraph_support=support,
         reorder_batch_threshold=reorder,
         runner=runner,

@@ -41,8 +41,8 @@ class RunnerTarget:
     def rollback(self, req, num_tokens):
         self.runner.rollback_tokens(req, num_tokens)
 
-    def step(self, scheduled, cudagraph_mode):
-        self.runner.execute_model(scheduled, cudagraph_mode)
+    def step(self, scheduled, cudagraph_mode, accepted=None):
+        self.runner.execute_model(scheduled, cudagraph_mode, accepted)
 
     def dummy_run(self, num_reqs, num_tokens, cudagraph_mode):
         self.runner.dummy_run(num_reqs, num_tokens, cudagraph_mode)

@@ -242,6 +242,12 @@ def v2_dcp_runs(vllm: SimpleNamespace | None = None) -> str | None:
 def refusal(config, vllm: SimpleNamespace | None = None) -> TargetRefused | None:
     """Why the installed release cannot run ``config`` here (None when it can)."""
     vllm = vllm or load()
+    if config.num_speculative_tokens:
+        return TargetRefused(
+            "num_speculative_tokens",
+            "the vllm target drives no drafter yet: vLLM's EAGLE proposer needs a draft "
+            "model and its spec-decode Mamba path a CUDA kernel; use 0 (spec-decode traces "
+            "run on the reference and gpu_impl)")
     if config.runner == "v2" and config.dcp_world_size > 1:
         error = v2_dcp_runs(vllm)
         if error is not None:
@@ -273,7 +279,8 @@ def geometry_limits() -> dict:
     """What :func:`harness.geometry.runner_configs` may draw for this release."""
     vllm = load()
     return {"kernel_split": {"v1": vllm.v1_kernel_blocks, "v2": vllm.v2_kernel_blocks},
-            "dcp": {"v1": True, "v2": v2_dcp_runs(vllm) is None}}
+            "dcp": {"v1": True, "v2": v2_dcp_runs(vllm) is None},
+            "spec": False}
 
 
 def _group_sizes(config) -> tuple[list[int], list[int]]:

@@ -21,14 +21,15 @@ from tests.conftest import CORPORA
 
 def test_every_op_is_complete_and_its_example_loads():
     assert list(ops.REGISTRY) == ["add", "append", "remove", "condense", "swap", "kv_load",
-                                  "step", "dummy_run", "rollback"]
+                                  "step", "dummy_run", "spec_step", "rollback"]
     for name, spec in ops.REGISTRY.items():
         assert spec.name == name and spec.summary and spec.draw is not None
         assert set(spec.example) == set(spec.fields) | {"op"}, name
         assert spec.forward in (None, "real", "dummy")
         desc = spec.to_json()
         assert desc["runners"] and desc["targets"] and desc["example"]["op"] == name
-    assert [s.name for s in ops.REGISTRY.values() if s.forward] == ["step", "dummy_run"]
+    assert [s.name for s in ops.REGISTRY.values() if s.forward] == ["step", "dummy_run",
+                                                                     "spec_step"]
 
 
 def test_unknown_op_names_the_registry():

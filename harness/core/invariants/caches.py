@@ -21,12 +21,15 @@ from harness.core.observation import Observation
 
 def check_null_block_finite(obs: Observation, op_index: int, op: str) -> list[Violation]:
     out = []
-    for g, kv in obs.kv_cache.items():
+    for name, g, kv, mamba in obs.caches():
+        if mamba:
+            continue  # the Mamba null block is scratch
         bad = ~np.isfinite(kv[NULL_BLOCK_ID])
         if bad.any():
             offs = sorted({int(o) for o in np.argwhere(bad)[:, 0]})
+            layer = "" if name.startswith("kv_cache") else f"{name.split('[')[0]}: "
             out.append(Violation("NULL_BLOCK_FINITE", op_index, op,
-                                 f"null block holds NaN/Inf at offsets {offs}",
+                                 f"{layer}null block holds NaN/Inf at offsets {offs}",
                                  group=g, block=NULL_BLOCK_ID))
     return out
 
@@ -36,12 +39,13 @@ def check_no_stale_write(before: Observation, after: Observation, permit: WriteP
     """The first cell per group an op changed outside its permit."""
     out, seen = [], set()
     for w in classify_writes(before, after, permit):
-        if not w.offending or w.group in seen:
+        if not w.offending or (w.layer, w.group) in seen:
             continue
-        seen.add(w.group)
+        seen.add((w.layer, w.group))
         where = "state " if w.mamba else f"offset {w.offending[0]} "
+        layer = f"{w.layer} layer: " if w.layer else ""
         out.append(Violation("NO_STALE_WRITE", op_index, op,
-                             f"{where}of block {w.block} ({w.owner}) changed to "
+                             f"{layer}{where}of block {w.block} ({w.owner}) changed to "
                              f"{w.first_bad_value}; {w.why}", group=w.group, block=w.block))
     return out
 

@@ -118,6 +118,8 @@ def check_matches_reference(impl: Observation, ref: Observation, op_index: int,
 def _effect_pairs(impl: Observation, ref: Observation) -> list:
     """What the kernels left: caches (the Mamba null block is scratch) and outputs."""
     pairs = [(f"kv_cache[{g}]", impl.kv_cache[g], v) for g, v in ref.kv_cache.items()]
+    pairs += [(f"draft_kv_cache[{g}]", (impl.draft_kv_cache or {}).get(g, np.zeros(0)), v)
+              for g, v in (ref.draft_kv_cache or {}).items()]
     pairs += [(f"attn_out[{g}]", impl.attn_out[g], v) for g, v in ref.attn_out.items()]
     for g, v in ref.mamba_state.items():
         a, b = impl.mamba_state[g].copy(), v.copy()

@@ -58,7 +58,7 @@ def check_foreign_reads(config: RunnerConfig, ledger: Ledger, obs: Observation,
         if r is None:
             continue
         got = obs.attn_out[g][row]
-        want = oracle_read(config, r.blocks[g], r.num_computed_tokens, obs.kv_cache[g], g)
+        want = oracle_read(config, r.blocks[g], r.last_seq_len, obs.kv_cache[g], g)
         if not np.array_equal(got, want, equal_nan=True):
             out.append(_foreign(config, ledger, obs, r, req, row, g, got, want, op_index, op))
     return out

@@ -23,7 +23,8 @@ class WritePermit:
 
     cells[g]: {block: (first_offset, end_offset)} for attention groups (offsets
     within the block), {block: None} (any cell); Mamba null blocks are always
-    allowed (scratch).  owners[g]: the ledger's owner array before the op, for
+    allowed (scratch); cells[("draft", g)]: the same for the drafter's layer on
+    group ``g`` (speculative decoding).  owners[g]: the ledger's owner array before the op, for
     messages; runs: the requests the op writes for.
     """
 
@@ -51,7 +52,7 @@ def permit_for(config: RunnerConfig, ledger: Ledger, op: dict) -> WritePermit:
     if spec.permit is not None:
         granted, runs = spec.permit(config, ledger, op)
         for g, blocks in granted.items():
-            cells[g].update(blocks)
+            cells.setdefault(g, {}).update(blocks)
     return WritePermit(cells, [o.copy() for o in ledger.owner], runs)
 
 
@@ -93,6 +94,7 @@ class Write:
     offending: tuple
     why: str
     first_bad_value: str = ""
+    layer: str = ""  # "" for the group's own layer, "draft" for the drafter's layer
 
     @property
     def cells_text(self) -> str:
@@ -108,8 +110,8 @@ def _why(permit: WritePermit, group: int, block: int, allowed) -> str:
     return "no row of this op owns it"
 
 
-def _classify_block(g, block, mamba, b_cache, a_cache, changed, permit) -> Write:
-    allowed = permit.cells.get(g, {}).get(block, False)
+def _classify_block(g, block, mamba, b_cache, a_cache, changed, permit, layer="") -> Write:
+    allowed = permit.cells.get((layer, g) if layer else g, {}).get(block, False)
     if mamba:
         offsets, cells = (), a_cache[block][None]
         bad = () if (allowed is not False or block == NULL_BLOCK_ID) else (0,)
@@ -125,19 +127,19 @@ def _classify_block(g, block, mamba, b_cache, a_cache, changed, permit) -> Write
             bad = tuple(o for o in offs if not allowed[0] <= o < allowed[1])
         first = fmt_values(a_cache[block, bad[0]]) if bad else ""
     return Write(g, block, mamba, offsets, value_class(cells), permit.describe(g, block), bad,
-                 _why(permit, g, block, allowed) if bad else "", first)
+                 _why(permit, g, block, allowed) if bad else "", first, layer)
 
 
 def classify_writes(before, after, permit: WritePermit) -> list[Write]:
     """Every block whose cache content changed between two observations, by group
     then block id, with the cells the permit does not allow."""
-    caches = {g: (before.kv_cache[g], after.kv_cache[g], False) for g in after.kv_cache}
-    caches.update({g: (before.mamba_state[g], after.mamba_state[g], True)
-                   for g in after.mamba_state})
+    old = {name: v for name, _, v, _ in before.caches()}
     out = []
-    for g, (b_cache, a_cache, mamba) in sorted(caches.items()):
+    for name, g, a_cache, mamba in after.caches():
+        b_cache = old[name]
+        layer = "draft" if name.startswith("draft") else ""
         changed = changed_cells(b_cache, a_cache)
         blocks = sorted({int(c[0]) for c in np.argwhere(changed)})
-        out += [_classify_block(g, blk, mamba, b_cache, a_cache, changed, permit)
+        out += [_classify_block(g, blk, mamba, b_cache, a_cache, changed, permit, layer)
                 for blk in blocks]
     return out

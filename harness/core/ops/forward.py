@@ -24,8 +24,14 @@ MODES = ("FULL", "PIECEWISE", "NONE")  # draw order: FULL first, shrinking prefe
 
 
 def _room(m, req: int) -> int:
+    """Tokens ``req`` may run in one step: its blocks' room; with speculative
+    decoding a decode runs at most 1 + k, a prefill chunk stops at the prompt."""
     r = m.ledger.requests[req]
-    return min(r.capacity_tokens(m.cfg), POSITION_MAX + 1) - r.num_computed_tokens
+    room = min(r.capacity_tokens(m.cfg), POSITION_MAX + 1) - r.num_computed_tokens
+    k = m.cfg.num_speculative_tokens
+    if k:
+        room = min(room, 1 + k if r.is_decode() else r.prompt_len - r.num_computed_tokens)
+    return room
 
 
 def _steppable(m) -> list[int]:
@@ -97,23 +103,47 @@ def _fold_step(op: dict, req: int, into: int) -> dict | None:
                                for r, n in op["scheduled"] if r != req])
 
 
-def _permit_step(config, ledger, op):
-    """Each scheduled request's new positions (this rank's DCP share) in its own
-    attention blocks, and its own Mamba state block."""
+def _position_cells(config, r, g: int, pos: np.ndarray) -> dict:
+    """{block: (first offset, end offset)} of ``pos`` (this rank's DCP share) in
+    ``r``'s blocks of attention group ``g``."""
+    local, col, off = local_slots(pos, config.groups[g].block_size, config.dcp_world_size,
+                                  config.dcp_rank, config.cp_kv_cache_interleave_size)
+    cells = {}
+    for c in sorted(set(col[local].tolist())):
+        offs = off[local & (col == c)]
+        cells[r.blocks[g][c]] = (int(offs.min()), int(offs.max()) + 1)
+    return cells
+
+
+def permit_forward(config, ledger, scheduled: list, accepted: list | None = None):
+    """Cells a real step may write: each scheduled request's new positions in its
+    own attention blocks and its own Mamba state blocks (every state column);
+    with a drafter, the draft layer's cells at those positions and at the
+    lookahead positions its further passes write (within the request's blocks).
+    scheduled: [[req, num_tokens]]; accepted: as ``Ledger.sampled``."""
     cells = {g: {} for g in range(len(config.groups))}
-    for req, n in op["scheduled"]:
+    kept = ledger.sampled(scheduled, accepted)
+    draft = config.draft_group
+    if draft is not None:
+        cells[("draft", draft)] = {}
+    for (req, n), a in zip(scheduled, kept):
         r = ledger.requests[req]
         pos = np.arange(r.num_computed_tokens, r.num_computed_tokens + n)
         for g in config.attention_groups:
-            local, col, off = local_slots(pos, config.groups[g].block_size,
-                                          config.dcp_world_size, config.dcp_rank,
-                                          config.cp_kv_cache_interleave_size)
-            for c in sorted(set(col[local].tolist())):
-                offs = off[local & (col == c)]
-                cells[g][r.blocks[g][c]] = (int(offs.min()), int(offs.max()) + 1)
+            cells[g].update(_position_cells(config, r, g, pos))
         for g in config.mamba_groups:
-            cells[g][r.blocks[g][0]] = None
-    return cells, frozenset(req for req, _ in op["scheduled"])
+            cells[g].update({b: None for b in r.blocks[g]})
+        if draft is not None:
+            last = r.num_computed_tokens + (a if r.is_decode() else n) - 1
+            room = min(len(r.blocks[draft]) * config.tokens_per_block(draft), POSITION_MAX + 1)
+            ahead = np.arange(last + 1, min(last + config.num_speculative_tokens, room))
+            for b, span in _position_cells(config, r, draft, np.union1d(pos, ahead)).items():
+                cells[("draft", draft)][b] = span
+    return cells, frozenset(req for req, _ in scheduled)
+
+
+def _permit_step(config, ledger, op):
+    return permit_forward(config, ledger, op["scheduled"])
 
 
 register(OpSpec(

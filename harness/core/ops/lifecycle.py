@@ -32,7 +32,8 @@ def _rename(op: dict, req, block) -> dict:
 def _can_add(m) -> bool:
     cfg = m.cfg
     return (len(m.ledger.requests) < cfg.max_num_reqs and m.next_req <= REQ_ID_MAX
-            and all(m.free(g) for g in range(len(cfg.groups))))
+            and all(len(m.free(g)) >= (cfg.mamba_columns if s.kind == "mamba" else 1)
+                    for g, s in enumerate(cfg.groups)))
 
 
 def _draw_add(m, data) -> dict:
@@ -42,9 +43,10 @@ def _draw_add(m, data) -> dict:
     blocks = []
     for g, spec in enumerate(cfg.groups):
         free = m.free(g)
-        size = 1 if spec.kind == "mamba" else None
+        # A Mamba group: one state block per column (1 + num_speculative_tokens).
+        size = cfg.mamba_columns if spec.kind == "mamba" else None
         blocks.append(data.draw(st.lists(
-            st.sampled_from(free), min_size=1,
+            st.sampled_from(free), min_size=size or 1,
             max_size=size or min(cfg.max_num_blocks_per_req, len(free)), unique=True)))
     # What the ledger admits: this rank's blocks cover block_size * dcp_world_size positions.
     capacity = min(min(len(blocks[g]) * cfg.tokens_per_block(g) for g in cfg.attention_groups),
@@ -114,9 +116,18 @@ def _permit_all_blocks(config, ledger, op):
     return cells, frozenset([op["req"]])
 
 
+def _permit_remove(config, ledger, op):
+    """Freeing poisons the request's blocks in every layer that views them (the
+    drafter's layer too)."""
+    cells, runs = _permit_all_blocks(config, ledger, op)
+    if config.draft_group is not None:
+        cells[("draft", config.draft_group)] = dict(cells[config.draft_group])
+    return cells, runs
+
+
 register(OpSpec(
     name="remove", summary="a finished request leaves; its blocks return to the pool",
     fields={"req": INT}, example={"op": "remove", "req": 0},
     apply=lambda t, op: t.remove(op["req"]),
     draw=_draw_remove, enabled=lambda m: bool(m.ledger.requests), requests=_req,
-    rename=_rename, permit=_permit_all_blocks))
+    rename=_rename, permit=_permit_remove))

@@ -1,25 +1,95 @@
-"""Speculative-decoding ops: ``rollback``.
+"""Speculative-decoding ops: ``spec_step`` and ``rollback``.
 
-Modelled on the scheduler side of speculative decoding in vLLM
-(``vllm/v1/core/sched/scheduler.py``, ``update_from_output``): a step that ran
-draft tokens learns how many were accepted, and the request's computed-token
-count drops by the rejected ones (``num_computed_tokens -= num_rejected``).
-The rejected positions' KV stays in the blocks as garbage the next step
-overwrites; reads mask it.  The next step's write permit, the attention
-oracle and ``MATCHES_REFERENCE`` all follow the lowered count.
+Modelled on speculative decoding in vLLM: the scheduler gives each decoding
+request its last sampled token plus up to k draft tokens
+(``num_speculative_tokens``); the model runner verifies them in one forward,
+the rejection sampler keeps a prefix (``num_accepted_tokens``, 1..1+k per
+decode: the accepted drafts plus one bonus token), the runner stores that
+count per persistent-batch row for the next step's Mamba metadata
+(``gpu_model_runner.py``, ``_update_states_after_model_execute``), the
+scheduler lowers the request's computed tokens by the rejected ones
+(``scheduler.py``, ``update_from_output``), and the drafter
+(``vllm/v1/spec_decode/eagle.py``) proposes the next drafts from the last
+accepted token, writing its own layer's KV cache.
 
-Not modelled here (issue #14): draft passes, accepted counts arriving with the
-next step, multi-column Mamba rows — so a rollback is refused where a Mamba
-group would need its state rolled back.
+``spec_step`` is a real step whose decodes carry their accepted counts; a
+plain ``step`` on a config with a drafter is a ``spec_step`` that accepts
+every token.  ``rollback`` is the scheduler side alone, for configs without a
+drafter or Mamba group (the earlier, narrower model).
 """
 
 from __future__ import annotations
 
-from harness.core.ops import INT, OpSpec, register
+from harness.core.ops import CUDAGRAPH_MODE, INT, OpSpec, register
+from harness.core.ops.forward import _draw_step, _steppable, permit_forward
+
+
+def _spec_on(m) -> bool:
+    return bool(m.cfg.num_speculative_tokens)
+
+
+def _draw_spec_step(m, data) -> dict:
+    from hypothesis import strategies as st  # search only: reproducers import no Hypothesis
+
+    step = _draw_step(m, data)
+    scheduled = []
+    for req, n in step["scheduled"]:
+        r = m.ledger.requests[req]
+        if r.is_decode():  # the rejection sampler's kept prefix
+            a = n if data.draw(st.integers(0, 3)) == 0 else data.draw(st.integers(1, n))
+        else:  # a prefill's sample is kept only when the chunk ends its prompt
+            a = int(r.num_computed_tokens + n >= r.prompt_len)
+        scheduled.append([req, n, a])
+    return {"op": "spec_step", "scheduled": scheduled, "cudagraph_mode": step["cudagraph_mode"]}
+
+
+def _pairs(op: dict) -> list:
+    return [[r, n] for r, n, _ in op["scheduled"]]
+
+
+def _spec_without(op: dict, req: int) -> dict | None:
+    sched = [s for s in op["scheduled"] if s[0] != req]
+    return dict(op, scheduled=sched) if sched else None
+
+
+def _narrow_spec_step(op: dict):
+    sched = op["scheduled"]
+    yield {"op": "step", "scheduled": _pairs(op), "cudagraph_mode": op["cudagraph_mode"]}
+    for k, (req, n, a) in enumerate(sched):
+        if len(sched) > 1:
+            yield dict(op, scheduled=sched[:k] + sched[k + 1:])
+        if a < n:  # fewer rejections
+            yield dict(op, scheduled=sched[:k] + [[req, n, n]] + sched[k + 1:])
+        if n > 1:  # one token: a decode keeps it, a prefill chunk keeps 0 or 1
+            for kept in (1, 0):
+                yield dict(op, scheduled=sched[:k] + [[req, 1, kept]] + sched[k + 1:])
+    if op["cudagraph_mode"] != "NONE":
+        yield dict(op, cudagraph_mode="NONE")
+
+
+def _permit_spec_step(config, ledger, op):
+    return permit_forward(config, ledger, _pairs(op), [a for _, _, a in op["scheduled"]])
+
+
+register(OpSpec(
+    name="spec_step", summary="a real step with speculative decoding: each decode runs its "
+    "last token + drafts and keeps num_accepted of them; the drafter runs after the forward",
+    fields={"scheduled": {"type": "array", "minItems": 1,
+                          "items": {"type": "array", "items": INT, "minItems": 3,
+                                    "maxItems": 3}},
+            "cudagraph_mode": CUDAGRAPH_MODE},
+    example={"op": "spec_step", "scheduled": [[0, 3, 2], [1, 1, 1]], "cudagraph_mode": "NONE"},
+    apply=lambda t, op: t.step(_pairs(op), op["cudagraph_mode"],
+                               accepted=[a for _, _, a in op["scheduled"]]),
+    draw=_draw_spec_step, enabled=lambda m: _spec_on(m) and bool(_steppable(m)),
+    requests=lambda op: [r for r, _, _ in op["scheduled"]], without_request=_spec_without,
+    rename=lambda op, req, block: dict(op, scheduled=[[req(r), n, a]
+                                                      for r, n, a in op["scheduled"]]),
+    narrow=_narrow_spec_step, permit=_permit_spec_step, forward="real", family="spec-decode"))
 
 
 def _rollbackable(m) -> list[int]:
-    if m.cfg.mamba_groups:
+    if m.cfg.mamba_groups or m.cfg.num_speculative_tokens:
         return []
     return [r for r, s in sorted(m.ledger.requests.items())
             if s.last_step_tokens >= 2 and s.num_computed_tokens - 1 >= s.prompt_len]
@@ -41,10 +111,10 @@ def _narrow_rollback(op: dict):
 
 register(OpSpec(
     name="rollback", summary="rejected speculative tokens: a request's latest step is rolled "
-    "back by num_tokens (no Mamba groups)",
+    "back by num_tokens (no Mamba groups, no drafter: the scheduler side alone)",
     fields={"req": INT, "num_tokens": INT},
     example={"op": "rollback", "req": 0, "num_tokens": 2},
     apply=lambda t, op: t.rollback(op["req"], op["num_tokens"]),
     draw=_draw_rollback, enabled=lambda m: bool(_rollbackable(m)),
     requests=lambda op: [op["req"]], rename=lambda op, req, block: dict(op, req=req(op["req"])),
-    narrow=_narrow_rollback, family="speculative"))
+    narrow=_narrow_rollback, family="spec-decode"))
