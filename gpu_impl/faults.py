@@ -28,7 +28,7 @@ class Fault:
     source: str
     invariant: str
     also: tuple[str, ...] = ()  # invariants that catch it first on some traces
-    family: str = "core"  # the fault family (catalogue grouping): core, metadata
+    family: str = "core"  # the fault family (catalogue grouping): core, metadata, spec-decode
     sites: tuple[str, ...] = ()  # the upstream files the bug lived in (vLLM paths)
 
     def to_json(self) -> dict:
@@ -177,8 +177,8 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "SGLang's prefill-first layout; decode requests in mixed batches read the wrong "
           "positions and 'update incorrect KV cache state slots'; fixed by slicing decodes "
           "from 0: slot_start=0, slot_end=num_decodes)",
-          "MATCHES_REFERENCE", ("NO_STALE_WRITE", "LOADED_BLOCKS_INTACT"), family="metadata",
-          sites=("vllm/model_executor/models/bailing_moe_linear.py",)),
+          "NO_FOREIGN_READ", ("MATCHES_REFERENCE", "NO_STALE_WRITE", "LOADED_BLOCKS_INTACT"),
+          family="metadata", sites=("vllm/model_executor/models/bailing_moe_linear.py",)),
     Fault("swap-rows-aliased", ("v1",),
           "swap_states swaps a 2-D per-row buffer (here the block-table rows) with a tuple "
           "of row views, so both rows end up holding the second row's block ids; the "
@@ -202,6 +202,52 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "clear_row (vLLM PR #37728)",
           "DUMMY_TABLES_ZERO", ("NO_STALE_WRITE", "MATCHES_REFERENCE"), family="metadata",
           sites=("vllm/v1/worker/gpu_model_runner.py",)),
+    Fault("draft-slots-tail-stale", ("v1", "v2"),
+          "the drafter's single-token passes compute their slot mapping for the real rows "
+          "only: rows padded for the drafter's FULL graph keep the slots an earlier, larger "
+          "draft batch left there, so the replay writes draft KV (or a dummy run's NaN) into "
+          "blocks of requests that have since finished or moved",
+          "sgl-project/sglang PR #22958 ('add padding handling in multi-layer EAGLE draft "
+          "extend CUDA graph runner': padded rows [raw_bs:bs] kept stale req_pool_indices and "
+          "out_cache_loc from earlier calls); vllm-project/vllm PR #33503 "
+          "(vllm/v1/spec_decode/eagle.py fills the proposer's _slot_mapping_buffer with "
+          "PAD_SLOT_ID over the CUDA-graph padding range) and PR #43682 (padded rows of the "
+          "EAGLE draft-step kernel eagle_step_slot_mapping_metadata_kernel)",
+          "NO_STALE_WRITE", ("MATCHES_REFERENCE", "NULL_BLOCK_FINITE"), family="spec-decode",
+          sites=("vllm/v1/spec_decode/eagle.py",)),
+    Fault("accepted-column-unbounded", ("v1", "v2"),
+          "the spec-decode Mamba kernel computes the running state column as "
+          "num_accepted_tokens - 1 with no lower bound: a row whose count is 0 (a partial "
+          "prefill's discarded sample) reads its initial state through the previous row's "
+          "last column — another request's state block (row 0: before the tensor)",
+          "vllm-project/vllm PR #48475 '[Bugfix] Clamp spec-decode state index load for zero "
+          "num_accepted_tokens in GDN kernels' (issue #41190; "
+          "vllm/model_executor/layers/fla/ops/fused_recurrent.py computes i_t = "
+          "num_accepted - 1 and loads ssm_state_indices[i_n * stride + i_t]; the fix clamps to "
+          "0 as vllm/v1/worker/mamba_utils.py already did); also PR #50021",
+          "NO_FOREIGN_READ", ("MATCHES_REFERENCE",), family="spec-decode",
+          sites=("vllm/model_executor/layers/fla/ops/fused_recurrent.py",)),
+    Fault("accepted-counts-land-after-condense", ("v1",),
+          "the sampler's accepted counts are copied into the persistent batch by batch row "
+          "only after the next step's _update_states removed, condensed and reordered the "
+          "rows: a count lands on whichever request now holds that row, and the Mamba kernel "
+          "starts that request from the wrong state column",
+          "vllm-project/vllm PR #45100 '[Bugfix] Avoid racy accepted counts in async spec "
+          "decode' (vllm/v1/worker/gpu_model_runner.py: the non-blocking copy into "
+          "input_batch.num_accepted_tokens_cpu_tensor landed around swap_states()/condense(), "
+          "so the GDN builder saw another row's count)",
+          "MATCHES_REFERENCE", ("NO_STALE_WRITE",), family="spec-decode",
+          sites=("vllm/v1/worker/gpu_model_runner.py",)),
+    Fault("draft-slots-allocation-block-size", ("v1", "v2"),
+          "the drafter computes its slot mapping with the KV-cache group's allocation block "
+          "size although the block table holds kernel blocks: column pos // block_size of a "
+          "kernel-block row, times block_size — draft KV lands in other blocks, or past them",
+          "vllm-project/vllm PR #31540 '[Bugfix] Fix block size used in EAGLE slot mapping' and "
+          "PR #36036 '[Bugfix] Fix block_size for hybrid model MTP' (issue #35926; "
+          "vllm/v1/spec_decode/eagle.py: 'use the attention block size and not the KV cache "
+          "block size')",
+          "NO_STALE_WRITE", ("MATCHES_REFERENCE",), family="spec-decode",
+          sites=("vllm/v1/spec_decode/eagle.py",)),
 )}
 
 

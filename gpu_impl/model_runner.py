@@ -7,7 +7,7 @@ the fault branches of the dummy run's slot mappings (plus those of
 :mod:`gpu_impl.runner_faults`, the input batch and the block tables).
 
 Faults consulted here: ``dummy-slots-not-padded``, ``dummy-slots-unpadded-count``,
-``dummy-rows-not-committed``.
+``dummy-rows-not-committed``, ``accepted-counts-land-after-condense``.
 """
 
 from __future__ import annotations
@@ -40,6 +40,22 @@ class GPUModelRunnerV1(RunnerFaults, RunnerShellV1):
             self._update_states({})
             return [self.kernel_table(g) for g in range(len(self.config.groups))]
         return super()._prepare_dummy(reqs_padded, warmup)
+
+    def _store_accepted(self, batch, kept) -> None:
+        if "accepted-counts-land-after-condense" not in self.faults:
+            return super()._store_accepted(batch, kept)
+        # The historical race: the copy of the counts (by batch row) lands only
+        # after the next step's _update_states moved the rows.
+        self._late_accepted = list(kept)
+        for (req, _, _), a in zip(batch, kept):
+            self.requests[req].num_accepted = a
+
+    def _update_states(self, num_tokens_of: dict) -> None:
+        super()._update_states(num_tokens_of)
+        late = getattr(self, "_late_accepted", None)
+        if late is not None:
+            self.input_batch.num_accepted_tokens[:len(late)] = late
+            self._late_accepted = None
 
     def kernel_block_size(self, group: int) -> int:
         return self.input_batch.block_table[group].kernel_block_size

@@ -8,7 +8,8 @@ bugs lived; with no fault on, every override defers to the fixed shell.
 Faults consulted here: ``full-replay-not-restaged``, ``captured-buffer-rebound``,
 ``padded-rows-classified-as-prefill``, ``padded-rows-metadata-stale``,
 ``backend-slot-tail-stale``, ``pad-slot-wraps-to-last-slot``,
-``decode-slots-sliced-prefill-first``.
+``decode-slots-sliced-prefill-first``, ``draft-slots-tail-stale``,
+``accepted-column-unbounded``, ``draft-slots-allocation-block-size``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from .attention import reshape_and_cache
+from .block_table import compute_slot_mapping
 from .faults import FaultSet
 from .runner_shell import FULL
 
@@ -67,6 +69,25 @@ class RunnerFaults:
             # row j indices[j] — other rows' state slots in a mixed batch.
             return torch.roll(indices, -num_prefills, dims=0)
         return super()._layer_state_indices(indices, num_decodes)
+
+    def _draft_slot_mapping(self, num_reqs, num_rows) -> None:
+        bug = {"draft-slots-tail-stale", "draft-slots-allocation-block-size"} & self.faults.ids
+        if not bug:
+            return super()._draft_slot_mapping(num_reqs, num_rows)
+        g = self.draft_group
+        bs = self.config.groups[g].block_size
+        # draft-slots-allocation-block-size: the allocation block size where the table
+        # holds kernel blocks; draft-slots-tail-stale: only the real rows are written,
+        # the padded rows keep an earlier draft batch's slots.
+        kbs = bs if "draft-slots-allocation-block-size" in self.faults else \
+            self.kernel_block_size(g)
+        rows = num_reqs if "draft-slots-tail-stale" in self.faults else num_rows
+        compute_slot_mapping(self.kernel_table(g), bs, kbs, self.dcp(g),
+                             self.draft_req_indices.gpu, self.draft_positions.gpu,
+                             self.draft_slots, rows)
+
+    def _column_unbounded(self) -> bool:
+        return "accepted-column-unbounded" in self.faults or super()._column_unbounded()
 
     def _after_capture(self) -> None:
         super()._after_capture()

@@ -717,13 +717,14 @@ class RunnerShell(abc.ABC):
                 with graph.capture():  # on what the warm-up's metadata build handed over
                     self._forward(cfg.full_graph_rows(size), size, attn_inputs=self.attn_inputs)
                 self.graphs[size] = graph
-            if self.draft_group is not None and size <= cfg.max_num_reqs \
-                    and size in cfg.full_capture_sizes:
-                graph = Graph(self.device)  # the drafter's single-token passes
+            rows = cfg.full_graph_rows(size)
+            if self.draft_group is not None and size in cfg.full_capture_sizes \
+                    and rows not in self.draft_graphs:
+                graph = Graph(self.device)  # the drafter's single-token passes, by rows
                 with graph.capture():
                     reshape_and_cache(self.draft_hidden.gpu, self.draft_slots, self.draft_kv,
-                                      size)
-                self.draft_graphs[size] = graph
+                                      rows)
+                self.draft_graphs[rows] = graph
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         self.last_forward = None

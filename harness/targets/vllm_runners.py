@@ -76,6 +76,11 @@ class VllmInputBatch:
         return self.batch.num_prompt_tokens
 
     @property
+    def num_accepted_tokens(self) -> np.ndarray:
+        """vLLM's ``num_accepted_tokens_cpu`` (moved by its condense / swap_states)."""
+        return self.batch.num_accepted_tokens_cpu
+
+    @property
     def req_ids(self) -> np.ndarray:
         out = np.full(self.max_num_reqs, EMPTY_ROW, np.int64)
         for row, req in enumerate(self.batch._req_ids):
@@ -91,7 +96,10 @@ class VllmInputBatch:
         return self.batch.req_id_to_index.get(str(req))
 
     def add_request(self, req: int, block_ids: list[list[int]], num_computed_tokens: int,
-                    num_prompt_tokens: int) -> int:
+                    num_prompt_tokens: int, num_accepted_tokens: int = 1) -> int:
+        """vLLM's ``add_request`` (it sets the row's accepted count to 1 whatever
+        ``num_accepted_tokens`` the request had; only spec-decode configs, which
+        this target refuses, would read it)."""
         vllm = self._vllm
         state = vllm.CachedRequestState(**_kwargs_for(vllm.CachedRequestState.__init__, dict(
             req_id=str(req), prompt_token_ids=[0] * num_prompt_tokens, mm_features=[],

@@ -63,10 +63,10 @@ def test_invariant_registry_order_flags_and_startup():
                          "MATCHES_REFERENCE")
     assert inv.structural_ids() == ("VACATED_ROWS_ZERO", "DUMMY_TABLES_ZERO",
                                     "PADDED_ROWS_NEUTRAL")
-    assert desc_after("PADDED_ROWS_NEUTRAL") == ["step", "dummy_run"]
+    assert desc_after("PADDED_ROWS_NEUTRAL") == ["step", "dummy_run", "spec_step"]
     desc = {d["id"]: d for d in inv.describe()}
     assert desc["DUMMY_TABLES_ZERO"]["after"] == ["dummy_run"]
-    assert desc["NO_FOREIGN_READ"]["after"] == ["step"]
+    assert desc["NO_FOREIGN_READ"]["after"] == ["step", "spec_step"]
     assert desc["MATCHES_REFERENCE"]["after"][0] == "start"
     assert "start" not in desc["NO_STALE_WRITE"]["after"]
 
@@ -168,4 +168,4 @@ def test_every_fault_names_the_upstream_files_it_lived_in():
     for fault in CATALOGUE.values():
         assert fault.sites and all(s.startswith("vllm/") and s.endswith(".py")
                                    for s in fault.sites), fault.id
-        assert fault.family in ("core", "metadata"), fault.id
+        assert fault.family in ("core", "metadata", "spec-decode"), fault.id

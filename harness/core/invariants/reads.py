@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from reference import Ledger, RunnerConfig
+from reference import NULL_BLOCK_ID, Ledger, RunnerConfig
 from reference.dcp import global_position
 
 from harness.core.invariants import Invariant, Violation, register
@@ -61,6 +61,32 @@ def check_foreign_reads(config: RunnerConfig, ledger: Ledger, obs: Observation,
         want = oracle_read(config, r.blocks[g], r.last_seq_len, obs.kv_cache[g], g)
         if not np.array_equal(got, want, equal_nan=True):
             out.append(_foreign(config, ledger, obs, r, req, row, g, got, want, op_index, op))
+    return out + check_state_reads(config, ledger, obs, op_index, op)
+
+
+def check_state_reads(config: RunnerConfig, ledger: Ledger, obs: Observation,
+                      op_index: int, op: str) -> list[Violation]:
+    """The state each real row's Mamba kernel started from was read through one of
+    its request's own state blocks or the null block — an initial state of zero
+    (``obs.state_indices``: the index the kernel read; with speculative decoding,
+    the running column's block).  A state lost into the null block is
+    ``MATCHES_REFERENCE``'s to report."""
+    out = []
+    last = obs.last_forward
+    if last is None or last.dummy or not last.metadata:
+        return out
+    for row, req in enumerate(obs.batch_req_ids()):
+        r = ledger.requests.get(req)
+        if r is None:
+            continue
+        for g in config.mamba_groups:
+            b = int(obs.state_indices[g][row])
+            if b != NULL_BLOCK_ID and b not in r.blocks[g]:
+                out.append(Violation(
+                    "NO_FOREIGN_READ", op_index, op,
+                    f"req {req}'s Mamba state was read through block {b} "
+                    f"({owner_text(ledger, g, b)}), not one of its own {r.blocks[g]}",
+                    group=g, block=b, row=row))
     return out
 
 
@@ -99,7 +125,7 @@ def _real(spec) -> bool:
 
 register(Invariant(
     "NO_FOREIGN_READ", "each request's attention output equals a read of its own blocks "
-    "(null block past them)",
+    "(null block past them), and its Mamba state is read through one of its own state blocks",
     lambda c: check_foreign_reads(c.config, c.ledger, c.after, c.op_index, c.kind),
     applies=_real, applies_text="real steps"))
 register(Invariant(
