@@ -152,6 +152,10 @@ class RunnerShell(abc.ABC):
         self.draft_req_indices = CpuGpuBuffer((tokens,), torch.int32, device, fill=-1)
         self.draft_positions = CpuGpuBuffer((tokens,), torch.int64, device)
         self.draft_hidden = CpuGpuBuffer((tokens, heads), torch.float32, device)
+        # The first pass's slots (the target's, copied) and the single-token passes'
+        # own slot buffer (what the drafter's FULL graphs read).
+        self.draft_first_slots = torch.full((tokens,), PAD_SLOT_ID, dtype=torch.int64,
+                                            device=device)
         self.draft_slots = torch.full((tokens,), PAD_SLOT_ID, dtype=torch.int64, device=device)
 
     # -- subclass hooks ----------------------------------------------------------
@@ -447,8 +451,8 @@ class RunnerShell(abc.ABC):
         """The drafter after a real forward (vLLM ``EagleProposer.propose``).
 
         Pass 0 runs the batch's tokens through the draft layer, writing draft KV
-        at the target's slots of the draft group (copied into the drafter's own
-        slot buffer, its padded tail ``PAD_SLOT_ID``).  Each further pass
+        at the target's slots of the draft group (copied, the tail
+        ``PAD_SLOT_ID``).  Each further pass
         (``num_speculative_tokens - 1``) runs one token per request at the
         position after its last valid token, then the next; the slots come from
         the shared block table (:meth:`_draft_slot_mapping`; a position past the
@@ -458,11 +462,12 @@ class RunnerShell(abc.ABC):
         advanced: (req, tokens it advanced by, start) per batch row.
         """
         cfg, g = self.config, self.draft_group
-        self.draft_slots[:num_tokens].copy_(self.slot_mappings[g][:num_tokens])
-        self.draft_slots[num_tokens:] = PAD_SLOT_ID
+        self.draft_first_slots[:num_tokens].copy_(self.slot_mappings[g][:num_tokens])
+        self.draft_first_slots[num_tokens:] = PAD_SLOT_ID
         self.draft_hidden.np[:num_tokens] = self.hidden.np[:num_tokens] + np.float32(0.5)
         self.draft_hidden.copy_to_gpu()
-        reshape_and_cache(self.draft_hidden.gpu, self.draft_slots, self.draft_kv, num_tokens)
+        reshape_and_cache(self.draft_hidden.gpu, self.draft_first_slots, self.draft_kv,
+                          num_tokens)
         num_reqs = len(advanced)
         mode, _, rows_padded = self._dispatch(num_reqs, num_reqs, True, requested)
         for i in range(1, cfg.num_speculative_tokens):
@@ -697,6 +702,7 @@ class RunnerShell(abc.ABC):
         named["num_accepted"] = self.num_accepted.gpu
         named["spec_rows"] = self.spec_rows.gpu
         if self.draft_group is not None:
+            named["draft_first_slot_mapping"] = self.draft_first_slots
             named["draft_slot_mapping"] = self.draft_slots
             named["draft_hidden"] = self.draft_hidden.gpu
             named["draft_kv_cache"] = self.draft_kv
