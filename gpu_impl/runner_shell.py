@@ -455,9 +455,10 @@ class RunnerShell(abc.ABC):
         ``PAD_SLOT_ID``).  Each further pass
         (``num_speculative_tokens - 1``) runs one token per request at the
         position after its last valid token, then the next; the slots come from
-        the shared block table (:meth:`_draft_slot_mapping`; a position past the
-        request's blocks maps to ``PAD_SLOT_ID``, as vLLM clamps positions past
-        the model length), and a uniform batch replays the drafter's FULL graph
+        the shared block table (:meth:`_draft_slot_mapping`; the requests hold
+        blocks for k lookahead tokens, and a position from ``max_model_len`` on
+        maps to ``PAD_SLOT_ID``, as vLLM's EAGLE step kernel clamps it), and a
+        uniform batch replays the drafter's FULL graph
         over rows padded to a capture size when FULL was requested.
         advanced: (req, tokens it advanced by, start) per batch row.
         """
@@ -472,10 +473,8 @@ class RunnerShell(abc.ABC):
         mode, _, rows_padded = self._dispatch(num_reqs, num_reqs, True, requested)
         for i in range(1, cfg.num_speculative_tokens):
             for b, (req, adv, start) in enumerate(advanced):
-                room = min(len(self.requests[req].block_ids[g]) * cfg.groups[g].block_size
-                           * self.dcp(g)[0], 256)
                 q = start + adv - 1 + i
-                inside = q < room
+                inside = q < cfg.max_model_len
                 self.draft_req_indices.np[b] = b if inside else -1
                 self.draft_positions.np[b] = q if inside else 0
                 self.draft_hidden.np[b] = (token_payload(req, np.array([q]), cfg.head_size)[0]

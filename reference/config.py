@@ -110,8 +110,10 @@ class RunnerConfig:
       decoding).  With k > 0 (vLLM ``SpeculativeConfig`` with an EAGLE/MTP
       drafter): a decode runs 1..1+k tokens and reports how many were accepted;
       a drafter writes a draft layer's KV cache through the first attention
-      group's block table after every forward; each Mamba group keeps 1 + k
-      state columns per request (vLLM's ``num_speculative_blocks``).
+      group's block table after every forward; a step's requests hold blocks
+      for k lookahead tokens past it (vLLM's ``num_lookahead_tokens``, up to
+      ``max_model_len``); each Mamba group keeps 1 + k state columns per
+      request (vLLM's ``num_speculative_blocks``).
       Serialised only when non-zero.
     """
 
@@ -153,6 +155,13 @@ class RunnerConfig:
         if self.groups[group].kind == MAMBA:
             return self.mamba_columns
         return self.max_num_blocks_per_req
+
+    @property
+    def max_model_len(self) -> int:
+        """Longest request in tokens: what the narrowest attention row holds on this
+        rank's view, at most 256 (the payload's position bound)."""
+        return min(min(self.max_num_blocks_per_req * self.tokens_per_block(g)
+                       for g in self.attention_groups), 256)
 
     @property
     def mamba_columns(self) -> int:

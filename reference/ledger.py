@@ -156,6 +156,12 @@ class Ledger:
                 raise OpError(f"scheduled[{i}][1]", f"request {req} has room for "
                               f"{r.capacity_tokens(cfg) - r.num_computed_tokens} more tokens, not {n}")
             k = cfg.num_speculative_tokens
+            ahead = min(end + k, cfg.max_model_len)
+            if k and ahead > r.capacity_tokens(cfg):
+                raise OpError(f"scheduled[{i}][1]", f"request {req} needs blocks for "
+                              f"{ahead} tokens: {n} scheduled and the drafter's {k} lookahead "
+                              f"tokens (vLLM allocates num_lookahead_tokens slots), it has "
+                              f"{r.capacity_tokens(cfg)}")
             if k and r.is_decode() and n > 1 + k:
                 raise OpError(f"scheduled[{i}][1]", f"request {req} decodes: at most 1 + "
                               f"num_speculative_tokens = {1 + k} tokens, not {n}")

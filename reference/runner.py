@@ -26,7 +26,7 @@ from .block_table import EMPTY_ROW, PersistentBatchRows
 from .config import ALWAYS, CUDAGRAPH_MODES, FULL, NONE, PIECEWISE, RunnerConfig
 from .dcp import global_position, local_slots
 from .ledger import Ledger, OpError
-from .payload import (NULL_BLOCK_ID, PAD_SLOT_ID, POSITION_MAX, SENTINEL, draft_payload,
+from .payload import (NULL_BLOCK_ID, PAD_SLOT_ID, SENTINEL, draft_payload,
                       payload, payload_sum)
 
 
@@ -274,8 +274,9 @@ class ReferenceRunnerBase(abc.ABC):
         draft KV at the target's slots of the draft group; each further pass
         (``num_speculative_tokens - 1`` of them) runs one token per request at
         the position after its last valid token, then the next — slots from the
-        shared block table, ``PAD_SLOT_ID`` past the request's blocks (vLLM
-        clamps positions past the model length and pads their slots).  Padded
+        shared block table (the step's requests hold blocks for k lookahead
+        tokens), ``PAD_SLOT_ID`` from ``max_model_len`` on (vLLM's EAGLE step
+        kernel clamps such positions and pads their slots).  Padded
         rows and padded tokens write nothing.  Values: ``draft_payload``."""
         cfg = self.config
         g = cfg.draft_group
@@ -285,11 +286,10 @@ class ReferenceRunnerBase(abc.ABC):
         flat[slots[keep]] = draft_payload(self.hidden[:num_tokens][keep])
         for i in range(1, cfg.num_speculative_tokens):
             for b, (req, n, row) in enumerate(batch):
-                r = self.ledger.requests[req]
                 start = int(self.rows.num_computed_tokens[row])
                 last = start + (kept_of[req] if is_decode[req] else n) - 1
                 q = last + i
-                if q >= min(len(r.blocks[g]) * cfg.tokens_per_block(g), POSITION_MAX + 1):
+                if q >= cfg.max_model_len:
                     continue
                 slot = int(self._slots(g, b, np.array([q]))[0])
                 if slot != PAD_SLOT_ID:

@@ -29,7 +29,9 @@ def _room(m, req: int) -> int:
     r = m.ledger.requests[req]
     room = min(r.capacity_tokens(m.cfg), POSITION_MAX + 1) - r.num_computed_tokens
     k = m.cfg.num_speculative_tokens
-    if k:
+    if k:  # and blocks for the drafter's k lookahead tokens (up to max_model_len)
+        if r.capacity_tokens(m.cfg) < m.cfg.max_model_len:
+            room = min(room, r.capacity_tokens(m.cfg) - r.num_computed_tokens - k)
         room = min(room, 1 + k if r.is_decode() else r.prompt_len - r.num_computed_tokens)
     return room
 
@@ -135,8 +137,8 @@ def permit_forward(config, ledger, scheduled: list, accepted: list | None = None
             cells[g].update({b: None for b in r.blocks[g]})
         if draft is not None:
             last = r.num_computed_tokens + (a if r.is_decode() else n) - 1
-            room = min(len(r.blocks[draft]) * config.tokens_per_block(draft), POSITION_MAX + 1)
-            ahead = np.arange(last + 1, min(last + config.num_speculative_tokens, room))
+            ahead = np.arange(last + 1, min(last + config.num_speculative_tokens,
+                                            config.max_model_len))
             for b, span in _position_cells(config, r, draft, np.union1d(pos, ahead)).items():
                 cells[("draft", draft)][b] = span
     return cells, frozenset(req for req, _ in scheduled)
