@@ -476,7 +476,7 @@ class RunnerShell(abc.ABC):
                 q = start + adv - 1 + i
                 inside = q < cfg.max_model_len
                 self.draft_req_indices.np[b] = b if inside else -1
-                self.draft_positions.np[b] = q if inside else 0
+                self.draft_positions.np[b] = q
                 self.draft_hidden.np[b] = (token_payload(req, np.array([q]), cfg.head_size)[0]
                                            + np.float32(0.5)) if inside else np.nan
             self._run_draft_pass(num_reqs, rows_padded if mode == FULL else num_reqs, mode)

@@ -55,7 +55,8 @@ __all__ = ["SPEC", "TargetRefused", "TargetUnavailable", "load", "make_vllm_runn
 
 BUILDER_SITES = ("vllm/v1/attention/backends/mamba_attn.py",
                  "vllm/v1/attention/backends/mamba2_attn.py",
-                 "vllm/v1/attention/backends/triton_attn.py")
+                 "vllm/v1/attention/backends/triton_attn.py",
+                 "vllm/v1/spec_decode/utils.py")  # the EAGLE step kernel (drafter slots)
 ENGINE_SITES = {
     "v1": ("vllm/v1/worker/block_table.py", "vllm/v1/worker/gpu_input_batch.py")
     + BUILDER_SITES,
@@ -63,9 +64,10 @@ ENGINE_SITES = {
     + BUILDER_SITES,
 }
 """Per runner, the upstream files whose code this target runs as vLLM's own: the
-block tables, the persistent batch / request states, and the Mamba2 and Triton
-attention metadata builders (:mod:`harness.targets.vllm_builders`).  The rest of a model runner —
-dummy runs, the runner side of metadata (counters, ``is_prefilling``, padded
+block tables, the persistent batch / request states, the Mamba2 and Triton
+attention metadata builders (:mod:`harness.targets.vllm_builders`) and, with a
+drafter, the EAGLE step kernel that computes its slots.  The rest of a model runner —
+dummy runs, the drafter's passes and buffers, the runner side of metadata (counters, ``is_prefilling``, padded
 rows), graph buffers, attention backends' own slot buffers — is gpu_impl's
 fault-free shell.  A catalogue fault lives at ``Fault.sites``."""
 
@@ -243,11 +245,22 @@ def refusal(config, vllm: SimpleNamespace | None = None) -> TargetRefused | None
     """Why the installed release cannot run ``config`` here (None when it can)."""
     vllm = vllm or load()
     if config.num_speculative_tokens:
-        return TargetRefused(
-            "num_speculative_tokens",
-            "the vllm target drives no drafter yet: vLLM's EAGLE proposer needs a draft "
-            "model and its spec-decode Mamba path a CUDA kernel; use 0 (spec-decode traces "
-            "run on the reference and gpu_impl)")
+        error = spec_decode_missing(vllm)
+        if error is not None:
+            return TargetRefused("num_speculative_tokens", error)
+        if config.runner == "v2" and config.mamba_groups:
+            return TargetRefused(
+                "num_speculative_tokens",
+                "vLLM's V2 runner orders a batch verification-first (sort_batch_req_ids, "
+                "which its Mamba builder's decode split relies on); the model's V2 batch "
+                "keeps the op's order, so V2 drafter configs with a Mamba group run on the "
+                "reference and gpu_impl only; use runner v1 or no Mamba group")
+        if config.dcp_world_size > 1:
+            return TargetRefused(
+                "num_speculative_tokens",
+                f"vLLM {vllm.version}'s EAGLE step kernel (eagle_step_update_slot_mapping_"
+                "and_metadata) computes slots without decode context parallelism; use "
+                "dcp_world_size 1 with a drafter")
     if config.runner == "v2" and config.dcp_world_size > 1:
         error = v2_dcp_runs(vllm)
         if error is not None:
@@ -280,7 +293,33 @@ def geometry_limits() -> dict:
     vllm = load()
     return {"kernel_split": {"v1": vllm.v1_kernel_blocks, "v2": vllm.v2_kernel_blocks},
             "dcp": {"v1": True, "v2": v2_dcp_runs(vllm) is None},
-            "spec": False}
+            "spec": spec_decode_missing(vllm) is None, "spec_dcp": False,
+            "spec_mamba": {"v1": True, "v2": False}}
+
+
+def spec_decode_missing(vllm: SimpleNamespace | None = None) -> str | None:
+    """None when the release has what the target drives for speculative decoding
+    (the EAGLE step kernel, a Mamba metadata builder taking accepted counts);
+    else why not, one line."""
+    vllm = vllm or load()
+    try:
+        from vllm.v1.spec_decode.utils import (  # noqa: F401
+            eagle_step_update_slot_mapping_and_metadata)
+    except Exception as e:  # noqa: BLE001 - the release does not have it
+        return (f"vLLM {vllm.version} has no eagle_step_update_slot_mapping_and_metadata "
+                f"to compute the drafter's slots with ({type(e).__name__}); use 0")
+    try:
+        import inspect
+
+        from vllm.v1.attention.backends.mamba_attn import BaseMambaAttentionMetadataBuilder
+        params = inspect.signature(
+            BaseMambaAttentionMetadataBuilder._compute_common_metadata).parameters
+    except Exception as e:  # noqa: BLE001
+        return f"vLLM {vllm.version}'s Mamba builder cannot be inspected ({e}); use 0"
+    if "num_accepted_tokens" not in params:
+        return (f"vLLM {vllm.version}'s Mamba metadata builder takes no accepted counts "
+                "(no spec-decode state columns); use 0")
+    return None
 
 
 def _group_sizes(config) -> tuple[list[int], list[int]]:

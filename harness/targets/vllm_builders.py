@@ -85,6 +85,12 @@ def vllm_config(config):
         else CUDAGraphMode.NONE
     compilation.cudagraph_capture_sizes = sizes
     compilation.max_cudagraph_capture_size = max(sizes) if sizes else None
+    if config.num_speculative_tokens:
+        # A drafter: what VllmConfig.num_speculative_tokens and the builders'
+        # reorder threshold read (a real SpeculativeConfig needs a draft model).
+        out.speculative_config = SimpleNamespace(
+            num_speculative_tokens=config.num_speculative_tokens, parallel_drafting=False,
+            method="mtp", use_eagle=lambda: False, use_eagle_block_drop=lambda: False)
     out.model_config = SimpleNamespace(
         max_model_len=model_len, dtype=torch.float32, rswa_window=None,
         get_mamba_chunk_size=lambda: CHUNK_SIZE,
@@ -164,8 +170,9 @@ class VllmMambaBuilders:
     """One vLLM ``Mamba2AttentionMetadataBuilder`` per Mamba group of ``config``.
 
     ``persistent(g)``: int32 (decode_cudagraph_max_bs,) view of the builder's
-    ``state_indices_tensor_d`` column 0 (what a FULL graph reads);
-    :meth:`build` returns the state index each batch row's kernel reads.
+    ``state_indices_tensor_d`` column 0 (what a FULL graph reads) — with
+    speculative decoding the whole (decode_cudagraph_max_bs, 1 + k) buffer;
+    :meth:`build` returns the state indices each batch row's kernel reads.
     """
 
     def __init__(self, config, device: torch.device):
@@ -175,6 +182,7 @@ class VllmMambaBuilders:
             raise TargetUnavailable(f"vLLM {load().version}'s Mamba2 metadata builder cannot be "
                                     f"constructed on the CPU ({type(e).__name__}: {e})") from None
         self.device = device
+        self.k = config.num_speculative_tokens
 
     @staticmethod
     def _make(config, device):
@@ -186,12 +194,45 @@ class VllmMambaBuilders:
         spec = MambaSpec(**_kwargs_for(MambaSpec, dict(
             block_size=max_model_len(config), shapes=((3, 8), (2, 4, 4)),
             dtypes=(torch.float32, torch.float32), mamba_cache_mode="none",
-            num_speculative_blocks=0)))
+            num_speculative_blocks=config.num_speculative_tokens)))
         return Mamba2AttentionMetadataBuilder(spec, [MAMBA_LAYER], vllm_config(config),
                                               device)
 
     def persistent(self, g: int) -> torch.Tensor:
-        return self._builders[g].state_indices_tensor_d[:, 0]
+        buf = self._builders[g].state_indices_tensor_d
+        return buf if self.k else buf[:, 0]
+
+    def build_spec(self, g: int, table: torch.Tensor, query_start_loc: np.ndarray,
+                   seq_lens: np.ndarray, is_prefilling: np.ndarray,
+                   num_accepted: np.ndarray) -> tuple:
+        """vLLM's build with speculative decoding (k > 0) over ``num_rows`` rows.
+
+        table: int32 (num_rows, 1 + k) — the Mamba group's state columns, padded
+        rows already the null block; num_accepted: int32 (num_rows,), each row's
+        last accepted count.  Returns (indices int32 (num_rows, 1 + k): the
+        decode rows' (a view of the persistent buffer when vLLM refreshed it),
+        then the prefill rows' column 0 with the null block in the others;
+        counts int32 (num_rows,): vLLM's accepted count per decode row (its
+        persistent buffer's, padded rows 1, when refreshed), 1 for prefill
+        rows; num_decodes)."""
+        common = common_metadata(self.device, query_start_loc, seq_lens, table,
+                                 is_prefilling=is_prefilling)
+        acc = torch.from_numpy(np.ascontiguousarray(num_accepted, np.int32)).to(self.device)
+        md = self._builders[g].build(common_prefix_len=0, common_attn_metadata=common,
+                                     num_accepted_tokens=acc)
+        num_rows, nd = len(seq_lens), md.num_decodes
+        decode = md.state_indices_tensor_d
+        counts = np.ones(num_rows, np.int32)
+        if md.num_accepted_tokens is not None and nd:
+            got = md.num_accepted_tokens.cpu().numpy()
+            counts[:min(len(got), num_rows)] = got[:num_rows]
+        prefill = md.state_indices_tensor_p
+        if prefill is None or md.num_prefills == 0:
+            return decode, counts, nd
+        rest = torch.zeros((md.num_prefills, 1 + self.k), dtype=torch.int32,
+                           device=self.device)
+        rest[:, 0] = prefill if prefill.dim() == 1 else prefill[:, 0]
+        return torch.cat([decode.reshape(-1, 1 + self.k), rest]), counts, nd
 
     def build(self, g: int, table: torch.Tensor, query_start_loc: np.ndarray,
               seq_lens: np.ndarray, is_prefilling: np.ndarray) -> torch.Tensor:

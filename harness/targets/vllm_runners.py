@@ -12,6 +12,7 @@ fault can reach the vllm target.  The hook table is in docs/writing-a-target.md.
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from gpu_impl.runner_shell_v1 import EMPTY_ROW, RunnerShellV1
 from gpu_impl.runner_shell_v2 import RunnerShellV2
@@ -165,11 +166,63 @@ class _VllmMetadataBuilders:
         qsl = self.query_start_loc.np[:num_rows + 1]
         seq_lens = self.seq_lens.np[:num_rows]
         prefilling = self.is_prefilling[:num_rows]
+        k = self.config.num_speculative_tokens
+        if k:
+            # The rows' last accepted counts (a dummy run's: 1), as vLLM's runner
+            # hands them to the builder; vLLM's build decides the decodes and
+            # the counts and state columns their kernels read.
+            acc = np.ones(num_rows, np.int32)
+            if tables is None and num_reqs:
+                acc[:num_reqs] = self._row_accepted(num_reqs)
+            self._vllm_spec = None
+            for g in self.mamba_groups:
+                table = (self.kernel_table(g) if tables is None else tables[g])[
+                    :num_rows, :1 + k].clone()
+                table[num_reqs:] = 0  # NULL_BLOCK_ID: vLLM's runner nulls padded rows
+                indices, counts, num_decodes = self.mamba_builders.build_spec(
+                    g, table, qsl, seq_lens, prefilling, acc)
+                self.read_state_indices[g] = indices
+                self._vllm_spec = (counts, num_decodes)
+            return
         for g in self.mamba_groups:
             table = (self.kernel_table(g) if tables is None else tables[g])[:num_rows, :1].clone()
             table[num_reqs:] = 0  # NULL_BLOCK_ID: vLLM's runner nulls padded rows
             self.read_state_indices[g] = self.mamba_builders.build(g, table, qsl, seq_lens,
                                                                    prefilling)
+
+
+    def _build_spec_metadata(self, num_reqs, num_rows, dummy) -> None:
+        """The spec-decode inputs of the Mamba kernel from vLLM's build: its
+        decode rows run the spec path with the counts it returned."""
+        spec = getattr(self, "_vllm_spec", None)
+        if not self.config.num_speculative_tokens or not self.mamba_groups or spec is None:
+            return super()._build_spec_metadata(num_reqs, num_rows, dummy)
+        counts, num_decodes = spec
+        self.num_accepted.np[:num_rows] = counts[:num_rows]
+        self.spec_rows.np[:num_rows] = 0
+        self.spec_rows.np[:num_decodes] = 1
+        self.num_accepted.copy_to_gpu()
+        self.spec_rows.copy_to_gpu()
+        self._vllm_spec = None
+
+    def _draft_slot_mapping(self, num_reqs, num_rows) -> None:
+        """vLLM's own EAGLE step kernel (``eagle_step_update_slot_mapping_and_metadata``,
+        ``vllm/v1/spec_decode/utils.py``): each real row's previous position + 1
+        through the draft group's kernel-block table, PAD from ``max_model_len``
+        on and for the padded rows ``[num_reqs, num_rows)``."""
+        from vllm.v1.spec_decode.utils import eagle_step_update_slot_mapping_and_metadata
+
+        g = self.draft_group
+        if num_reqs == 0:  # a dummy run: vLLM's kernel launched over padding only
+            self.draft_slots[:num_rows] = -1
+            return
+        previous = self.draft_positions.gpu[:num_reqs] - 1
+        seq_lens = previous + 1
+        clamped = torch.zeros_like(previous)
+        eagle_step_update_slot_mapping_and_metadata(
+            previous, self.kernel_table(g)[:num_reqs], seq_lens, self.kernel_block_size(g),
+            self.config.max_model_len, clamped, self.draft_slots, input_batch_size=num_rows)
+        # Rows with no draft position (past max_model_len): vLLM clamps them the same way.
 
 
 class _ReferenceWidth:
