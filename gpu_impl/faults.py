@@ -213,7 +213,8 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "(vllm/v1/spec_decode/eagle.py fills the proposer's _slot_mapping_buffer with "
           "PAD_SLOT_ID over the CUDA-graph padding range) and PR #43682 (padded rows of the "
           "EAGLE draft-step kernel eagle_step_slot_mapping_metadata_kernel)",
-          "NO_STALE_WRITE", ("MATCHES_REFERENCE", "NULL_BLOCK_FINITE"), family="spec-decode",
+          "PADDED_ROWS_NEUTRAL", ("NO_STALE_WRITE", "MATCHES_REFERENCE", "NULL_BLOCK_FINITE"),
+          family="spec-decode",
           sites=("vllm/v1/spec_decode/eagle.py", "vllm/v1/spec_decode/utils.py")),
     Fault("accepted-column-unbounded", ("v1", "v2"),
           "the spec-decode Mamba kernel computes the running state column as "

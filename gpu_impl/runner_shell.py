@@ -145,6 +145,7 @@ class RunnerShell(abc.ABC):
         cfg, device = self.config, self.device
         self.draft_group = cfg.draft_group
         self.draft_graphs: dict[int, Graph] = {}
+        self.draft_rows: tuple | None = None  # (real rows, rows run) of the last pass
         if self.draft_group is None:
             return
         tokens, heads = cfg.max_num_batched_tokens, cfg.head_size
@@ -393,6 +394,7 @@ class RunnerShell(abc.ABC):
         accepted: per item, the tokens the sampler keeps (speculative decoding;
         None: every token of a decode, one for a prefill chunk that ends the
         prompt, none for one that does not)."""
+        self.draft_rows = None
         kept_of = {}
         for i, (req, n) in enumerate(scheduled):
             st = self.requests[req]
@@ -485,6 +487,7 @@ class RunnerShell(abc.ABC):
         """One single-token draft pass over rows [0, num_rows) whose first
         ``num_reqs`` are real (host inputs staged): rows past them carry no
         request (``draft_req_indices`` -1: slot ``PAD_SLOT_ID``)."""
+        self.draft_rows = (num_reqs, num_rows)
         self.draft_req_indices.np[num_reqs:num_rows] = -1
         for buf in (self.draft_req_indices, self.draft_positions, self.draft_hidden):
             buf.copy_to_gpu()
@@ -524,6 +527,7 @@ class RunnerShell(abc.ABC):
         num_reqs <= num_tokens <= max_num_batched_tokens; one token per row when
         equal (uniform decode, FULL-eligible), else an even split.
         """
+        self.draft_rows = None
         mode, tokens_padded, reqs_padded = self._dispatch(
             num_reqs, num_tokens, num_tokens == num_reqs, cudagraph_mode)
         tables = self._prepare_dummy(reqs_padded, _warmup)
@@ -786,6 +790,8 @@ class RunnerShell(abc.ABC):
             kv_cache={g: host(v) for g, v in self.kv_caches.items()},
             draft_kv_cache=({} if self.draft_group is None
                             else {self.draft_group: host(self.draft_kv)}),
+            draft_slot_mapping=None if self.draft_group is None else host(self.draft_slots),
+            draft_rows=self.draft_rows,
             mamba_state={g: host(v) for g, v in self.mamba_states.items()},
             slot_mapping={g: host(self.backend_slots.get(g, v))
                           for g, v in self.slot_mappings.items()},

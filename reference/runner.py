@@ -142,9 +142,13 @@ class ReferenceRunnerBase(abc.ABC):
         self.draft_kv_cache = {}
         if cfg.draft_group is not None:
             self.draft_kv_cache[cfg.draft_group] = self.kv_cache[cfg.draft_group].copy()
+        # The drafter's single-token slot buffer and the rows its last pass ran.
+        self.draft_slot_mapping = np.full(tokens, PAD_SLOT_ID, np.int64)
+        self.draft_rows: tuple | None = None
         for size in reversed(cfg.cudagraph_capture_sizes):  # engine start-up
             self.dummy_run(cfg.full_graph_rows(size), size, FULL)
         self.last_forward: ForwardInfo | None = None
+        self.draft_rows = None  # start-up warm-ups run no drafter
 
     # -- request / row ops -------------------------------------------------
     def add(self, req: int, blocks: list[list[int]], prompt_len: int) -> None:
@@ -248,8 +252,9 @@ class ReferenceRunnerBase(abc.ABC):
             self.state_columns[b] = max(self.num_accepted_of[req], 1) - 1 if spec else 0
         self._stage_state_indices(num_reqs, reqs_padded)
         self._run_kernels(mode, reqs_padded if mode == FULL else num_reqs, tokens_padded)
+        self.draft_rows = None
         if spec:
-            self._draft(batch, kept_of, is_decode, num_tokens)
+            self._draft(batch, kept_of, is_decode, num_tokens, cudagraph_mode)
         self.ledger.step(scheduled, kept)
         for req, n, row in batch:
             self.num_accepted_of[req] = kept_of[req]
@@ -268,7 +273,8 @@ class ReferenceRunnerBase(abc.ABC):
             rows = np.arange(rows_padded)
             self.state_indices[g][:rows_padded] = cols[rows, self.state_columns[:rows_padded]]
 
-    def _draft(self, batch: list, kept_of: dict, is_decode: dict, num_tokens: int) -> None:
+    def _draft(self, batch: list, kept_of: dict, is_decode: dict, num_tokens: int,
+               requested: str) -> None:
         """The drafter after a real forward (vLLM's EAGLE proposer ``propose``): its
         first pass re-runs the batch's tokens through the draft layer, writing
         draft KV at the target's slots of the draft group; each further pass
@@ -277,14 +283,22 @@ class ReferenceRunnerBase(abc.ABC):
         shared block table (the step's requests hold blocks for k lookahead
         tokens), ``PAD_SLOT_ID`` from ``max_model_len`` on (vLLM's EAGLE step
         kernel clamps such positions and pads their slots).  Padded
-        rows and padded tokens write nothing.  Values: ``draft_payload``."""
+        rows and padded tokens write nothing; the single-token passes run over
+        rows padded as a uniform batch dispatches with ``requested`` (their FULL
+        graph), recorded in ``draft_slot_mapping`` / ``draft_rows`` (padded rows:
+        ``PAD_SLOT_ID``).  Values: ``draft_payload``."""
         cfg = self.config
         g = cfg.draft_group
         flat = self.draft_kv_cache[g].reshape(-1, cfg.head_size)
         slots = self.slot_mapping[g][:num_tokens]
         keep = slots != PAD_SLOT_ID
         flat[slots[keep]] = draft_payload(self.hidden[:num_tokens][keep])
+        num_reqs = len(batch)
+        mode, _, rows_padded = dispatch(cfg, num_reqs, num_reqs, True, requested)
+        rows = rows_padded if mode == FULL else num_reqs
         for i in range(1, cfg.num_speculative_tokens):
+            self.draft_slot_mapping[:rows] = PAD_SLOT_ID
+            self.draft_rows = (num_reqs, rows)
             for b, (req, n, row) in enumerate(batch):
                 start = int(self.rows.num_computed_tokens[row])
                 last = start + (kept_of[req] if is_decode[req] else n) - 1
@@ -292,6 +306,7 @@ class ReferenceRunnerBase(abc.ABC):
                 if q >= cfg.max_model_len:
                     continue
                 slot = int(self._slots(g, b, np.array([q]))[0])
+                self.draft_slot_mapping[b] = slot
                 if slot != PAD_SLOT_ID:
                     flat[slot] = draft_payload(payload(req, np.array([q]), cfg.head_size))[0]
 
@@ -321,6 +336,11 @@ class ReferenceRunnerBase(abc.ABC):
             self._stage_state_indices(reqs_padded, reqs_padded)
         self._run_kernels(mode, reqs_padded if mode == FULL else num_reqs, tokens_padded,
                           metadata)
+        self.draft_rows = None
+        if mode == FULL and self.config.num_speculative_tokens > 1:
+            # The drafter's dummy run: its FULL graph over the padded rows, no request.
+            self.draft_slot_mapping[:reqs_padded] = PAD_SLOT_ID
+            self.draft_rows = (0, reqs_padded)
         self.last_forward = ForwardInfo(True, mode, num_reqs, reqs_padded, num_tokens,
                                         tokens_padded, metadata=metadata)
 

@@ -60,6 +60,10 @@ class Observation:
     - ``draft_kv_cache[g]`` float32 (num_blocks, block_size, head_size): the
       drafter's layer's KV cache (speculative decoding), keyed by the attention
       group whose block table the drafter shares; empty without a drafter;
+    - ``draft_slot_mapping`` int64 (max_num_batched_tokens,) and ``draft_rows``
+      (real rows, rows run): the drafter's single-token slot buffer and the rows
+      its last pass in the last forward ran over (padded for its FULL graph);
+      None when the last forward ran no such pass;
     - ``device_row_counts[g]`` (reference V2 only): entries of each input-table
       row the last gather defined; past them a row holds whatever the engine
       left, and is compared up to there only.
@@ -84,6 +88,8 @@ class Observation:
     device_row_counts: list | None = None
     metadata: dict | None = None
     draft_kv_cache: dict | None = None
+    draft_slot_mapping: np.ndarray | None = None
+    draft_rows: tuple | None = None
 
     def caches(self) -> list[tuple[str, int, np.ndarray, bool]]:
         """Every cache a kernel writes, as (name, group, array, is_mamba): the

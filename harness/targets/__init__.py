@@ -66,6 +66,8 @@ class _ObserveReference:
             device_block_table=[t.copy() for t in self.device_block_table],
             kv_cache={g: v.copy() for g, v in self.kv_cache.items()},
             draft_kv_cache={g: v.copy() for g, v in self.draft_kv_cache.items()},
+            draft_slot_mapping=self.draft_slot_mapping.copy(),
+            draft_rows=self.draft_rows,
             mamba_state={g: v.copy() for g, v in self.mamba_state.items()},
             slot_mapping={g: self.write_slots(g).copy() for g in self.slot_mapping},
             state_indices={g: read_rows_only(v, self.last_forward)

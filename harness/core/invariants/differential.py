@@ -112,6 +112,12 @@ def check_matches_reference(impl: Observation, ref: Observation, op_index: int,
             pairs.append((f"metadata.{name}", impl.metadata[name][:n], v[:n]))
     for g, v in ref.state_indices.items():
         pairs.append((f"state_indices[{g}]", impl.state_indices[g], v))
+    pairs.append(("draft_rows", np.array(impl.draft_rows or (), object),
+                  np.array(ref.draft_rows or (), object)))
+    if ref.draft_rows and impl.draft_slot_mapping is not None:
+        n = ref.draft_rows[1]
+        pairs.append(("draft_slot_mapping", impl.draft_slot_mapping[:n],
+                      ref.draft_slot_mapping[:n]))
     return _first_difference(pairs + _effect_pairs(impl, ref), op_index, op)
 
 

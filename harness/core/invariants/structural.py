@@ -58,10 +58,10 @@ def check_padded_rows_neutral(obs: Observation, op_index: int, op: str) -> list[
     prefill, the null block as Mamba state index (vLLM: ``_build_attention_metadata``
     clears ``is_prefilling`` and the block-table rows of padding, ``_prepare_inputs``
     pads ``query_start_loc`` and zero-fills ``seq_lens``)."""
+    out = _padded_draft_rows(obs, op_index, op)
     lf, md = obs.last_forward, obs.metadata
     if lf is None or md is None or lf.num_reqs_padded <= lf.num_reqs:
-        return []
-    out = []
+        return out
     qsl = md["query_start_loc"]
     for row in range(lf.num_reqs, lf.num_reqs_padded):
         bad = []
@@ -82,6 +82,23 @@ def check_padded_rows_neutral(obs: Observation, op_index: int, op: str) -> list[
                                  f"{'dummy run' if lf.dummy else 'step'} of {lf.num_reqs} "
                                  f"request(s), feeds its kernels {', '.join(bad)}", row=row))
     return out
+
+
+def _padded_draft_rows(obs: Observation, op_index: int, op: str) -> list[Violation]:
+    """The drafter's single-token pass of the last forward, over rows padded for
+    its FULL graph: their slots are ``PAD_SLOT_ID`` (vLLM's EAGLE step kernel
+    writes the padding slot for threads past the batch)."""
+    if not obs.draft_rows:
+        return []
+    real, rows = obs.draft_rows
+    slots = obs.draft_slot_mapping[real:rows]
+    bad = np.flatnonzero(slots != -1)
+    if not bad.size:
+        return []
+    row = real + int(bad[0])
+    return [Violation("PADDED_ROWS_NEUTRAL", op_index, op,
+                      f"drafter row {row}, padded for its FULL graph over {real} request(s), "
+                      f"has slot {int(obs.draft_slot_mapping[row])}, not PAD_SLOT_ID", row=row)]
 
 
 def check_graph_addresses(obs: Observation, op_index: int, op: str) -> list[Violation]:
