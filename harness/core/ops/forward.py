@@ -55,6 +55,11 @@ def _draw_step(m, data) -> dict:
                                   unique=True))
     budget = m.cfg.max_num_batched_tokens - len(reqs)
     decode_only = m.swarm.decode(data)  # one token each: FULL graphs apply
+    if decode_only and m.cfg.num_speculative_tokens and data.draw(st.booleans()):
+        # With a drafter, half the decode batches verify drafts: a decode's 1 + up
+        # to k tokens (vLLM's uniform decode query length is 1 + k), any token
+        # count for a request still in its prompt.
+        decode_only = False
     scheduled = []
     for req in reqs:
         n = 1 if decode_only else data.draw(st.integers(1, 1 + min(_room(m, req) - 1, budget)))

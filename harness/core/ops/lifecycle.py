@@ -51,6 +51,11 @@ def _draw_add(m, data) -> dict:
     # What the ledger admits: this rank's blocks cover block_size * dcp_world_size positions.
     capacity = min(min(len(blocks[g]) * cfg.tokens_per_block(g) for g in cfg.attention_groups),
                    POSITION_MAX + 1)
+    if cfg.num_speculative_tokens and capacity < cfg.max_model_len:
+        # Mostly a prompt that leaves room for the drafter's lookahead tokens (the
+        # scheduler admits one only then); else one that waits for an append.
+        if capacity > cfg.num_speculative_tokens and data.draw(st.integers(0, 3)):
+            capacity -= cfg.num_speculative_tokens
     prompt_len = data.draw(st.integers(1, capacity))
     req = m.next_req
     m.next_req += 1
