@@ -59,6 +59,13 @@ FEATURES: dict[str, str] = {
                                "(backends that capture mixed batches: cudagraph_support ALWAYS)",
     "backend-slots-padded": "a forward that builds metadata with padded tokens, on a config "
                             "whose attention backend keeps its own slot buffer",
+    "spec-tokens-rejected": "a spec-decode step in which a decode kept fewer tokens than it "
+                            "ran (its rejected tokens' KV and state columns are garbage)",
+    "mamba-running-column": "a Mamba row that starts from a state column other than 0 (the "
+                            "last step kept more than one token)",
+    "draft-full-padded": "the drafter's single-token pass replayed FULL over padded rows",
+    "spec-row-moved": "a spec-decode request that runs in another batch row than in its "
+                      "previous step (condense, reorder or re-entry moved its accepted count)",
     **{f"forward:{m}:{r}:{k}": f"a forward dispatched {m} on runner {r}, config with {k} group(s)"
        for m in MODES for r in RUNNERS for k in GROUP_KINDS},
 }
@@ -85,6 +92,7 @@ class Tracker:
     left_prefilling: set = field(default_factory=set)  # V1 rows left in a prompt chunk
     first: dict = field(default_factory=dict)
     _pending_free: list = field(default_factory=list)
+    last_row: dict = field(default_factory=dict)  # request -> batch row of its last step
     _rows_before: object = None
 
     def before(self, op: dict, ledger, reference) -> None:
@@ -93,6 +101,7 @@ class Tracker:
             r = ledger.requests[op["req"]]
             self._pending_free = [(g, b) for g, ids in enumerate(r.blocks) for b in ids]
         self._rows_before = reference.rows.req_ids.copy()
+        self._counts_before = dict(getattr(reference, "num_accepted_of", {}))
         rows = reference.rows
         self._prefilling_before = rows.num_computed_tokens < rows.num_prompt_tokens
 
@@ -133,9 +142,14 @@ class Tracker:
                     break
         if kind == "dummy_run" and self.prev_op in ("condense", "swap", "remove"):
             hit.append(f"dummy-after-{self.prev_op}")
-        fwd = reference.last_forward if kind in ("step", "dummy_run") else None
+        from harness.core.ops import REGISTRY as OPS
+
+        fwd = reference.last_forward if OPS[kind].forward else None
+        if kind == "spec_step" and any(a < n for _, n, a in op["scheduled"]):
+            hit.append("spec-tokens-rejected")
         if fwd is not None:
             hit += self._forward_hits(fwd, reference)
+            hit += self._spec_hits(fwd, reference)
             self.prev_forward = fwd
             self.prev_real_forward = None if fwd.dummy else fwd
         # dedupe, keep order
@@ -181,6 +195,26 @@ class Tracker:
         if not fwd.dummy and self.loaded & set(fwd.req_ids) and (
                 fwd.num_reqs_padded > fwd.num_reqs or fwd.num_tokens_padded > fwd.num_tokens):
             hit.append("loaded-next-to-padded")
+        return hit
+
+
+    def _spec_hits(self, fwd, reference) -> list[str]:
+        """Speculative-decoding features of a forward (configs with a drafter)."""
+        cfg, hit = self.config, []
+        if not cfg.num_speculative_tokens:
+            return hit
+        rows = getattr(reference, "draft_rows", None)
+        if rows and rows[1] > rows[0]:
+            hit.append("draft-full-padded")
+        if fwd.dummy:
+            return hit
+        if cfg.mamba_groups and fwd.metadata and \
+                (reference.state_columns[:fwd.num_reqs] > 0).any():
+            hit.append("mamba-running-column")
+        for b, req in enumerate(fwd.req_ids):
+            if self.last_row.get(req, b) != b and self._counts_before.get(req, 1) != 1:
+                hit.append("spec-row-moved")
+            self.last_row[req] = b
         return hit
 
 
