@@ -159,8 +159,10 @@ class Ledger:
             ahead = min(end + k, cfg.max_model_len)
             if k and ahead > r.capacity_tokens(cfg):
                 raise OpError(f"scheduled[{i}][1]", f"request {req} needs blocks for "
-                              f"{ahead} tokens: {n} scheduled and the drafter's {k} lookahead "
-                              f"tokens (vLLM allocates num_lookahead_tokens slots), it has "
+                              f"{ahead} tokens ({r.num_computed_tokens} computed, {n} "
+                              f"scheduled, the drafter's {k} lookahead tokens, at most "
+                              f"max_model_len {cfg.max_model_len}: vLLM allocates "
+                              f"num_lookahead_tokens slots); its blocks hold "
                               f"{r.capacity_tokens(cfg)}")
             if k and r.is_decode() and n > 1 + k:
                 raise OpError(f"scheduled[{i}][1]", f"request {req} decodes: at most 1 + "
