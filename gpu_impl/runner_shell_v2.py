@@ -89,6 +89,16 @@ class RunnerShellV2(RunnerShell):
         self.num_computed_tokens[self.req_index[req]] = num_tokens
 
     def _batch(self, scheduled):
+        """Scheduling order; with a drafter, vLLM V2's ``sort_batch_req_ids``:
+        requests with draft tokens, then uniform ``1 + k`` decodes, then by
+        token count (a stable sort)."""
+        k = self.config.num_speculative_tokens
+        if k:
+            def key(item):
+                state, n = self.requests[item[0]], item[1]
+                drafts = state.num_computed_tokens >= state.prompt_len and n > 1
+                return (not drafts, n != 1 + k, n)
+            scheduled = sorted(scheduled, key=key)
         return [(req, n, int(self.num_computed_tokens[self.req_index[req]]))
                 for req, n in scheduled]
 

@@ -45,6 +45,17 @@ class ReferenceV2Runner(ReferenceRunnerBase):
         raise OpError("op", "swap is a V1 persistent-batch op; runner v2 has none")
 
     def _batch(self, scheduled: list) -> list[tuple[int, int, int]]:
+        """The scheduled requests in the op's order — with a drafter, ordered as
+        vLLM's V2 ``sort_batch_req_ids`` does (``vllm/v1/worker/gpu/model_runner.py``):
+        requests verifying drafts first, then those of ``1 + k`` tokens, then by
+        token count (stable), which its Mamba builder's decode split relies on."""
+        k = self.config.num_speculative_tokens
+        if k:
+            def key(item):
+                req, n = item
+                drafts = self.ledger.requests[req].is_decode() and n > 1
+                return (not drafts, n != 1 + k, n)
+            scheduled = sorted(scheduled, key=key)
         return [(req, n, self.rows.row_of(req)) for req, n in scheduled]
 
     def _stage_tables(self, rows: list[int], reqs_padded: int) -> None:

@@ -21,16 +21,14 @@ from reference.config import ALWAYS, UNIFORM_BATCH
 @st.composite
 def runner_configs(draw, runner: str | None = None,
                    kernel_split: dict | None = None, dcp: dict | None = None,
-                   spec: bool = True, spec_dcp: bool = True,
-                   spec_mamba: dict | None = None) -> RunnerConfig:
+                   spec: bool = True, spec_dcp: bool = True) -> RunnerConfig:
     """A valid :class:`RunnerConfig`; ``runner`` pins ``v1`` / ``v2``.
 
     kernel_split: {runner: bool} — False keeps ``kernel_block_size == block_size``
     for that runner (a target whose block tables cannot split blocks, see
     :func:`target_limits`); dcp: {runner: bool} — False keeps one DCP rank;
     spec: False keeps ``num_speculative_tokens`` 0 (a target without a drafter);
-    spec_dcp: False keeps it 0 when ``dcp_world_size`` > 1; spec_mamba: {runner:
-    bool} — False keeps it 0 for that runner when there is a Mamba group.
+    spec_dcp: False keeps it 0 when ``dcp_world_size`` > 1.
     """
     runner = runner or draw(st.sampled_from(["v1", "v2"]))
     # Repeated entries weight the draw: most examples keep a Mamba group and
@@ -63,7 +61,7 @@ def runner_configs(draw, runner: str | None = None,
     # Speculative decoding (a drafter proposing k tokens) in half the examples;
     # vLLM's Mamba builders then treat up to 1 + k tokens as a decode.
     k = draw(st.sampled_from([0, 0, 0, 2, 1, 3])) if spec else 0
-    if world > 1 and not spec_dcp or mamba and not (spec_mamba or {}).get(runner, True):
+    if world > 1 and not spec_dcp:
         k = 0
     if reorder:
         reorder = 1 + k

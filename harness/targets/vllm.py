@@ -248,13 +248,6 @@ def refusal(config, vllm: SimpleNamespace | None = None) -> TargetRefused | None
         error = spec_decode_missing(vllm)
         if error is not None:
             return TargetRefused("num_speculative_tokens", error)
-        if config.runner == "v2" and config.mamba_groups:
-            return TargetRefused(
-                "num_speculative_tokens",
-                "vLLM's V2 runner orders a batch verification-first (sort_batch_req_ids, "
-                "which its Mamba builder's decode split relies on); the model's V2 batch "
-                "keeps the op's order, so V2 drafter configs with a Mamba group run on the "
-                "reference and gpu_impl only; use runner v1 or no Mamba group")
         if config.dcp_world_size > 1:
             return TargetRefused(
                 "num_speculative_tokens",
@@ -293,8 +286,7 @@ def geometry_limits() -> dict:
     vllm = load()
     return {"kernel_split": {"v1": vllm.v1_kernel_blocks, "v2": vllm.v2_kernel_blocks},
             "dcp": {"v1": True, "v2": v2_dcp_runs(vllm) is None},
-            "spec": spec_decode_missing(vllm) is None, "spec_dcp": False,
-            "spec_mamba": {"v1": True, "v2": False}}
+            "spec": spec_decode_missing(vllm) is None, "spec_dcp": False}
 
 
 def spec_decode_missing(vllm: SimpleNamespace | None = None) -> str | None:
