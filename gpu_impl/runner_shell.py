@@ -395,13 +395,17 @@ class RunnerShell(abc.ABC):
         None: every token of a decode, one for a prefill chunk that ends the
         prompt, none for one that does not)."""
         self.draft_rows = None
-        kept_of = {}
+        # Per request: the tokens the sampler keeps, and how far it advances (a
+        # decode by its kept tokens, the rejected ones' KV is garbage; a prefill
+        # chunk by all of them).
+        kept_of, advance_of = {}, {}
         for i, (req, n) in enumerate(scheduled):
             st = self.requests[req]
             if st.num_computed_tokens >= st.prompt_len:  # a decode
-                kept_of[req] = n if accepted is None else accepted[i]
+                kept_of[req] = advance_of[req] = n if accepted is None else accepted[i]
             else:
                 kept_of[req] = int(st.num_computed_tokens + n >= st.prompt_len)
+                advance_of[req] = n
         batch = self._batch(scheduled)
         num_reqs = len(batch)
         num_tokens = sum(n for _, n, _ in batch)
@@ -422,10 +426,7 @@ class RunnerShell(abc.ABC):
         self._build_spec_metadata(num_reqs, num_rows, dummy=False)
         self._build_attention_inputs(num_rows, tokens_padded, None, True)
         self._run_forward(mode, num_rows, tokens_padded)
-        # A decode advances by its kept tokens (the rejected ones' KV is garbage).
-        decode = {req: self.requests[req].num_computed_tokens >= self.requests[req].prompt_len
-                  for req, _, _ in batch}
-        advanced = [(req, kept_of[req] if decode[req] else n, start) for req, n, start in batch]
+        advanced = [(req, advance_of[req], start) for req, _, start in batch]
         if self.draft_group is not None:
             self._run_drafter(advanced, num_tokens, cudagraph_mode)
         self._advance(advanced)
