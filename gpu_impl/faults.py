@@ -28,7 +28,7 @@ class Fault:
     source: str
     invariant: str
     also: tuple[str, ...] = ()  # invariants that catch it first on some traces
-    family: str = "core"  # the fault family (catalogue grouping): core, metadata, spec-decode
+    family: str = "core"  # catalogue grouping: core, metadata, spec-decode, scheduler
     sites: tuple[str, ...] = ()  # the upstream files the bug lived in (vLLM paths)
 
     def to_json(self) -> dict:
@@ -249,6 +249,35 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "block size')",
           "NO_STALE_WRITE", ("MATCHES_REFERENCE",), family="spec-decode",
           sites=("vllm/v1/spec_decode/eagle.py",)),
+    Fault("touch-leaves-block-in-free-queue", ("v1", "v2"),
+          "a prefix hit counts its holder on a cached block with no holders but leaves it in "
+          "the free queue, so the pool counts it free and a later allocation hands it to "
+          "another request while the hitting request still reads it",
+          "the touch / free-queue removal on a prefix hit in vllm/v1/core/block_pool.py "
+          "(BlockPool.touch); vLLM PR #44409 (hit blocks evicted and handed out before "
+          "they were touched: one block twice, bad ref_cnt), mini-sglang #52 (a matched "
+          "radix node left unlocked, evictable while in use)",
+          "POOL_ACCOUNTING", ("ONE_OWNER_PER_BLOCK",), family="scheduler",
+          sites=("vllm/v1/core/block_pool.py",)),
+    Fault("cache-blocks-before-compute", ("v1", "v2"),
+          "allocation registers a request's blocks in the prefix cache for the tokens it is "
+          "about to compute, so a request admitted before they are computed hits blocks "
+          "that hold no KV yet",
+          "allocate_slots calls cache_blocks for num_computed + num_new_tokens before the "
+          "forward (vllm/v1/core/kv_cache_manager.py); vLLM issue #37152 / PR #38715 (a "
+          "same-step hit on blocks registered but not yet written)",
+          "PREFIX_CONTENT", ("MATCHES_REFERENCE",), family="scheduler",
+          sites=("vllm/v1/core/kv_cache_manager.py",
+                 "vllm/v1/core/single_type_kv_cache_manager.py")),
+    Fault("hit-not-capped-below-prompt", ("v1", "v2"),
+          "the prefix-cache lookup may cover the whole prompt, so a prompt that is all "
+          "cached skips its last token (whose logits the first sample needs) and the "
+          "request's hit disagrees with the cache's rule",
+          "get_computed_blocks' max_cache_hit_length = num_tokens - 1 in "
+          "vllm/v1/core/kv_cache_manager.py; vLLM PRs #11186 and #17999 (recompute the "
+          "last token of a fully cached prompt)",
+          "PREFIX_CONTENT", family="scheduler",
+          sites=("vllm/v1/core/kv_cache_manager.py",)),
 )}
 
 

@@ -47,9 +47,16 @@ SENTINEL = -7.0  # what a freed block is poisoned with (finite, no payload uses 
 
 
 def token_payload(req: int, positions: np.ndarray, head_size: int) -> np.ndarray:
-    """The model's stand-in activations: float32 (N, head_size), integer-valued."""
+    """The model's stand-in activations of ``req``'s own tokens (id ``req * 256 +
+    pos``): float32 (N, head_size), integer-valued."""
+    return ids_payload(req * 256 + positions.astype(np.int64), head_size)
+
+
+def ids_payload(token_ids: np.ndarray, head_size: int) -> np.ndarray:
+    """The model's stand-in activations of token ids: float32 (N, head_size),
+    ``id * 4 + d + 1`` (a function of the input token, as a real model's KV is)."""
     d = np.arange(head_size, dtype=np.int64)
-    return (req * 1024 + positions.astype(np.int64)[:, None] * 4 + d + 1).astype(np.float32)
+    return (np.asarray(token_ids, np.int64)[:, None] * 4 + d + 1).astype(np.float32)
 
 
 def host(t: torch.Tensor) -> np.ndarray:
@@ -60,12 +67,24 @@ def host(t: torch.Tensor) -> np.ndarray:
 class CachedRequestState:
     """What the runner keeps for a live request, in the batch or not."""
 
-    def __init__(self, req: int, prompt_len: int, block_ids: list[list[int]]):
+    def __init__(self, req: int, prompt_len: int, block_ids: list[list[int]],
+                 num_computed_tokens: int = 0, prompt_token_ids=None):
         self.req = req
         self.prompt_len = prompt_len
         self.block_ids = [list(b) for b in block_ids]
-        self.num_computed_tokens = 0
+        self.num_computed_tokens = num_computed_tokens
         self.num_accepted = 1  # the sampler's last kept count (speculative decoding)
+        self.prompt_token_ids = (req * 256 + np.arange(prompt_len, dtype=np.int64)
+                                 if prompt_token_ids is None
+                                 else np.asarray(prompt_token_ids, np.int64))
+
+    def token_ids(self, positions: np.ndarray) -> np.ndarray:
+        """Token ids at ``positions``: the prompt's, then the request's own."""
+        pos = np.asarray(positions, np.int64)
+        out = self.req * 256 + pos
+        inside = pos < self.prompt_len
+        out[inside] = self.prompt_token_ids[pos[inside]]
+        return out
 
 
 class RunnerShell(abc.ABC):
@@ -341,10 +360,24 @@ class RunnerShell(abc.ABC):
             + virtual % interleave
 
     # -- scheduler-driven request ops ----------------------------------------
-    def add_request(self, req: int, block_ids: list[list[int]], prompt_len: int) -> None:
-        """A new request with allocation block ids per KV-cache group."""
-        self.requests[req] = state = CachedRequestState(req, prompt_len, block_ids)
+    def add_request(self, req: int, block_ids: list[list[int]], prompt_len: int,
+                    num_computed_tokens: int = 0, prompt_token_ids=None) -> None:
+        """A new request with allocation block ids per KV-cache group (vLLM's
+        ``NewRequestData``): ``num_computed_tokens`` its prefix-cache hit,
+        ``prompt_token_ids`` int64 (prompt_len,) (None: its own tokens)."""
+        self.requests[req] = state = CachedRequestState(req, prompt_len, block_ids,
+                                                        num_computed_tokens, prompt_token_ids)
         self._rows_add(req, state)
+
+    def poison_blocks(self, group: int, ids: list[int]) -> None:
+        """What the allocator does to a block it frees or hands out anew: every
+        layer viewing it (KV, Mamba state, the drafter's KV) holds ``SENTINEL``."""
+        if not ids:
+            return
+        index = torch.tensor(ids, dtype=torch.long, device=self.device)
+        self.kv_caches.get(group, self.mamba_states.get(group))[index] = SENTINEL
+        if group == self.draft_group:
+            self.draft_kv[index] = SENTINEL
 
     def append_blocks(self, req: int, block_ids: list[list[int]]) -> None:
         """More allocation blocks (per group) for a live request."""
@@ -353,21 +386,21 @@ class RunnerShell(abc.ABC):
             state.block_ids[g].extend(ids)
         self._rows_append(req, block_ids)
 
-    def finish_request(self, req: int) -> None:
-        """Remove the request; the allocator frees and poisons its blocks."""
+    def finish_request(self, req: int, freed: list[list[int]] | None = None) -> None:
+        """Remove the request; the allocator poisons the blocks it frees —
+        ``freed`` per group (a KV-cache manager keeps registered and shared
+        ones), None: all of the request's."""
         self._rows_remove(req)
         state = self.requests.pop(req)
-        for g, ids in enumerate(state.block_ids):
-            cache = self.kv_caches.get(g, self.mamba_states.get(g))
-            cache[torch.tensor(ids, dtype=torch.long, device=self.device)] = SENTINEL
-            if g == self.draft_group:
-                self.draft_kv[torch.tensor(ids, dtype=torch.long, device=self.device)] = SENTINEL
+        for g, ids in enumerate(state.block_ids if freed is None else freed):
+            self.poison_blocks(g, ids)
 
     def kv_load(self, req: int) -> None:
         """A P/D connector writes the prompt's KV and the final Mamba state."""
         state = self.requests[req]
         pos = np.arange(state.prompt_len)
-        values = torch.from_numpy(token_payload(req, pos, self.config.head_size)).to(self.device)
+        values = torch.from_numpy(ids_payload(state.token_ids(pos),
+                                              self.config.head_size)).to(self.device)
         for g in self.attn_groups:
             local, column, offset = self._local_positions(g, pos)  # DCP: this rank's share
             blocks = torch.tensor(np.asarray(state.block_ids[g])[column[local]],
@@ -515,7 +548,8 @@ class RunnerShell(abc.ABC):
             pos = np.arange(start, start + n)
             self.req_indices.np[t:t + n] = row
             self.positions.np[t:t + n] = pos
-            self.hidden.np[t:t + n] = token_payload(req, pos, self.config.head_size)
+            self.hidden.np[t:t + n] = ids_payload(self.requests[req].token_ids(pos),
+                                                  self.config.head_size)
             self.seq_lens.np[row] = start + n
             self.has_initial_state.np[row] = int(start > 0)
             t += n

@@ -135,7 +135,8 @@ class RunnerShellV1(RunnerShell):
 
     # -- hooks -------------------------------------------------------------------
     def _rows_add(self, req, state) -> None:
-        self.input_batch.add_request(req, state.block_ids, 0, state.prompt_len)
+        self.input_batch.add_request(req, state.block_ids, state.num_computed_tokens,
+                                     state.prompt_len)
 
     def _rows_append(self, req, block_ids) -> None:
         row = self.input_batch.row_of(req)

@@ -72,7 +72,7 @@ class RunnerShellV2(RunnerShell):
     def _rows_add(self, req, state) -> None:
         index = self._assign_index(req, state)
         self.block_tables.append_block_ids(index, state.block_ids, overwrite=True)
-        self.num_computed_tokens[index] = 0
+        self.num_computed_tokens[index] = state.num_computed_tokens
         self.num_prompt_tokens[index] = state.prompt_len
         self.accepted_by_index[index] = 1
 

@@ -29,6 +29,11 @@ CUDAGRAPH_MODES = (NONE, PIECEWISE, FULL)
 # batches only, or any batch (mixed prefill + decode; FlashAttention 3, Triton).
 UNIFORM_BATCH, ALWAYS = "UNIFORM_BATCH", "ALWAYS"
 CUDAGRAPH_SUPPORTS = (UNIFORM_BATCH, ALWAYS)
+# Who chooses block ids: the trace (``add`` / ``append`` name them), or the
+# target's own KV-cache manager (``admit`` / ``allocate`` ask it; the trace
+# records what it chose).
+TRACE, ENGINE = "trace", "engine"
+ALLOCATORS = (TRACE, ENGINE)
 
 # Bounds that keep a fuzz step affordable on a 2-core CPU under the Triton
 # interpreter, and keep payload sums exact in float32 (see payload.py).
@@ -115,6 +120,20 @@ class RunnerConfig:
       ``max_model_len``); each Mamba group keeps 1 + k state columns per
       request (vLLM's ``num_speculative_blocks``).
       Serialised only when non-zero.
+    allocator: ``trace`` — block ids are named by the trace (``add`` /
+      ``append``); ``engine`` — the target's KV-cache manager chooses them
+      (``admit`` / ``allocate``, modelled on vLLM's ``KVCacheManager`` with its
+      ``BlockPool``: reference-counted blocks, a free queue, the null block
+      never handed out) and the trace records its choices.  Serialised only
+      when ``engine``.
+    enable_prefix_caching: ``engine`` only: full blocks are registered under
+      the hash of every token up to their end once computed; freed
+      registered blocks keep their content until evicted, and a new request
+      shares the longest registered prefix of its prompt (at most
+      ``prompt_len - 1`` tokens, a multiple of every attention group's
+      block size).  Needs a config without Mamba groups (vLLM caches Mamba
+      prefixes only in ``mamba_cache_mode="align"``, not modelled yet) and
+      without DCP.  Serialised only when true.
     """
 
     runner: str = "v1"
@@ -136,6 +155,8 @@ class RunnerConfig:
     reorder_batch_threshold: int = 0
     cudagraph_support: str = UNIFORM_BATCH
     num_speculative_tokens: int = 0
+    allocator: str = TRACE
+    enable_prefix_caching: bool = False
 
     def __post_init__(self):
         self.validate()
@@ -173,6 +194,15 @@ class RunnerConfig:
         """The attention group whose block table the drafter shares (its draft
         layer's KV cache has that group's shape), or None without speculation."""
         return self.attention_groups[0] if self.num_speculative_tokens else None
+
+    @property
+    def prefix_unit(self) -> int:
+        """Prefix-cache hits are multiples of this many tokens: the least common
+        multiple of the attention groups' block sizes (vLLM's scheduler block
+        size for a hybrid model)."""
+        import math
+
+        return math.lcm(*(self.tokens_per_block(g) for g in self.attention_groups))
 
     def tokens_per_block(self, group: int) -> int:
         """Positions one allocation block covers on this rank's view (x dcp_world_size)."""
@@ -222,7 +252,9 @@ class RunnerConfig:
           | ({"cudagraph_support": self.cudagraph_support}
              if self.cudagraph_support != UNIFORM_BATCH else {}) \
           | ({"num_speculative_tokens": self.num_speculative_tokens}
-             if self.num_speculative_tokens else {})
+             if self.num_speculative_tokens else {}) \
+          | ({"allocator": self.allocator} if self.allocator != TRACE else {}) \
+          | ({"enable_prefix_caching": True} if self.enable_prefix_caching else {})
 
     @classmethod
     def from_json(cls, obj) -> "RunnerConfig":
@@ -233,18 +265,25 @@ class RunnerConfig:
                  "max_num_blocks_per_req", "max_num_batched_tokens",
                  "cudagraph_capture_sizes", "head_size", "dcp_world_size", "dcp_rank",
                  "cp_kv_cache_interleave_size", "reorder_batch_threshold",
-                 "cudagraph_support", "num_speculative_tokens"}
+                 "cudagraph_support", "num_speculative_tokens", "allocator",
+                 "enable_prefix_caching"}
         for key in sorted(obj):
             if key not in known:
                 raise ConfigError(key, "unknown field")
         kwargs = {}
         for key in sorted(known - {"runner", "groups", "cudagraph_capture_sizes",
-                                   "cudagraph_support"}):
+                                   "cudagraph_support", "allocator",
+                                   "enable_prefix_caching"}):
             if key in obj:
                 kwargs[key] = _int(obj[key], key)
-        for key in ("runner", "cudagraph_support"):
+        for key in ("runner", "cudagraph_support", "allocator"):
             if key in obj:
                 kwargs[key] = obj[key]
+        if "enable_prefix_caching" in obj:
+            if not isinstance(obj["enable_prefix_caching"], bool):
+                raise ConfigError("enable_prefix_caching", "must be true or false, got "
+                                  f"{obj['enable_prefix_caching']!r}")
+            kwargs["enable_prefix_caching"] = obj["enable_prefix_caching"]
         if "groups" in obj:
             groups = obj["groups"]
             if not isinstance(groups, list):
@@ -334,6 +373,19 @@ class RunnerConfig:
         if self.reorder_batch_threshold and self.runner != "v1":
             raise ConfigError("reorder_batch_threshold", "batch reordering is V1's (the "
                               "persistent batch); V2 batches are built per step: use 0")
+        if self.allocator not in ALLOCATORS:
+            raise ConfigError("allocator", f"{self.allocator!r} not one of {list(ALLOCATORS)}")
+        if self.enable_prefix_caching:
+            if self.allocator != ENGINE:
+                raise ConfigError("enable_prefix_caching", "needs allocator 'engine' (the "
+                                  "target's KV-cache manager keeps the prefix cache)")
+            if self.mamba_groups:
+                raise ConfigError("enable_prefix_caching", "needs a config without Mamba "
+                                  "groups (Mamba prefix caching is vLLM's align mode, not "
+                                  "modelled yet)")
+            if self.dcp_world_size != 1:
+                raise ConfigError("enable_prefix_caching", "needs dcp_world_size 1 (prefix "
+                                  "caching under DCP is not modelled)")
         for g in self.attention_groups:
             if self.groups[g].block_size * self.max_num_blocks_per_req > 256:
                 raise ConfigError(f"groups[{g}].block_size",

@@ -4,8 +4,16 @@ Models the scheduler side of vLLM (``vllm/v1/core/kv_cache_manager.py`` /
 ``block_pool.py``): block 0 of every KV-cache group is the null block, reserved
 and never allocated; a request owns an ordered list of blocks per group until it
 is removed, then they are free again and may be handed to another request.
-Block ids are explicit in traces, so the ledger checks them rather than
-choosing them.
+With ``config.allocator == "trace"`` block ids are explicit in traces, so the
+ledger checks them rather than choosing them.  With ``"engine"`` the target's
+KV-cache manager chooses them (``admit`` / ``allocate``) and the ledger
+*mirrors* the choice — reference counts, prefix-cache registrations, what a
+choice took that was not free — for the scheduler invariants to judge
+(:mod:`harness.core.invariants.scheduler`); it does not refuse a bad choice.
+
+Every request has token ids (:func:`reference.payload.default_token_ids`
+unless its prompt shares an earlier request's prefix); the prefix cache keys
+a full block by every token id up to its end (vLLM's chained block hash).
 
 The ledger is also where an op's legality is decided: every check raises
 :class:`OpError` naming the field, before anything changes.
@@ -17,8 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .config import MAMBA, RunnerConfig
-from .payload import NULL_BLOCK_ID, POSITION_MAX, REQ_ID_MAX
+from .config import ENGINE, MAMBA, TRACE, RunnerConfig
+from .payload import NULL_BLOCK_ID, POSITION_MAX, REQ_ID_MAX, default_token_ids
 
 FREE = -1
 RESERVED = -2
@@ -47,6 +55,7 @@ class RequestLedger:
     stepped: bool = False  # has had its first real step
     last_step_tokens: int = 0  # tokens its latest step ran, until rolled back (speculation)
     last_seq_len: int = 0  # context its latest step's attention read (rejected tokens included)
+    num_cached_tokens: int = 0  # prefix-cache hit when admitted (allocator "engine")
 
     def is_decode(self) -> bool:
         """Its prompt is done (stepped or loaded): a step of it decodes."""
@@ -69,6 +78,8 @@ class Ledger:
     owner: list[np.ndarray] = field(init=False)
     requests: dict[int, RequestLedger] = field(default_factory=dict)
     used_req_ids: set[int] = field(default_factory=set)
+    # Token ids of every prompt ever admitted (prefix sources outlive their requests).
+    prompts: dict[int, np.ndarray] = field(default_factory=dict)
 
     def __post_init__(self):
         self.owner = []
@@ -76,6 +87,111 @@ class Ledger:
             o = np.full(self.config.num_blocks, FREE, dtype=np.int64)
             o[NULL_BLOCK_ID] = RESERVED
             self.owner.append(o)
+        # allocator "engine": holders per block, prefix-cache registrations
+        # (block -> hash key, the token ids up to its end), and what the latest
+        # admit / allocate took that was not free ((group, block, holders)).
+        n = self.config.num_blocks
+        self.ref_count = [np.zeros(n, np.int64) for _ in self.config.groups]
+        self.registered: list[dict[int, tuple]] = [{} for _ in self.config.groups]
+        self.last_taken_busy: list[tuple[int, int, tuple]] = []
+        self.last_refusal: dict | None = None
+
+    # -- tokens ------------------------------------------------------------
+    def token_ids(self, req: int, positions) -> np.ndarray:
+        """Token ids of ``req`` at ``positions`` (int64): its prompt's where it has
+        one, else its own (``req * 256 + pos``)."""
+        pos = np.asarray(positions, dtype=np.int64)
+        out = default_token_ids(req, pos)
+        prompt = self.prompts.get(req)
+        if prompt is not None:
+            inside = pos < len(prompt)
+            out[inside] = prompt[pos[inside]]
+        return out
+
+    def prompt_tokens(self, req: int, prompt_len: int, prefix) -> np.ndarray:
+        """Token ids of a new prompt: its own, with ``prefix`` = [src, n] taking
+        src's first n token ids (src: any request admitted earlier)."""
+        tokens = default_token_ids(req, np.arange(prompt_len))
+        if prefix:
+            src, n = prefix
+            tokens[:n] = self.token_ids(src, np.arange(n))
+        return tokens
+
+    def check_prefix(self, prefix, prompt_len: int) -> None:
+        if not isinstance(prefix, list) or len(prefix) not in (0, 2):
+            raise OpError("prefix", "must be [] or [src_req, num_tokens]")
+        if not prefix:
+            return
+        src, n = prefix
+        if isinstance(src, bool) or not isinstance(src, int) or src not in self.prompts:
+            raise OpError("prefix[0]", f"request {src!r} was never admitted (a prefix "
+                          "comes from an earlier request's prompt)")
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= min(
+                prompt_len, len(self.prompts[src])):
+            raise OpError("prefix[1]", f"{n!r} not in [1, {min(prompt_len, len(self.prompts[src]))}]"
+                          f" (the prompt's and request {src}'s prompt length)")
+
+    # -- prefix cache (allocator "engine" with enable_prefix_caching) -------
+    def block_key(self, group: int, tokens: np.ndarray, index: int) -> tuple:
+        """Hash key of block ``index`` of ``group`` for a request with ``tokens``."""
+        return tuple(int(t) for t in tokens[:(index + 1) * self.config.tokens_per_block(group)])
+
+    def cached_block(self, group: int, key: tuple) -> int | None:
+        """A block registered under ``key`` (the lowest id), or None."""
+        hits = [b for b, k in self.registered[group].items() if k == key]
+        return min(hits) if hits else None
+
+    def expected_hit(self, tokens: np.ndarray) -> tuple[int, list[list[int]]]:
+        """The prefix-cache hit for a prompt of ``tokens``: (tokens, blocks per
+        group) — the longest prefix, at most ``len(tokens) - 1`` tokens and a
+        multiple of :attr:`RunnerConfig.prefix_unit`, whose every full block is
+        registered in every attention group (vLLM's ``get_computed_blocks``)."""
+        cfg = self.config
+        if not cfg.enable_prefix_caching:
+            return 0, [[] for _ in cfg.groups]
+        unit = cfg.prefix_unit
+        best = (len(tokens) - 1) // unit * unit
+        for g in cfg.attention_groups:
+            bs = cfg.tokens_per_block(g)
+            i = 0
+            while (i + 1) * bs <= best and self.cached_block(g, self.block_key(g, tokens, i)) is not None:
+                i += 1
+            best = min(best, i * bs // unit * unit)
+        blocks = [[] for _ in cfg.groups]
+        for g in cfg.attention_groups:
+            bs = cfg.tokens_per_block(g)
+            blocks[g] = [self.cached_block(g, self.block_key(g, tokens, i))
+                         for i in range(best // bs)]
+        return best, blocks
+
+    def blocks_needed(self, group: int, have: int, num_tokens: int) -> int:
+        """New blocks ``group`` needs for a request holding ``have`` blocks to
+        cover ``num_tokens`` tokens plus the drafter's lookahead (at most
+        ``max_model_len``); a Mamba group: its columns at admission, then none."""
+        cfg = self.config
+        if cfg.groups[group].kind == MAMBA:
+            return cfg.mamba_columns if have == 0 else 0
+        want = min(num_tokens + cfg.num_speculative_tokens, cfg.max_model_len)
+        return max(-(-want // cfg.tokens_per_block(group)) - have, 0)
+
+    def num_free(self, group: int) -> int:
+        """Blocks of ``group`` no request holds (registered ones included: evictable)."""
+        free = self.ref_count[group] == 0
+        free[NULL_BLOCK_ID] = False
+        return int(free.sum())
+
+    def fits(self, needed: list[int], hit_blocks: list[list[int]]) -> bool:
+        """Can every group hand out ``needed`` new blocks, after the hit's
+        evictable blocks leave the free pool (vLLM's ``get_num_blocks_to_allocate``)?"""
+        for g in range(len(self.config.groups)):
+            evictable = sum(1 for b in hit_blocks[g] if self.ref_count[g][b] == 0)
+            if needed[g] + evictable > self.num_free(g):
+                return False
+        return True
+
+    def holders(self, group: int, block: int) -> list[int]:
+        """Live requests holding ``block`` of ``group``."""
+        return sorted(r for r, s in self.requests.items() if block in s.blocks[group])
 
     # -- queries -----------------------------------------------------------
     def free_blocks(self, group: int) -> list[int]:
@@ -92,8 +208,23 @@ class Ledger:
         return self.requests[req]
 
     # -- checks (raise OpError, change nothing) ----------------------------
+    def _check_allocator(self, allocator: str, op: str) -> None:
+        if self.config.allocator != allocator:
+            other = "admit / allocate" if allocator == TRACE else "add / append"
+            raise OpError("op", f"{op} needs config.allocator {allocator!r} (this config's "
+                          f"is {self.config.allocator!r}: use {other})")
+
+    def _check_new_req(self, req) -> None:
+        if isinstance(req, bool) or not isinstance(req, int) or not 0 <= req <= REQ_ID_MAX:
+            raise OpError("req", f"must be an integer in [0, {REQ_ID_MAX}], got {req!r}")
+        if req in self.used_req_ids:
+            raise OpError("req", f"request id {req} was already used")
+        if len(self.requests) >= self.config.max_num_reqs:
+            raise OpError("req", f"already {self.config.max_num_reqs} live requests (max_num_reqs)")
+
     def check_add(self, req, blocks, prompt_len) -> None:
         cfg = self.config
+        self._check_allocator(TRACE, "add")
         if isinstance(req, bool) or not isinstance(req, int) or not 0 <= req <= REQ_ID_MAX:
             raise OpError("req", f"must be an integer in [0, {REQ_ID_MAX}], got {req!r}")
         if req in self.used_req_ids:
@@ -116,6 +247,7 @@ class Ledger:
             raise OpError("prompt_len", f"{prompt_len} not in [1, {capacity}] (blocks given)")
 
     def check_append(self, req, blocks) -> None:
+        self._check_allocator(TRACE, "append")
         r = self.get(req)
         self._check_blocks(blocks, new=False)
         for g in self.config.mamba_groups:
@@ -132,6 +264,10 @@ class Ledger:
         r = self.get(req)
         if r.stepped or r.loaded or r.num_computed_tokens:
             raise OpError("req", f"request {req} already has KV (stepped or loaded)")
+        if r.capacity_tokens(self.config) < r.prompt_len:
+            raise OpError("req", f"request {req}'s blocks hold {r.capacity_tokens(self.config)} "
+                          f"tokens, not its {r.prompt_len}-token prompt (a KV load fills the "
+                          "whole prompt)")
 
     def check_step(self, scheduled) -> None:
         cfg = self.config
@@ -205,8 +341,118 @@ class Ledger:
         self.check_add(req, blocks, prompt_len)
         self.requests[req] = RequestLedger(req, prompt_len, [list(b) for b in blocks])
         self.used_req_ids.add(req)
+        self.prompts[req] = default_token_ids(req, np.arange(prompt_len))
         for g, ids in enumerate(blocks):
             self.owner[g][ids] = req
+            self.ref_count[g][ids] = 1
+
+    # -- allocator "engine": checks of the op's own fields, then the mirror ----
+    def check_admit(self, req, prompt_len, prefix, num_new_tokens) -> tuple[np.ndarray, int]:
+        """Legality of an ``admit`` before the target chooses; returns the prompt's
+        token ids and the expected prefix hit (tokens)."""
+        self._check_allocator(ENGINE, "admit")
+        self._check_new_req(req)
+        cfg = self.config
+        if isinstance(prompt_len, bool) or not isinstance(prompt_len, int) \
+                or not 1 <= prompt_len <= cfg.max_model_len:
+            raise OpError("prompt_len", f"{prompt_len!r} not in [1, {cfg.max_model_len}] "
+                          "(max_model_len)")
+        self.check_prefix(prefix, prompt_len)
+        if prefix and not cfg.enable_prefix_caching:
+            raise OpError("prefix", "a shared prefix needs enable_prefix_caching")
+        tokens = self.prompt_tokens(req, prompt_len, prefix)
+        hit, _ = self.expected_hit(tokens)
+        if isinstance(num_new_tokens, bool) or not isinstance(num_new_tokens, int) \
+                or not 1 <= num_new_tokens <= prompt_len - hit:
+            raise OpError("num_new_tokens", f"{num_new_tokens!r} not in [1, {prompt_len - hit}]"
+                          f" (the prompt's {prompt_len} tokens less its {hit}-token prefix hit)")
+        return tokens, hit
+
+    def check_allocate(self, req, num_new_tokens) -> None:
+        self._check_allocator(ENGINE, "allocate")
+        r = self.get(req)
+        left = self.config.max_model_len - r.num_computed_tokens
+        if isinstance(num_new_tokens, bool) or not isinstance(num_new_tokens, int) \
+                or not 1 <= num_new_tokens <= left:
+            raise OpError("num_new_tokens", f"{num_new_tokens!r} not in [1, {left}] (request "
+                          f"{req} has {r.num_computed_tokens} computed tokens, max_model_len "
+                          f"{self.config.max_model_len})")
+
+    def _take(self, req: int, group: int, ids: list[int]) -> None:
+        """``req`` takes new blocks (not a hit): a registered one is evicted; one
+        somebody holds is noted for ONE_OWNER_PER_BLOCK."""
+        for b in ids:
+            if not 0 < b < self.config.num_blocks:
+                self.last_taken_busy.append((group, b, ()))
+                continue
+            if self.ref_count[group][b]:
+                self.last_taken_busy.append((group, b, tuple(self.holders(group, b))))
+            self.registered[group].pop(b, None)
+            self.ref_count[group][b] += 1
+            if self.owner[group][b] == FREE:
+                self.owner[group][b] = req
+
+    def admit(self, req: int, prompt_len: int, tokens: np.ndarray, blocks, num_cached: int):
+        """Mirror an ``admit`` the target decided: ``blocks`` per group (hit blocks
+        first; None: refused), ``num_cached`` its prefix hit.  Returns the new
+        (non-hit) blocks per group, which the runner poisons."""
+        self.last_taken_busy = []
+        self.prompts[req] = tokens
+        self.used_req_ids.add(req)
+        if blocks is None:
+            return None
+        r = RequestLedger(req, prompt_len, [list(b) for b in blocks],
+                          num_computed_tokens=num_cached, num_cached_tokens=num_cached)
+        self.requests[req] = r
+        new = []
+        for g, ids in enumerate(blocks):
+            n_hit = (num_cached // self.config.tokens_per_block(g)
+                     if self.config.groups[g].kind != MAMBA else 0)
+            for b in ids[:n_hit]:
+                if 0 < b < self.config.num_blocks:
+                    self.ref_count[g][b] += 1
+                    if self.owner[g][b] == FREE:
+                        self.owner[g][b] = req
+            self._take(req, g, ids[n_hit:])
+            new.append([b for b in ids[n_hit:] if 0 < b < self.config.num_blocks])
+        return new
+
+    def allocate(self, req: int, blocks) -> list[list[int]] | None:
+        """Mirror an ``allocate``: the new blocks per group (None: refused)."""
+        self.last_taken_busy = []
+        if blocks is None:
+            return None
+        r = self.requests[req]
+        for g, ids in enumerate(blocks):
+            r.blocks[g].extend(ids)
+            self._take(req, g, ids)
+        return [[b for b in ids if 0 < b < self.config.num_blocks] for ids in blocks]
+
+    def register_computed(self, req: int) -> None:
+        """Prefix caching: register ``req``'s full attention blocks whose every
+        token is computed (once content is written; vLLM registers at
+        allocation, which lets a same-step hit read unwritten blocks — #37152)."""
+        cfg = self.config
+        if not cfg.enable_prefix_caching:
+            return
+        r = self.requests[req]
+        tokens = self.token_ids(req, np.arange(r.num_computed_tokens))
+        for g in cfg.attention_groups:
+            for i in range(r.num_computed_tokens // cfg.tokens_per_block(g)):
+                b = r.blocks[g][i]
+                if 0 < b < cfg.num_blocks and b not in self.registered[g]:
+                    self.registered[g][b] = self.block_key(g, tokens, i)
+
+    def _unregister_past(self, req: int) -> None:
+        """Rejected tokens: a block of ``req`` reaching past its computed tokens is
+        not a cached prefix any more."""
+        cfg = self.config
+        r = self.requests[req]
+        for g in cfg.attention_groups:
+            bs = cfg.tokens_per_block(g)
+            for i, b in enumerate(r.blocks[g]):
+                if (i + 1) * bs > r.num_computed_tokens:
+                    self.registered[g].pop(b, None)
 
     def append(self, req: int, blocks: list[list[int]]) -> None:
         self.check_append(req, blocks)
@@ -214,20 +460,37 @@ class Ledger:
         for g, ids in enumerate(blocks):
             r.blocks[g].extend(ids)
             self.owner[g][ids] = req
+            self.ref_count[g][ids] = 1
 
     def remove(self, req: int) -> list[list[int]]:
-        """Free ``req``'s blocks; returns them per group."""
+        """Free ``req``'s blocks; returns, per group, those that are now free and
+        not registered in the prefix cache (the allocator poisons them; a
+        registered block keeps its content until evicted, a shared one stays
+        with its other holders)."""
         r = self.get(req)
-        for g, ids in enumerate(r.blocks):
-            self.owner[g][ids] = FREE
         del self.requests[req]
-        return r.blocks
+        freed = []
+        for g, ids in enumerate(r.blocks):
+            out = []
+            for b in ids:
+                if not 0 < b < self.config.num_blocks:
+                    continue
+                self.ref_count[g][b] = max(self.ref_count[g][b] - 1, 0)
+                if self.ref_count[g][b] == 0:
+                    self.owner[g][b] = FREE
+                    if b not in self.registered[g]:
+                        out.append(b)
+                elif self.owner[g][b] == req:
+                    self.owner[g][b] = self.holders(g, b)[0]
+            freed.append(out)
+        return freed
 
     def kv_load(self, req: int) -> None:
         self.check_kv_load(req)
         r = self.requests[req]
         r.loaded = True
         r.num_computed_tokens = r.prompt_len
+        self.register_computed(req)
 
     def check_rollback(self, req, num_tokens) -> None:
         """Rejected speculative tokens of ``req``'s latest step: at least one of that
@@ -271,6 +534,7 @@ class Ledger:
         r = self.requests[req]
         r.num_computed_tokens -= num_tokens
         r.last_step_tokens = 0
+        self._unregister_past(req)
 
     def step(self, scheduled: list, accepted=None) -> None:
         """A step of ``scheduled`` [[req, num_tokens]]; with speculative decoding a
@@ -285,3 +549,4 @@ class Ledger:
             r.last_step_tokens = n
             r.stepped = True
             r.loaded = False
+            self.register_computed(req)

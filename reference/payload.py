@@ -4,8 +4,13 @@ Payloads are small integer-valued float32 numbers, so sums over a request's
 tokens are exact whatever the summation order (kernel tree reduction or NumPy
 pairwise): every value and every partial sum stays below 2**24.
 
-- ``payload(req, pos)[d] = req * 1024 + pos * 4 + d + 1`` (req < 64, pos < 256,
-  d < 8): positive, distinct per (req, pos, d).
+- Every token has an id: ``token_id(req, pos) = req * 256 + pos`` unless the
+  request's prompt shares a prefix with an earlier request's (prefix caching:
+  then those positions carry the earlier request's token ids).  The model's
+  activations / KV are a function of the token id, as a real model's are of
+  its input: ``token_payload(t)[d] = t * 4 + d + 1`` — so ``payload(req,
+  pos)[d] = req * 1024 + pos * 4 + d + 1`` (req < 64, pos < 256, d < 8):
+  positive, distinct per (token, d).
 - ``SENTINEL = -7.0``: what a free block holds (the allocator "poisons" a block
   when it is freed).  Finite, so a masked read multiplies it by 0 to 0, and
   negative, so no payload equals it.
@@ -23,6 +28,21 @@ PAD_SLOT_ID = -1
 SENTINEL = -7.0
 REQ_ID_MAX = 63
 POSITION_MAX = 255
+
+
+TOKENS_PER_REQ = POSITION_MAX + 1
+
+
+def default_token_ids(req: int, positions) -> np.ndarray:
+    """Token ids of ``req``'s own tokens at ``positions``: int64 (N,), ``req * 256 + pos``."""
+    return req * TOKENS_PER_REQ + np.asarray(positions, dtype=np.int64)
+
+
+def token_payload(token_ids, head_size: int) -> np.ndarray:
+    """KV / activation payload of tokens: float32 (N, head_size), ``t * 4 + d + 1``."""
+    t = np.asarray(token_ids, dtype=np.int64)
+    d = np.arange(head_size, dtype=np.int64)
+    return (t[:, None] * 4 + d[None, :] + 1).astype(np.float32)
 
 
 def payload(req: int, positions: np.ndarray, head_size: int) -> np.ndarray:

@@ -26,8 +26,9 @@ from .block_table import EMPTY_ROW, PersistentBatchRows
 from .config import ALWAYS, CUDAGRAPH_MODES, FULL, NONE, PIECEWISE, RunnerConfig
 from .dcp import global_position, local_slots
 from .ledger import Ledger, OpError
-from .payload import (NULL_BLOCK_ID, PAD_SLOT_ID, SENTINEL, draft_payload,
-                      payload, payload_sum)
+from .kv_cache_manager import choose_admit, choose_allocate
+from .payload import (NULL_BLOCK_ID, PAD_SLOT_ID, SENTINEL, draft_payload, token_payload,
+                      payload)
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,49 @@ class ReferenceRunnerBase(abc.ABC):
             for g, ids in enumerate(blocks):
                 self.rows.append_row(row, g, ids)
 
+    def admit(self, req: int, prompt_len: int, prefix: list, num_new_tokens: int,
+              choice: dict | None = None) -> dict:
+        """allocator ``engine``: a new request asks the KV-cache manager for its
+        prefix hit and blocks for ``num_new_tokens`` more tokens (plus the
+        drafter's lookahead), then enters the batch with the hit as computed
+        tokens (vLLM's ``get_computed_blocks`` + ``allocate_slots``, then
+        ``NewRequestData``).  ``choice``: what the target chose —
+        ``{"blocks": per group, hit blocks first, or None when refused,
+        "num_cached_tokens": hit}``; None: choose (:mod:`reference.kv_cache_manager`).
+        New (non-hit) blocks are poisoned: an evicted block's old content is gone.
+        Returns the choice.  Raises :class:`OpError` for an illegal op."""
+        tokens, _ = self.ledger.check_admit(req, prompt_len, prefix, num_new_tokens)
+        if choice is None:
+            blocks, hit = choose_admit(self.ledger, tokens, num_new_tokens)
+            choice = {"blocks": blocks, "num_cached_tokens": hit}
+        new = self.ledger.admit(req, prompt_len, tokens, choice["blocks"],
+                                choice["num_cached_tokens"])
+        if new is not None:
+            for g, ids in enumerate(new):
+                self._poison(g, ids)
+            self.num_accepted_of[req] = 1
+            self._enter_batch(req)
+        return choice
+
+    def allocate(self, req: int, num_new_tokens: int, choice: dict | None = None) -> dict:
+        """allocator ``engine``: a running request asks for blocks covering
+        ``num_new_tokens`` more tokens (vLLM's ``allocate_slots`` for a running
+        request, then ``CachedRequestData.new_block_ids``).  ``choice``:
+        ``{"blocks": new ids per group, or None when refused}``; None: choose.
+        Returns the choice.  Raises :class:`OpError` for an illegal op."""
+        self.ledger.check_allocate(req, num_new_tokens)
+        if choice is None:
+            choice = {"blocks": choose_allocate(self.ledger, req, num_new_tokens)}
+        new = self.ledger.allocate(req, choice["blocks"])
+        if new is not None:
+            for g, ids in enumerate(new):
+                self._poison(g, ids)
+            row = self.rows.row_of(req)
+            if row is not None:
+                for g, ids in enumerate(choice["blocks"]):
+                    self.rows.append_row(row, g, ids)
+        return choice
+
     def remove(self, req: int) -> None:
         """Request finished: leave the batch, free (and poison) its blocks."""
         self.ledger.get(req)
@@ -183,10 +227,11 @@ class ReferenceRunnerBase(abc.ABC):
             is_local, col, off = local_slots(pos, cfg.groups[g].block_size, cfg.dcp_world_size,
                                              cfg.dcp_rank, cfg.cp_kv_cache_interleave_size)
             blocks = np.asarray(r.blocks[g])[col[is_local]]
-            self.kv_cache[g][blocks, off[is_local]] = payload(req, pos[is_local], cfg.head_size)
+            self.kv_cache[g][blocks, off[is_local]] = token_payload(
+                self.ledger.token_ids(req, pos[is_local]), cfg.head_size)
         for g in self.config.mamba_groups:
-            self.mamba_state[g][r.blocks[g][0]] = payload_sum(req, 0, r.prompt_len,
-                                                              self.config.head_size)
+            self.mamba_state[g][r.blocks[g][0]] = token_payload(
+                self.ledger.token_ids(req, pos), cfg.head_size).sum(axis=0, dtype=np.float32)
         self._row_progress(req, r.prompt_len)
 
     def rollback(self, req: int, num_tokens: int) -> None:
@@ -232,7 +277,8 @@ class ReferenceRunnerBase(abc.ABC):
         for b, (req, n, row) in enumerate(batch):
             start = int(self.rows.num_computed_tokens[row])
             pos = np.arange(start, start + n)
-            self.hidden[t:t + n] = payload(req, pos, self.config.head_size)
+            self.hidden[t:t + n] = token_payload(self.ledger.token_ids(req, pos),
+                                                 self.config.head_size)
             for g in self.config.attention_groups:
                 self.slot_mapping[g][t:t + n] = self._slots(g, b, pos)
             self.seq_lens[b] = start + n

@@ -39,7 +39,8 @@ def cmd_shrink(args) -> int:
         return EXIT_OK
     invariant = verdict.violation.invariant
     small, replays = shrink(trace, invariant, faults, args.target, device)
-    final = replay(small, faults, args.target, device)
+    final = replay(small, faults, args.target, device, record=True)
+    small.ops = final.ops
     small.expect = {"verdict": "fail", "invariant": invariant,
                     "op_index": final.violation.op_index}
     small.meta = dict(trace.meta, faults=faults, shrunk_from=str(args.trace))

@@ -64,6 +64,9 @@ class Observation:
       (real rows, rows run): the drafter's single-token slot buffer and the rows
       its last pass in the last forward ran over (padded for its FULL graph);
       None when the last forward ran no such pass;
+    - ``pool``: allocator ``engine`` only — the target's KV-cache manager's own
+      view of each group's pool, ``{g: {"ref_count": int64 (num_blocks,),
+      "num_free": int}}``; None otherwise;
     - ``device_row_counts[g]`` (reference V2 only): entries of each input-table
       row the last gather defined; past them a row holds whatever the engine
       left, and is compared up to there only.
@@ -90,6 +93,7 @@ class Observation:
     draft_kv_cache: dict | None = None
     draft_slot_mapping: np.ndarray | None = None
     draft_rows: tuple | None = None
+    pool: dict | None = None
 
     def caches(self) -> list[tuple[str, int, np.ndarray, bool]]:
         """Every cache a kernel writes, as (name, group, array, is_mamba): the

@@ -8,13 +8,16 @@ changes nothing anywhere), so the target only ever sees legal ops.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import copy
+from dataclasses import dataclass, field
 
 from reference import OpError, RunnerConfig
 
 from harness.core import interrupt
 from harness.core import invariants as inv
-from harness.core.ops import apply_op
+from harness.core.invariants import scheduler as sched_inv
+from harness.core.ops import apply_op, spec_of
+from harness.core.ops.scheduler import recorded, without_recorded
 from harness.core.trace import Trace
 from harness.targets import ReferenceTarget, make_target
 
@@ -25,6 +28,7 @@ class Verdict:
 
     violation: inv.Violation | None
     ops_run: int
+    ops: list = field(default_factory=list)  # the ops as replayed (choices recorded)
 
     @property
     def verdict(self) -> str:
@@ -51,11 +55,16 @@ class Session:
     ``startup_violations``: what graph capture broke (op_index -1).
     ``last``: (before, after, permit) of the last op, None after a crash (the
     implementation's state was not observed) — ``explain`` reads it.
+    record: for ops whose target chooses (``OpSpec.records``: the KV-cache
+    manager's blocks), write the target's choice into the op dict; False
+    (replaying a saved trace) compares it with what the op recorded
+    (``ALLOCATION_REPLAYED``) and then records it.
     """
 
     def __init__(self, config: RunnerConfig, faults=(), target: str = "gpu_impl",
-                 device: str | None = None, skip=()):
+                 device: str | None = None, skip=(), record: bool = False):
         self.config = config
+        self.record = record
         self.skip = frozenset(skip)
         self.reference = ReferenceTarget(config)
         self.target = make_target(target, config, tuple(faults), device)
@@ -77,6 +86,8 @@ class Session:
         Raises ``OpError`` (nothing applied) when the op is illegal.
         """
         interrupt.check()  # a Ctrl-C swallowed by a GC callback stops here
+        if spec_of(op).records:
+            return self._apply_chosen(op)
         i, kind = self.op_index, op["op"]
         try:
             permit = inv.permit_for(self.config, self.ledger, op)
@@ -99,22 +110,65 @@ class Session:
         return inv.check(ctx, self.skip)
 
 
+    def _apply_chosen(self, op: dict) -> list[inv.Violation]:
+        """An op whose target chooses (``admit`` / ``allocate``): the reference
+        checks the op's own fields, the target chooses, the choice is recorded
+        (or compared with the recorded one), checked for shape, mirrored by the
+        reference, then every invariant runs — the scheduler ones judge it."""
+        interrupt.check()
+        i, kind, spec = self.op_index, op["op"], spec_of(op)
+        spec.check(self.reference, op)  # OpError: nothing applied anywhere
+        was = recorded(op, spec)
+        self.op_index += 1
+        self.steps += 1
+        try:
+            chosen = apply_op(self.target, without_recorded(op))
+        except Exception as e:  # a legal op must not crash the implementation
+            self.last = None
+            return [inv.Violation(inv.IMPL_CRASH, i, kind, f"{type(e).__name__}: {e}")]
+        chosen = {f: chosen.get(f) for f in spec.records}
+        op.update(copy.deepcopy(chosen))
+        facts = sched_inv.facts_before(self.config, self.ledger, op, was,
+                                       None if self.record else was)
+        problem = sched_inv.malformed(self.config, self.ledger, op)
+        if problem:
+            self.last = None
+            return [inv.Violation(problem[0], i, kind, problem[1])]
+        permit = inv.permit_for(self.config, self.ledger, op)
+        apply_op(self.reference, op)
+        after = self.target.observe()
+        before, self._before = self._before, after
+        self.last = (before, after, permit)
+        ctx = inv.CheckContext(self.config, self.ledger, after, self.reference.observe(),
+                               i, op, before, permit, facts)
+        return inv.check(ctx, self.skip)
+
+
+class IllegalOp(ValueError):
+    """A replayed trace holds an op the reference refuses (``ops[i] (op): why``)."""
+
+
 def replay(trace: Trace, faults=None, target: str = "gpu_impl",
-           device: str | None = None, skip=()) -> Verdict:
+           device: str | None = None, skip=(), record: bool = False) -> Verdict:
     """Replay ``trace`` (faults default to none) and stop at the first violation.
 
     skip: invariant ids to ignore (start-up included), e.g. to show which
     invariant would catch a bug's consequence if its structural invariant were
     not checked.  A start-up violation is reported with op_index -1, 0 ops run.
+    record: the target's KV-cache manager choices are recorded into a copy of
+    the ops (``Verdict.ops``) instead of compared with the trace's (a search or
+    a shrink, whose candidates' recorded choices are stale).  Raises
+    :class:`IllegalOp` for an op the reference refuses.
     """
-    session = Session(trace.config, faults or (), target, device, skip)
+    session = Session(trace.config, faults or (), target, device, skip, record)
+    ops = copy.deepcopy(trace.ops)
     if session.startup_violations:
-        return Verdict(session.startup_violations[0], 0)
-    for op in trace.ops:
+        return Verdict(session.startup_violations[0], 0, ops)
+    for op in ops:
         try:
             found = session.apply(op)
         except OpError as e:  # parse() dry-runs traces, so only hand-built ones get here
-            raise ValueError(f"ops[{session.op_index}] ({op['op']}): {e}") from None
+            raise IllegalOp(f"ops[{session.op_index}] ({op['op']}): {e}") from None
         if found:
-            return Verdict(found[0], session.op_index)
-    return Verdict(None, session.op_index)
+            return Verdict(found[0], session.op_index, ops)
+    return Verdict(None, session.op_index, ops)

@@ -233,11 +233,15 @@ def _check_expect_by_release(trace: Trace, source: str, known: tuple) -> None:
 
 
 def dry_run(trace: Trace, source: str = "<trace>") -> None:
-    """Run the ops through the reference to prove each one legal."""
+    """Run the ops through the reference to prove each one legal (an op whose
+    target chooses is run without its recorded choice: the reference chooses,
+    and a replay judges the target's)."""
+    from harness.core.ops.scheduler import without_recorded
+
     runner = reference_runner(trace.config)
     for i, op in enumerate(trace.ops):
         try:
-            apply_op(runner, op)
+            apply_op(runner, without_recorded(op))
         except OpError as e:
             where = f"ops[{i}] ({op['op']})" + (f".{e.field}" if e.field else "")
             raise TraceError(source, where, str(e).split(": ", 1)[-1]) from None

@@ -66,6 +66,15 @@ FEATURES: dict[str, str] = {
     "draft-full-padded": "the drafter's single-token pass replayed FULL over padded rows",
     "spec-row-moved": "a spec-decode request that runs in another batch row than in its "
                       "previous step (condense, reorder or re-entry moved its accepted count)",
+    "prefix-hit": "a request admitted with a prefix-cache hit (allocator engine)",
+    "hit-on-freed-cached-block": "a prefix hit on a registered block no live request held "
+                                 "(its owner finished; it sat in the free queue, evictable)",
+    "cached-block-evicted": "a block registered in the prefix cache handed out as a new "
+                            "block (evicted)",
+    "prefix-of-uncomputed-blocks": "a request admitted whose prompt shares a full block with "
+                                   "a live request that holds that block but has not "
+                                   "computed it yet",
+    "allocation-refused": "an admit or allocate the KV-cache manager refused (pool short)",
     **{f"forward:{m}:{r}:{k}": f"a forward dispatched {m} on runner {r}, config with {k} group(s)"
        for m in MODES for r in RUNNERS for k in GROUP_KINDS},
 }
@@ -96,6 +105,7 @@ class Tracker:
     _rows_before: object = None
 
     def before(self, op: dict, ledger, reference) -> None:
+        self._sched_before = self._scheduler_state(op, ledger)
         self._pending_free = []
         if op["op"] == "remove" and op["req"] in ledger.requests:
             r = ledger.requests[op["req"]]
@@ -134,8 +144,10 @@ class Tracker:
                     self.left_prefilling.discard(row)
         if kind == "kv_load":
             self.loaded.add(op["req"])
-        if kind in ("add", "kv_load", "append"):
-            for g, ids in enumerate(op.get("blocks", [])):
+        if kind in ("admit", "allocate"):
+            hit += self._scheduler_hits(op)
+        if kind in ("add", "kv_load", "append", "admit", "allocate"):
+            for g, ids in enumerate(op.get("blocks") or []):
                 if any(self.op_index - self.freed.get((g, b), -10**9) <= REUSE_WINDOW
                        for b in ids):
                     hit.append("freed-block-reused")
@@ -154,6 +166,39 @@ class Tracker:
             self.prev_real_forward = None if fwd.dummy else fwd
         # dedupe, keep order
         return list(dict.fromkeys(hit))
+
+    def _scheduler_state(self, op: dict, ledger):
+        """What the scheduler features need from the ledger before an admit /
+        allocate: (ref counts, registrations, prefix-of-uncomputed)."""
+        if op["op"] not in ("admit", "allocate"):
+            return None
+        uncomputed = False
+        if op["op"] == "admit" and op["prefix"] and self.config.enable_prefix_caching:
+            src, n = op["prefix"]
+            r = ledger.requests.get(src)
+            if r is not None:
+                g = self.config.attention_groups[0]
+                bs = self.config.tokens_per_block(g)
+                uncomputed = r.num_computed_tokens < bs <= min(n, len(r.blocks[g]) * bs)
+        return ([c.copy() for c in ledger.ref_count], [dict(x) for x in ledger.registered],
+                uncomputed)
+
+    def _scheduler_hits(self, op: dict) -> list[str]:
+        refs, registered, uncomputed = self._sched_before
+        blocks, hit = op.get("blocks"), op.get("num_cached_tokens") or 0
+        out = ["prefix-of-uncomputed-blocks"] if uncomputed else []
+        if blocks is None:
+            return out + ["allocation-refused"]
+        if hit:
+            out.append("prefix-hit")
+        for g, ids in enumerate(blocks):
+            n_hit = hit // self.config.tokens_per_block(g) if g in self.config.attention_groups \
+                else 0
+            if any(refs[g][b] == 0 for b in ids[:n_hit] if 0 <= b < len(refs[g])):
+                out.append("hit-on-freed-cached-block")
+            if any(b in registered[g] for b in ids[n_hit:]):
+                out.append("cached-block-evicted")
+        return out
 
     def _forward_hits(self, fwd, reference=None) -> list[str]:
         cfg, hit = self.config, []

@@ -150,7 +150,8 @@ def _found_trace(error, seed, faults, target, device, found_by) -> tuple[Trace, 
 
         meta["vllm_version"] = installed_version()
     trace = Trace(error.config, error.ops, meta=meta)
-    verdict = replay(trace, faults, target, device)
+    verdict = replay(trace, faults, target, device, record=True)
+    trace.ops = verdict.ops  # the target's choices as this replay made them
     assert verdict.violation is not None, "a found violation must replay"
     _set_expect(trace, verdict)
     return trace, verdict
@@ -216,7 +217,8 @@ def fuzz(config: RunnerConfig | None, seed: int = 0, examples: int | None = 200,
         except KeyboardInterrupt:
             settle()
             raise FuzzInterrupted(result, True) from None
-        verdict = replay(small, faults, target, device)
+        verdict = replay(small, faults, target, device, record=True)
+        small.ops = verdict.ops
         _set_expect(small, verdict)
         result.violation, result.trace = verdict.violation, small
         result.shrink_seconds = time.perf_counter() - shrink_start

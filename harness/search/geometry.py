@@ -21,14 +21,16 @@ from reference.config import ALWAYS, UNIFORM_BATCH
 @st.composite
 def runner_configs(draw, runner: str | None = None,
                    kernel_split: dict | None = None, dcp: dict | None = None,
-                   spec: bool = True, spec_dcp: bool = True) -> RunnerConfig:
+                   spec: bool = True, spec_dcp: bool = True,
+                   engine: bool = True) -> RunnerConfig:
     """A valid :class:`RunnerConfig`; ``runner`` pins ``v1`` / ``v2``.
 
     kernel_split: {runner: bool} — False keeps ``kernel_block_size == block_size``
     for that runner (a target whose block tables cannot split blocks, see
     :func:`target_limits`); dcp: {runner: bool} — False keeps one DCP rank;
     spec: False keeps ``num_speculative_tokens`` 0 (a target without a drafter);
-    spec_dcp: False keeps it 0 when ``dcp_world_size`` > 1.
+    spec_dcp: False keeps it 0 when ``dcp_world_size`` > 1; engine: False keeps
+    ``allocator`` ``trace`` (a target without its own KV-cache manager).
     """
     runner = runner or draw(st.sampled_from(["v1", "v2"]))
     # Repeated entries weight the draw: most examples keep a Mamba group and
@@ -65,7 +67,17 @@ def runner_configs(draw, runner: str | None = None,
         k = 0
     if reorder:
         reorder = 1 + k
+    # Who picks block ids: the trace, or the target's own KV-cache manager (one
+    # config in three; half the attention-only ones), with prefix caching
+    # wherever the model has it (attention only, one DCP rank).
+    allocator, caching = "trace", False
+    if engine and draw(st.sampled_from([False, True] if not mamba else [False, False, True])):
+        allocator = "engine"
+        if not mamba and draw(st.sampled_from([True, True, False])):
+            caching, world, rank = True, 1, 0
     return RunnerConfig(
+        allocator=allocator,
+        enable_prefix_caching=caching,
         num_speculative_tokens=k,
         cudagraph_support=support,
         reorder_batch_threshold=reorder,

@@ -95,7 +95,7 @@ class BlockFuzzMachine(RuleBasedStateMachine):
         self.cfg = config
         self.swarm = (data.draw(swarm_mod.swarms(list(drawable())), label="swarm")
                       if self.use_swarm else swarm_mod.DEFAULT)
-        self.session = Session(config, self.faults, self.target, self.device)
+        self.session = Session(config, self.faults, self.target, self.device, record=True)
         self.coverage = Tracker(config)
         if self.session.startup_violations:
             v = self.session.startup_violations[0]

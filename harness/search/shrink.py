@@ -182,11 +182,13 @@ def _candidates(ops: list[dict]):
 
 def legalize(config, ops: list[dict]) -> list[dict]:
     """``ops`` minus every op the reference refuses in sequence."""
+    from harness.core.ops.scheduler import without_recorded
+
     runner = reference_runner(config)
     kept = []
     for op in ops:
         try:
-            apply_op(runner, op)
+            apply_op(runner, without_recorded(op))
         except OpError:
             continue
         kept.append(op)
@@ -196,11 +198,12 @@ def legalize(config, ops: list[dict]) -> list[dict]:
 def _fails(trace: Trace, invariant: str, faults, target, device) -> int | None:
     """ops run until the violation when ``trace`` fails ``invariant``, else None
     (also when ``target`` cannot express the candidate's config)."""
+    from harness.core.session import IllegalOp
     from harness.targets import TargetRefused
 
     try:
-        verdict = replay(trace, faults, target, device)
-    except TargetRefused:
+        verdict = replay(trace, faults, target, device, record=True)
+    except (TargetRefused, IllegalOp):
         return None
     if verdict.violation is not None and verdict.violation.invariant == invariant:
         return verdict.ops_run

@@ -75,6 +75,9 @@ class _ObserveReference:
             attn_out={g: v.copy() for g, v in self.attn_out.items()},
             last_forward=self.last_forward,
             device_row_counts=getattr(self, "device_row_counts", None),
+            pool=None if self.config.allocator != "engine" else {
+                g: {"ref_count": self.ledger.ref_count[g].copy(),
+                    "num_free": self.ledger.num_free(g)} for g in range(len(self.config.groups))},
             metadata={"query_start_loc": self.query_start_loc.copy(),
                       "seq_lens": self.seq_lens.copy(),
                       "has_initial_state": self.has_initial_state.copy(),
@@ -116,7 +119,12 @@ class GpuImplTarget(RunnerTarget):
         from gpu_impl import FaultSet, GPUModelRunnerV1, GPUModelRunnerV2
 
         cls = GPUModelRunnerV2 if config.runner == "v2" else GPUModelRunnerV1
-        super().__init__("gpu_impl", cls(config, FaultSet(faults), dev))
+        manager = None
+        if config.allocator == "engine":
+            from gpu_impl.kv_cache_manager import KVCacheManager
+
+            manager = KVCacheManager(config, FaultSet(faults))
+        super().__init__("gpu_impl", cls(config, FaultSet(faults), dev), manager)
 
 
 def _gpu_impl_target(config: RunnerConfig, faults=(), device: str | None = None):

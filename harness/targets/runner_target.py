@@ -8,17 +8,25 @@ an adapter for another engine's block-table classes needs only its runner.
 
 from __future__ import annotations
 
+import numpy as np
+
 from harness.core.observation import Observation, rows_indexed_by
 
 
 class RunnerTarget:
     """name: the registered target name; runner: a ``RunnerShell`` subclass instance
-    built for ``runner.config`` (a ``reference.RunnerConfig``)."""
+    built for ``runner.config`` (a ``reference.RunnerConfig``); manager: the
+    scheduler side's KV-cache manager for ``config.allocator == "engine"``
+    (``admit`` / ``allocate`` / ``free`` / ``computed`` / ``rolled_back`` /
+    ``pool_view``, as :class:`gpu_impl.kv_cache_manager.KVCacheManager`), None
+    when the trace names the blocks."""
 
-    def __init__(self, name: str, runner):
+    def __init__(self, name: str, runner, manager=None):
         self.name = name
         self.runner = runner
         self.config = runner.config
+        self.manager = manager
+        self.prompts: dict[int, np.ndarray] = {}  # the scheduler's prompt token ids
 
     def add(self, req, blocks, prompt_len):
         self.runner.add_request(req, blocks, prompt_len)
@@ -26,8 +34,41 @@ class RunnerTarget:
     def append(self, req, blocks):
         self.runner.append_blocks(req, blocks)
 
+    def admit(self, req, prompt_len, prefix, num_new_tokens, choice=None):
+        """The scheduler admits a request: its manager picks the hit and blocks
+        (``choice`` is the trace's record; a target always chooses anew)."""
+        tokens = req * 256 + np.arange(prompt_len, dtype=np.int64)
+        if prefix:
+            src, n = prefix
+            tokens[:n] = self.prompts[src][:n]
+        self.prompts[req] = tokens
+        blocks, hit = self.manager.admit(req, tokens, num_new_tokens)
+        if blocks is not None:
+            self.runner.add_request(req, blocks, prompt_len, hit, tokens)
+            for g, ids in enumerate(blocks):
+                n_hit = hit // self.config.tokens_per_block(g) \
+                    if g in self.config.attention_groups else 0
+                self.runner.poison_blocks(g, ids[n_hit:])
+        return {"blocks": blocks, "num_cached_tokens": hit}
+
+    def allocate(self, req, num_new_tokens, choice=None):
+        new = self.manager.allocate(req, num_new_tokens)
+        if new is not None:
+            for g, ids in enumerate(new):
+                self.runner.poison_blocks(g, ids)
+            self.runner.append_blocks(req, new)
+        return {"blocks": new}
+
     def remove(self, req):
-        self.runner.finish_request(req)
+        if self.manager is None:
+            self.runner.finish_request(req)
+        else:
+            self.runner.finish_request(req, self.manager.free(req))
+
+    def _computed(self, reqs) -> None:
+        if self.manager is not None:
+            for req in reqs:
+                self.manager.computed(req, self.runner.requests[req].num_computed_tokens)
 
     def condense(self):
         self.runner.condense()
@@ -37,12 +78,16 @@ class RunnerTarget:
 
     def kv_load(self, req):
         self.runner.kv_load(req)
+        self._computed([req])
 
     def rollback(self, req, num_tokens):
         self.runner.rollback_tokens(req, num_tokens)
+        if self.manager is not None:
+            self.manager.rolled_back(req, self.runner.requests[req].num_computed_tokens)
 
     def step(self, scheduled, cudagraph_mode, accepted=None):
         self.runner.execute_model(scheduled, cudagraph_mode, accepted)
+        self._computed([req for req, *_ in scheduled])
 
     def dummy_run(self, num_reqs, num_tokens, cudagraph_mode):
         self.runner.dummy_run(num_reqs, num_tokens, cudagraph_mode)
@@ -50,4 +95,5 @@ class RunnerTarget:
     def observe(self) -> Observation:
         return Observation(runner=self.config.runner,
                            rows_indexed_by=rows_indexed_by(self.config.runner),
+                           pool=None if self.manager is None else self.manager.pool_view(),
                            **self.runner.snapshot())

@@ -244,6 +244,11 @@ def v2_dcp_runs(vllm: SimpleNamespace | None = None) -> str | None:
 def refusal(config, vllm: SimpleNamespace | None = None) -> TargetRefused | None:
     """Why the installed release cannot run ``config`` here (None when it can)."""
     vllm = vllm or load()
+    if config.allocator != "trace":
+        return TargetRefused("allocator", "the vllm target drives vLLM's block tables and "
+                             "runners with the trace's block ids; driving vLLM's own "
+                             "KV-cache manager (allocator 'engine') is not built yet: use "
+                             "allocator 'trace'")
     if config.num_speculative_tokens:
         error = spec_decode_missing(vllm)
         if error is not None:
@@ -286,7 +291,7 @@ def geometry_limits() -> dict:
     vllm = load()
     return {"kernel_split": {"v1": vllm.v1_kernel_blocks, "v2": vllm.v2_kernel_blocks},
             "dcp": {"v1": True, "v2": v2_dcp_runs(vllm) is None},
-            "spec": spec_decode_missing(vllm) is None, "spec_dcp": False}
+            "spec": spec_decode_missing(vllm) is None, "spec_dcp": False, "engine": False}
 
 
 def spec_decode_missing(vllm: SimpleNamespace | None = None) -> str | None:

@@ -21,10 +21,13 @@ from tests.conftest import CORPORA
 
 def test_every_op_is_complete_and_its_example_loads():
     assert list(ops.REGISTRY) == ["add", "append", "remove", "condense", "swap", "kv_load",
-                                  "step", "dummy_run", "spec_step", "rollback"]
+                                  "step", "dummy_run", "spec_step", "rollback", "admit",
+                                  "allocate"]
     for name, spec in ops.REGISTRY.items():
         assert spec.name == name and spec.summary and spec.draw is not None
         assert set(spec.example) == set(spec.fields) | {"op"}, name
+        assert set(spec.records) <= set(spec.fields) and (spec.check is None) == (
+            not spec.records), name
         assert spec.forward in (None, "real", "dummy")
         desc = spec.to_json()
         assert desc["runners"] and desc["targets"] and desc["example"]["op"] == name
@@ -60,7 +63,8 @@ def test_invariant_registry_order_flags_and_startup():
     assert inv.ids() == ("VACATED_ROWS_ZERO", "DUMMY_TABLES_ZERO", "PADDED_ROWS_NEUTRAL",
                          "GRAPH_ADDRESSES_STABLE", "NULL_BLOCK_FINITE", "NO_STALE_WRITE",
                          "LOADED_BLOCKS_INTACT", "NO_FOREIGN_READ", "ATTENTION_FINITE",
-                         "MATCHES_REFERENCE")
+                         "MATCHES_REFERENCE", "ALLOCATION_REPLAYED", "POOL_ACCOUNTING",
+                         "ONE_OWNER_PER_BLOCK", "PREFIX_CONTENT", "CACHED_BLOCKS_IMMUTABLE")
     assert inv.structural_ids() == ("VACATED_ROWS_ZERO", "DUMMY_TABLES_ZERO",
                                     "PADDED_ROWS_NEUTRAL")
     assert desc_after("PADDED_ROWS_NEUTRAL") == ["step", "dummy_run", "spec_step"]
@@ -69,6 +73,7 @@ def test_invariant_registry_order_flags_and_startup():
     assert desc["NO_FOREIGN_READ"]["after"] == ["step", "spec_step"]
     assert desc["MATCHES_REFERENCE"]["after"][0] == "start"
     assert "start" not in desc["NO_STALE_WRITE"]["after"]
+    assert desc["PREFIX_CONTENT"]["after"] == ["admit", "allocate"]
 
 
 def test_startup_trace_with_op_index_minus_one_loads():
@@ -168,4 +173,4 @@ def test_every_fault_names_the_upstream_files_it_lived_in():
     for fault in CATALOGUE.values():
         assert fault.sites and all(s.startswith("vllm/") and s.endswith(".py")
                                    for s in fault.sites), fault.id
-        assert fault.family in ("core", "metadata", "spec-decode"), fault.id
+        assert fault.family in ("core", "metadata", "spec-decode", "scheduler"), fault.id

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from reference import NULL_BLOCK_ID, Ledger, RunnerConfig, payload, payload_sum
+from reference import NULL_BLOCK_ID, Ledger, RunnerConfig
+from reference.payload import token_payload
 from reference.dcp import local_slots
 
 from harness.core.invariants import Invariant, Violation, register
@@ -62,7 +63,7 @@ def check_loaded_blocks(config: RunnerConfig, ledger: Ledger, obs: Observation,
                                           config.dcp_world_size, config.dcp_rank,
                                           config.cp_kv_cache_interleave_size)
             pos = np.flatnonzero(local)  # this rank's share of the prompt
-            want = payload(req, pos, config.head_size)
+            want = token_payload(ledger.token_ids(req, pos), config.head_size)
             blocks = np.asarray(r.blocks[g])[col[local]]
             got = obs.kv_cache[g][blocks, off[local]]
             bad = np.flatnonzero(~(got == want).all(axis=1))
@@ -74,7 +75,8 @@ def check_loaded_blocks(config: RunnerConfig, ledger: Ledger, obs: Observation,
                                      group=g, block=int(blocks[p])))
         for g in config.mamba_groups:
             b = r.blocks[g][0]
-            want_state = payload_sum(req, 0, r.prompt_len, config.head_size)
+            want_state = token_payload(ledger.token_ids(req, np.arange(r.prompt_len)),
+                                       config.head_size).sum(axis=0, dtype=np.float32)
             if not (obs.mamba_state[g][b] == want_state).all():
                 out.append(Violation("LOADED_BLOCKS_INTACT", op_index, op,
                                      f"req {req}'s loaded state is "

@@ -31,6 +31,7 @@ class WritePermit:
     cells: dict
     owners: list
     runs: frozenset = frozenset()
+    registered: tuple = ()  # per group: {block: hash key} in the prefix cache before the op
 
     def describe(self, group: int, block: int) -> str:
         o = int(self.owners[group][block])
@@ -53,7 +54,8 @@ def permit_for(config: RunnerConfig, ledger: Ledger, op: dict) -> WritePermit:
         granted, runs = spec.permit(config, ledger, op)
         for g, blocks in granted.items():
             cells.setdefault(g, {}).update(blocks)
-    return WritePermit(cells, [o.copy() for o in ledger.owner], runs)
+    return WritePermit(cells, [o.copy() for o in ledger.owner], runs,
+                       tuple(dict(r) for r in ledger.registered))
 
 
 def changed_cells(before: np.ndarray, after: np.ndarray) -> np.ndarray:

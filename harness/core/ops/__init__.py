@@ -11,7 +11,10 @@ Everything the harness knows about an op lives in its family's module:
 - how the state machine draws it (``draw``) and when it may (``enabled``);
 - the cache cells it may write (``permit``: ``NO_STALE_WRITE`` and ``explain``);
 - whether it runs a forward (``forward``: ``"real"`` / ``"dummy"``), which the
-  invariant registry uses to decide what to check after it.
+  invariant registry uses to decide what to check after it;
+- which of its fields the *target* fills in (``records``: its KV-cache
+  manager's choices — the session records them, or compares them on replay;
+  ``apply`` then returns the choice).
 
 :mod:`harness.core.trace` (schema, :func:`apply_op`), the state machine
 (:mod:`harness.search.machine`), the shrinker, ``explain`` and ``blockfuzz
@@ -91,13 +94,16 @@ class OpSpec:
     fold: Callable | None = None
     permit: Callable | None = None
     forward: str | None = None  # "real" (a step), "dummy" (a dummy run), None
+    records: tuple = ()  # fields the target chooses (apply returns them); optional in traces
+    check: Callable | None = None  # check(reference, op): legality before the target chooses
     family: str = "core"
     extra: dict = field(default_factory=dict)
 
     def schema(self) -> dict:
         """JSON Schema of one op object of this kind."""
         props = dict(self.fields, op={"const": self.name})
-        return {"type": "object", "properties": props, "required": sorted(props),
+        return {"type": "object", "properties": props,
+                "required": sorted(set(props) - set(self.records)),
                 "additionalProperties": False}
 
     def drop_request(self, op: dict, req: int) -> dict | None:
@@ -110,7 +116,8 @@ class OpSpec:
         return {"op": self.name, "summary": self.summary, "family": self.family,
                 "fields": {k: v for k, v in sorted(self.fields.items())},
                 "runners": list(self.runners), "targets": list(self.targets),
-                "forward": self.forward, "example": self.example}
+                "forward": self.forward, "records": list(self.records),
+                "example": self.example}
 
 
 REGISTRY: dict[str, OpSpec] = {}
@@ -128,9 +135,11 @@ def spec_of(op: dict) -> OpSpec:
     return REGISTRY[op["op"]]
 
 
-def apply_op(target, op: dict) -> None:
-    """Dispatch one op dict to a target (or a reference runner)."""
-    spec_of(op).apply(target, op)
+def apply_op(target, op: dict):
+    """Dispatch one op dict to a target (or a reference runner); returns what an op
+    with ``records`` chose (a reference runner mirrors the op's recorded choice
+    when it has one)."""
+    return spec_of(op).apply(target, op)
 
 
 def requests_of(op: dict) -> list[int]:
@@ -144,4 +153,4 @@ def describe() -> list[dict]:
 
 
 # Families, in listing order (their import registers their ops).
-from harness.core.ops import lifecycle, persistent_batch, transfer, forward, speculative  # noqa: E402,F401,I001
+from harness.core.ops import lifecycle, persistent_batch, transfer, forward, speculative, scheduler  # noqa: E402,F401,I001

@@ -31,7 +31,8 @@ def _rename(op: dict, req, block) -> dict:
 # -- add -------------------------------------------------------------------------------
 def _can_add(m) -> bool:
     cfg = m.cfg
-    return (len(m.ledger.requests) < cfg.max_num_reqs and m.next_req <= REQ_ID_MAX
+    return (cfg.allocator == "trace" and len(m.ledger.requests) < cfg.max_num_reqs
+            and m.next_req <= REQ_ID_MAX
             and all(len(m.free(g)) >= (cfg.mamba_columns if s.kind == "mamba" else 1)
                     for g, s in enumerate(cfg.groups)))
 
@@ -84,7 +85,7 @@ register(OpSpec(
 # -- append ----------------------------------------------------------------------------
 def _appendable(m) -> list[int]:
     cfg = m.cfg
-    if not all(m.free(g) for g in cfg.attention_groups):
+    if cfg.allocator != "trace" or not all(m.free(g) for g in cfg.attention_groups):
         return []
     return [r for r, s in sorted(m.ledger.requests.items())
             if all(len(s.blocks[g]) < cfg.max_num_blocks_per_req for g in cfg.attention_groups)]

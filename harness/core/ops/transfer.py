@@ -15,7 +15,8 @@ from harness.core.ops.lifecycle import _permit_all_blocks, _rename, _req
 
 def _loadable(m) -> list[int]:
     return [r for r, s in sorted(m.ledger.requests.items())
-            if not (s.stepped or s.loaded or s.num_computed_tokens)]
+            if not (s.stepped or s.loaded or s.num_computed_tokens)
+            and s.capacity_tokens(m.cfg) >= s.prompt_len]
 
 
 def _draw_kv_load(m, data) -> dict:

@@ -1,0 +1,231 @@
+"""gpu_impl's scheduler-side KV-cache manager (``config.allocator == "engine"``).
+
+Written as vLLM's is (``vllm/v1/core/block_pool.py``, ``kv_cache_manager.py``,
+``single_type_kv_cache_manager.py``), one :class:`BlockPool` per KV-cache
+group here (a pool shared by all groups is issue #12's):
+
+- a free queue of blocks, the null block (id 0) taken out first and never
+  handed out; ``get_new_blocks`` pops from its head, evicting a popped block's
+  prefix-cache registration;
+- a reference count per block; ``touch`` (a prefix hit) takes a free block
+  out of the queue and counts the new holder;
+- ``free_blocks``: a block reaching 0 holders goes to the head of the queue
+  when unregistered (reused first), to its tail when registered (evicted
+  last, LRU) — vLLM frees a request's blocks tail first;
+- prefix caching: a full block is registered under the token ids up to its
+  end once they are computed (:meth:`KVCacheManager.cache_blocks`); a new
+  prompt's hit is its longest registered prefix, at most ``len - 1`` tokens,
+  a multiple of every attention group's block size.
+
+Faults (``family: scheduler``) live at the lines their upstream bugs did.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import numpy as np
+
+NULL_BLOCK_ID = 0
+
+
+class BlockPool:
+    """Blocks of one KV-cache group: ``ref_cnt`` int64 (num_blocks,), the free
+    queue, and the prefix cache (hash key -> registered blocks)."""
+
+    def __init__(self, num_blocks: int, faults):
+        self.faults = faults
+        self.ref_cnt = np.zeros(num_blocks, np.int64)
+        self.block_hash: list[tuple | None] = [None] * num_blocks
+        self.cached: dict[tuple, dict[int, None]] = {}
+        self.free_queue = deque(range(num_blocks))
+        assert self.free_queue.popleft() == NULL_BLOCK_ID  # the null block: never handed out
+
+    def num_free(self) -> int:
+        return len(self.free_queue)
+
+    def get_cached_block(self, key: tuple) -> int | None:
+        blocks = self.cached.get(key)
+        return next(iter(blocks)) if blocks else None
+
+    def get_new_blocks(self, n: int) -> list[int]:
+        if n > len(self.free_queue):
+            raise ValueError(f"cannot get {n} free blocks from the pool")
+        out = [self.free_queue.popleft() for _ in range(n)]
+        for b in out:
+            self._maybe_evict(b)
+            self.ref_cnt[b] += 1
+        return out
+
+    def _maybe_evict(self, b: int) -> None:
+        key = self.block_hash[b]
+        if key is not None:
+            del self.cached[key][b]
+            if not self.cached[key]:
+                del self.cached[key]
+            self.block_hash[b] = None
+
+    def touch(self, blocks: list[int]) -> None:
+        """A prefix hit's blocks gain a holder; a free one leaves the free queue."""
+        for b in blocks:
+            if self.ref_cnt[b] == 0 and "touch-leaves-block-in-free-queue" not in self.faults:
+                self.free_queue.remove(b)
+            self.ref_cnt[b] += 1
+
+    def free_blocks(self, ordered: list[int]) -> None:
+        head = []
+        for b in ordered:
+            self.ref_cnt[b] -= 1
+            if self.ref_cnt[b] == 0:
+                if self.block_hash[b] is None:
+                    head.append(b)
+                else:
+                    self.free_queue.append(b)
+        self.free_queue.extendleft(reversed(head))
+
+    def register(self, b: int, key: tuple) -> None:
+        if self.block_hash[b] is None:
+            self.block_hash[b] = key
+            self.cached.setdefault(key, {})[b] = None
+
+    def unregister(self, b: int) -> None:
+        self._maybe_evict(b)
+
+
+class KVCacheManager:
+    """Per-request blocks over one :class:`BlockPool` per group.
+
+    config: ``reference.RunnerConfig`` (read only); faults: a ``FaultSet``.
+    Token ids per request are what the scheduler knows (the prompt's, then the
+    request's own); blocks are per group, hit blocks first.
+    """
+
+    def __init__(self, config, faults):
+        self.config = config
+        self.faults = faults
+        self.pools = [BlockPool(config.num_blocks, faults) for _ in config.groups]
+        self.req_blocks: dict[int, list[list[int]]] = {}
+        self.req_tokens: dict[int, np.ndarray] = {}
+        self.num_computed: dict[int, int] = {}
+        tpb = [config.tokens_per_block(g) for g in config.attention_groups]
+        self.unit = math.lcm(*tpb)
+
+    # -- prefix cache ------------------------------------------------------------
+    def _key(self, tokens: np.ndarray, g: int, i: int) -> tuple:
+        return tuple(int(t) for t in tokens[:(i + 1) * self.config.tokens_per_block(g)])
+
+    def get_computed_blocks(self, tokens: np.ndarray) -> tuple[int, list[list[int]]]:
+        """(hit tokens, hit blocks per group) for a prompt of ``tokens``."""
+        cfg = self.config
+        blocks = [[] for _ in cfg.groups]
+        if not cfg.enable_prefix_caching:
+            return 0, blocks
+        # The last prompt token is always recomputed (its logits are needed).
+        max_len = len(tokens) if "hit-not-capped-below-prompt" in self.faults else len(tokens) - 1
+        hit = max_len // self.unit * self.unit
+        for g in cfg.attention_groups:
+            bs, pool, i = cfg.tokens_per_block(g), self.pools[g], 0
+            while (i + 1) * bs <= hit and pool.get_cached_block(self._key(tokens, g, i)) is not None:
+                i += 1
+            hit = min(hit, i * bs // self.unit * self.unit)
+        for g in cfg.attention_groups:
+            bs = cfg.tokens_per_block(g)
+            blocks[g] = [self.pools[g].get_cached_block(self._key(tokens, g, i))
+                         for i in range(hit // bs)]
+        return hit, blocks
+
+    def _needed(self, g: int, have: int, num_tokens: int) -> int:
+        cfg = self.config
+        if cfg.groups[g].kind == "mamba":
+            return cfg.mamba_columns if have == 0 else 0
+        want = min(num_tokens + cfg.num_speculative_tokens, cfg.max_model_len)
+        return max(-(-want // cfg.tokens_per_block(g)) - have, 0)
+
+    # -- scheduler calls -----------------------------------------------------------
+    def admit(self, req: int, tokens: np.ndarray, num_new_tokens: int):
+        """A waiting request: (blocks per group or None when the pool is short, hit)."""
+        hit, hit_blocks = self.get_computed_blocks(tokens)
+        groups = range(len(self.config.groups))
+        needed = [self._needed(g, len(hit_blocks[g]), hit + num_new_tokens) for g in groups]
+        for g in groups:
+            evictable = sum(1 for b in hit_blocks[g] if self.pools[g].ref_cnt[b] == 0)
+            if needed[g] + evictable > self.pools[g].num_free():
+                return None, hit
+        blocks = []
+        for g in groups:
+            self.pools[g].touch(hit_blocks[g])
+            blocks.append(hit_blocks[g] + self.pools[g].get_new_blocks(needed[g]))
+        self.req_blocks[req] = [list(b) for b in blocks]
+        self.req_tokens[req] = np.asarray(tokens, np.int64)
+        self.num_computed[req] = hit
+        if "cache-blocks-before-compute" in self.faults:
+            self.cache_blocks(req, hit + num_new_tokens)
+        return blocks, hit
+
+    def allocate(self, req: int, num_new_tokens: int):
+        """A running request's next tokens: new blocks per group, or None."""
+        groups = range(len(self.config.groups))
+        have = self.req_blocks[req]
+        total = self.num_computed[req] + num_new_tokens
+        needed = [self._needed(g, len(have[g]), total) for g in groups]
+        if any(needed[g] > self.pools[g].num_free() for g in groups):
+            return None
+        new = [self.pools[g].get_new_blocks(needed[g]) for g in groups]
+        for g in groups:
+            have[g].extend(new[g])
+        if "cache-blocks-before-compute" in self.faults:
+            self.cache_blocks(req, total)
+        return new
+
+    def token_ids(self, req: int, num_tokens: int) -> np.ndarray:
+        pos = np.arange(num_tokens, dtype=np.int64)
+        out = req * 256 + pos
+        prompt = self.req_tokens[req]
+        n = min(len(prompt), num_tokens)
+        out[:n] = prompt[:n]
+        return out
+
+    def cache_blocks(self, req: int, num_tokens: int) -> None:
+        """Register ``req``'s full blocks of its first ``num_tokens`` tokens."""
+        cfg = self.config
+        if not cfg.enable_prefix_caching:
+            return
+        tokens = self.token_ids(req, num_tokens)
+        for g in cfg.attention_groups:
+            for i in range(num_tokens // cfg.tokens_per_block(g)):
+                self.pools[g].register(self.req_blocks[req][g][i], self._key(tokens, g, i))
+
+    def computed(self, req: int, num_computed: int) -> None:
+        """The runner computed ``req``'s tokens up to ``num_computed`` (a step or a
+        KV load): register its blocks that are now full and computed."""
+        self.num_computed[req] = num_computed
+        self.cache_blocks(req, num_computed)
+
+    def rolled_back(self, req: int, num_computed: int) -> None:
+        """Rejected tokens: a block reaching past ``num_computed`` is no cached prefix."""
+        self.num_computed[req] = num_computed
+        cfg = self.config
+        for g in cfg.attention_groups:
+            bs = cfg.tokens_per_block(g)
+            for i, b in enumerate(self.req_blocks[req][g]):
+                if (i + 1) * bs > num_computed:
+                    self.pools[g].unregister(b)
+
+    def free(self, req: int) -> list[list[int]]:
+        """Free ``req``'s blocks (tail first); returns those now free and
+        unregistered per group (the allocator poisons them)."""
+        blocks = self.req_blocks.pop(req)
+        self.req_tokens.pop(req)
+        self.num_computed.pop(req)
+        out = []
+        for g, ids in enumerate(blocks):
+            pool = self.pools[g]
+            pool.free_blocks(list(reversed(ids)))
+            out.append([b for b in ids if pool.ref_cnt[b] == 0 and pool.block_hash[b] is None])
+        return out
+
+    def pool_view(self) -> dict:
+        """{group: {"ref_count": int64 (num_blocks,), "num_free": int}}."""
+        return {g: {"ref_count": p.ref_cnt.copy(), "num_free": p.num_free()}
+                for g, p in enumerate(self.pools)}

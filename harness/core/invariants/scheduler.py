@@ -1,0 +1,283 @@
+"""Scheduler invariants: what a KV-cache manager may hand out (``config.allocator
+== "engine"``).
+
+The target chooses blocks for ``admit`` / ``allocate``; the reference mirrors
+the choice in its ledger (reference counts, prefix-cache registrations) and
+these checks judge it, independent of the target's policy (which free block,
+which eviction order):
+
+- ``ALLOCATION_REPLAYED``: replaying a saved trace, the target chose what the
+  trace recorded.
+- ``POOL_ACCOUNTING``: the choice is well formed (ids in the pool, never the
+  null block, as many as the request needs); a refusal only when the pool is
+  short; the target's own view of its pool (free count, reference count of
+  every block, the null block's included) equals the ledger's.
+- ``ONE_OWNER_PER_BLOCK``: no block is handed out while someone holds it; a
+  block held by two live requests is a registered full block of the prefix
+  they share.
+- ``PREFIX_CONTENT``: an admitted request's hit is the one the reference's
+  prefix cache holds, and its hit blocks hold exactly that prefix's content.
+- ``CACHED_BLOCKS_IMMUTABLE``: a block registered in the prefix cache keeps its
+  content in every layer until it is evicted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from reference import NULL_BLOCK_ID, draft_payload
+from reference.config import ENGINE, MAMBA
+from reference.payload import token_payload
+
+from harness.core.invariants import CheckContext, Invariant, register
+
+ALLOCATION_REPLAYED = "ALLOCATION_REPLAYED"
+POOL_ACCOUNTING = "POOL_ACCOUNTING"
+ONE_OWNER_PER_BLOCK = "ONE_OWNER_PER_BLOCK"
+PREFIX_CONTENT = "PREFIX_CONTENT"
+CACHED_BLOCKS_IMMUTABLE = "CACHED_BLOCKS_IMMUTABLE"
+
+
+@dataclass(frozen=True)
+class ChoiceFacts:
+    """What the ledger said before a target's choice was mirrored.
+
+    recorded: the trace's recorded choice when it is compared (a replay), else
+    None; chosen: the target's choice; expected_hit: the reference's prefix hit
+    (``admit``; None for ``allocate``); tokens: the admitted prompt's token ids;
+    needed: new blocks per group the request needs for the chosen hit; fits:
+    whether the pool could hand out what the reference's hit needs."""
+
+    recorded: dict | None
+    chosen: dict
+    expected_hit: int | None
+    tokens: np.ndarray | None
+    needed: list
+    fits: bool
+
+
+def _hit_blocks(config, g: int, hit: int) -> int:
+    return 0 if config.groups[g].kind == MAMBA else hit // config.tokens_per_block(g)
+
+
+def facts_before(config, ledger, op: dict, recorded_choice, compare) -> ChoiceFacts:
+    """:class:`ChoiceFacts` of ``op`` (its choice already in it), from the ledger
+    before the choice is mirrored.  compare: the recorded choice to compare, or None."""
+    chosen = {k: op.get(k) for k in ("blocks", "num_cached_tokens") if k in op}
+    groups = range(len(config.groups))
+    if op["op"] == "admit":
+        tokens = ledger.prompt_tokens(op["req"], op["prompt_len"], op["prefix"])
+        hit, hit_blocks = ledger.expected_hit(tokens)
+        want = [ledger.blocks_needed(g, len(hit_blocks[g]), hit + op["num_new_tokens"])
+                for g in groups]
+        fits = ledger.fits(want, hit_blocks)
+        h = op.get("num_cached_tokens")
+        h = h if isinstance(h, int) and not isinstance(h, bool) else hit
+        needed = [ledger.blocks_needed(g, _hit_blocks(config, g, h), h + op["num_new_tokens"])
+                  for g in groups]
+        return ChoiceFacts(compare, chosen, hit, tokens, needed, fits)
+    r = ledger.requests[op["req"]]
+    needed = [ledger.blocks_needed(g, len(r.blocks[g]),
+                                   r.num_computed_tokens + op["num_new_tokens"]) for g in groups]
+    return ChoiceFacts(compare, chosen, None, None, needed,
+                       ledger.fits(needed, [[] for _ in groups]))
+
+
+def malformed(config, ledger, op: dict) -> tuple[str, str] | None:
+    """(invariant, why) when the target's choice in ``op`` cannot even be
+    mirrored — a hit outside the prompt (``PREFIX_CONTENT``), blocks the pool
+    does not have or not as many as needed (``POOL_ACCOUNTING``) — else None."""
+    problem = _malformed_blocks(config, ledger, op)
+    if problem:
+        return problem if isinstance(problem, tuple) else (POOL_ACCOUNTING, problem)
+    return None
+
+
+def _malformed_blocks(config, ledger, op: dict):
+    blocks = op.get("blocks")
+    hit = 0
+    if op["op"] == "admit":
+        hit = op.get("num_cached_tokens")
+        if isinstance(hit, bool) or not isinstance(hit, int) or not 0 <= hit <= op["prompt_len"] \
+                or (hit == op["prompt_len"] and blocks is not None):
+            return PREFIX_CONTENT, (f"the KV-cache manager reported a prefix hit of {hit!r} "
+                                    f"tokens for a {op['prompt_len']}-token prompt (at most "
+                                    "prompt_len - 1: the last prompt token is always computed)")
+    if blocks is None:
+        return None
+    if not isinstance(blocks, list) or len(blocks) != len(config.groups) \
+            or not all(isinstance(ids, list) for ids in blocks):
+        return f"the KV-cache manager's blocks {blocks!r} are not one list per group"
+    facts = facts_before(config, ledger, op, None, None)
+    for g, ids in enumerate(blocks):
+        held = [] if op["op"] == "admit" else ledger.requests[op["req"]].blocks[g]
+        n_hit = _hit_blocks(config, g, hit)
+        for b in ids:
+            if isinstance(b, bool) or not isinstance(b, int) or not 0 <= b < config.num_blocks:
+                return f"group {g}: block id {b!r} is not in the pool [0, {config.num_blocks})"
+            if b == NULL_BLOCK_ID:
+                return f"group {g}: the null block was handed out to request {op['req']}"
+        if len(set(ids)) != len(ids) or set(ids) & set(held):
+            return f"group {g}: request {op['req']} was handed block(s) {ids} twice"
+        new = len(ids) - n_hit
+        if new != facts.needed[g]:
+            return (f"group {g}: request {op['req']} was handed {max(new, 0)} new block(s) "
+                    f"({ids}, {n_hit} of them its prefix hit); it needs {facts.needed[g]}")
+        if len(held) + len(ids) > config.blocks_per_req_max(g):
+            return (f"group {g}: request {op['req']} would hold {len(held) + len(ids)} blocks, "
+                    f"its block-table row has {config.blocks_per_req_max(g)} columns")
+    return None
+
+
+def _engine(ctx: CheckContext) -> bool:
+    return ctx.config.allocator == ENGINE
+
+
+def check_replayed(ctx: CheckContext) -> list:
+    f = ctx.choice
+    if f is None or f.recorded is None or f.recorded == f.chosen:
+        return []
+    return [ctx.violation(ALLOCATION_REPLAYED, f"the target's KV-cache manager chose "
+                          f"{f.chosen}; the trace recorded {f.recorded}")]
+
+
+def check_pool(ctx: CheckContext) -> list:
+    if not _engine(ctx):
+        return []
+    out = []
+    f = ctx.choice
+    if f is not None and f.chosen.get("blocks") is None and f.fits:
+        out.append(ctx.violation(POOL_ACCOUNTING, f"request {ctx.op['req']} was refused, but "
+                                 f"the pool has the {f.needed} new block(s) per group it needs "
+                                 f"(free: {[ctx.ledger.num_free(g) for g in range(len(ctx.config.groups))]} "
+                                 "before the op)"))
+    pool = ctx.after.pool
+    if pool is None:
+        return out
+    for g, seen in sorted(pool.items()):
+        want = ctx.ledger.ref_count[g]
+        got = np.asarray(seen["ref_count"])
+        bad = np.flatnonzero(got != want)
+        if bad.size:
+            b = int(bad[0])
+            what = "the null block's" if b == NULL_BLOCK_ID else f"block {b}'s"
+            out.append(ctx.violation(POOL_ACCOUNTING, f"{what} reference count is {int(got[b])} "
+                                     f"in the target's pool; {int(want[b])} live request(s) "
+                                     "hold it", group=g, block=b))
+            continue
+        if int(seen["num_free"]) != ctx.ledger.num_free(g):
+            out.append(ctx.violation(POOL_ACCOUNTING, f"the target's pool counts "
+                                     f"{int(seen['num_free'])} free blocks; "
+                                     f"{ctx.ledger.num_free(g)} are held by no request "
+                                     "(free + used != total)", group=g))
+    return out
+
+
+def check_one_owner(ctx: CheckContext) -> list:
+    if not _engine(ctx):
+        return []
+    out = []
+    if ctx.choice is not None:
+        for g, b, holders in ctx.ledger.last_taken_busy:
+            out.append(ctx.violation(ONE_OWNER_PER_BLOCK, f"block {b} was handed to request "
+                                     f"{ctx.op['req']} as a new block while request(s) "
+                                     f"{list(holders)} hold it", group=g, block=b))
+    cfg, ledger = ctx.config, ctx.ledger
+    for g in range(len(cfg.groups)):
+        where: dict[int, list] = {}
+        for req, r in sorted(ledger.requests.items()):
+            for i, b in enumerate(r.blocks[g]):
+                where.setdefault(b, []).append((req, i))
+        for b, at in sorted(where.items()):
+            if len(at) < 2:
+                continue
+            key = ledger.registered[g].get(b)
+            for req, i in at:
+                if cfg.groups[g].kind == MAMBA or key is None \
+                        or ledger.block_key(g, ledger.token_ids(req, np.arange(len(key))), i) != key:
+                    reqs = [r for r, _ in at]
+                    out.append(ctx.violation(ONE_OWNER_PER_BLOCK, f"block {b} is held by "
+                                             f"requests {reqs}, and it is not a registered full "
+                                             f"block of a prefix they share (request {req} "
+                                             f"holds it as its block {i})", group=g, block=b))
+                    break
+    return out[:1] if out else out
+
+
+def _layers(obs, g: int):
+    out = []
+    if g in obs.kv_cache:
+        out.append((f"kv_cache[{g}]", obs.kv_cache[g], False))
+    if obs.draft_kv_cache and g in obs.draft_kv_cache:
+        out.append((f"draft_kv_cache[{g}]", obs.draft_kv_cache[g], True))
+    return out
+
+
+def check_prefix_content(ctx: CheckContext) -> list:
+    f = ctx.choice
+    if f is None or ctx.op["op"] != "admit" or f.chosen.get("blocks") is None:
+        return []
+    cfg, op = ctx.config, ctx.op
+    hit = f.chosen["num_cached_tokens"]
+    if hit != f.expected_hit:
+        return [ctx.violation(PREFIX_CONTENT, f"request {op['req']}'s prefix hit is {hit} "
+                              f"tokens; the prefix cache holds {f.expected_hit} of its prompt")]
+    before = ctx.permit.registered if ctx.permit is not None else ()
+    for g in cfg.attention_groups:
+        bs = cfg.tokens_per_block(g)
+        for i, b in enumerate(f.chosen["blocks"][g][:hit // bs]):
+            key = ctx.ledger.block_key(g, f.tokens, i)
+            if before and before[g].get(b) != key:
+                return [ctx.violation(PREFIX_CONTENT, f"request {op['req']}'s prefix hit "
+                                      f"shares block {b} as its block {i}, which is not "
+                                      "registered for those tokens", group=g, block=b)]
+            want = token_payload(f.tokens[i * bs:(i + 1) * bs], cfg.head_size)
+            for name, cache, draft in _layers(ctx.after, g):
+                exp = draft_payload(want) if draft else want
+                if not np.array_equal(cache[b], exp):
+                    return [ctx.violation(PREFIX_CONTENT, f"request {op['req']}'s prefix hit "
+                                          f"shares block {b} ({name}), which does not hold "
+                                          f"positions {i * bs}..{(i + 1) * bs - 1} of its prompt",
+                                          group=g, block=b)]
+    return []
+
+
+def check_cached_immutable(ctx: CheckContext) -> list:
+    if ctx.permit is None or not ctx.config.enable_prefix_caching or ctx.before is None:
+        return []
+    for g, blocks in enumerate(ctx.permit.registered):
+        for b, key in sorted(blocks.items()):
+            if ctx.ledger.registered[g].get(b) != key:
+                continue  # evicted by this op: handed to a new owner
+            for (name, was, _), (_, now, _) in zip(_layers(ctx.before, g), _layers(ctx.after, g)):
+                same = (was[b] == now[b]) | (np.isnan(was[b]) & np.isnan(now[b]))
+                if not same.all():
+                    off = int(np.flatnonzero(~same.all(axis=-1))[0])
+                    return [ctx.violation(CACHED_BLOCKS_IMMUTABLE, f"{name} offset {off} of "
+                                          f"block {b}, registered in the prefix cache, changed "
+                                          f"to {now[b][off][0]} (was {was[b][off][0]})",
+                                          group=g, block=b)]
+    return []
+
+
+def _chooses(spec) -> bool:
+    return bool(spec.records)
+
+
+register(Invariant(ALLOCATION_REPLAYED, "replaying a saved trace, the target's KV-cache manager "
+                   "makes the choices the trace recorded", check_replayed, applies=_chooses,
+                   applies_text="admit, allocate"))
+register(Invariant(POOL_ACCOUNTING, "the KV-cache manager hands out blocks its pool has, as "
+                   "many as a request needs, refuses only when short, and its reference counts "
+                   "and free count match the requests holding blocks (null block untouched)",
+                   check_pool))
+register(Invariant(ONE_OWNER_PER_BLOCK, "no block is handed out while held; a block two live "
+                   "requests hold is a registered full block of their shared prefix",
+                   check_one_owner))
+register(Invariant(PREFIX_CONTENT, "a prefix hit is the reference's, and its blocks hold "
+                   "exactly that prefix's KV", check_prefix_content, applies=_chooses,
+                   applies_text="admit"))
+register(Invariant(CACHED_BLOCKS_IMMUTABLE, "a block registered in the prefix cache keeps its "
+                   "content in every layer until evicted", check_cached_immutable))

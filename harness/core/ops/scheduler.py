@@ -1,0 +1,206 @@
+"""Scheduler-side ops where the target's KV-cache manager chooses the blocks:
+``admit`` and ``allocate`` (``config.allocator == "engine"``).
+
+Modelled on vLLM's scheduler calling its KV-cache manager
+(``vllm/v1/core/sched/scheduler.py`` → ``vllm/v1/core/kv_cache_manager.py``):
+a waiting request is admitted with its prefix-cache hit
+(``get_computed_blocks``) and blocks for its first chunk
+(``allocate_slots``); a running request asks for blocks for its next tokens.
+The model runner then receives the block ids, as ``NewRequestData`` /
+``CachedRequestData.new_block_ids``.  A refusal (the pool is short) is a legal
+outcome: the request stays out (``admit``) or gets nothing (``allocate``).
+
+These ops *record* what the target chose (``records``): ``blocks`` (per group;
+``null`` when refused) and, for ``admit``, ``num_cached_tokens`` (the hit).
+A search or a shrink fills them in from the target; a replay of a saved
+trace compares the target's new choice with them (``ALLOCATION_REPLAYED``)
+and the reference mirrors them, so the scheduler invariants judge the
+choice (:mod:`harness.core.invariants.scheduler`).  A trace may leave them
+out; the first replay records them.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+from reference.payload import REQ_ID_MAX
+
+from harness.core.ops import INT, OpSpec, register
+
+RECORDED_BLOCKS = {"anyOf": [{"type": "null"},
+                             {"type": "array", "items": {"type": "array", "items": INT}}]}
+PREFIX = {"type": "array", "items": INT, "maxItems": 2}
+
+
+def _engine(m) -> bool:
+    return m.cfg.allocator == "engine"
+
+
+def recorded(op: dict, spec) -> dict | None:
+    """The choice ``op`` records (its ``records`` fields), or None when it has none."""
+    if not all(f in op for f in spec.records):
+        return None
+    return {f: copy.deepcopy(op[f]) for f in spec.records}
+
+
+def without_recorded(op: dict) -> dict:
+    """``op`` without the fields its target records (a candidate to be re-recorded)."""
+    from harness.core.ops import spec_of
+
+    return {k: v for k, v in op.items() if k not in spec_of(op).records}
+
+
+# -- admit -------------------------------------------------------------------------
+def _can_admit(m) -> bool:
+    return (_engine(m) and len(m.ledger.requests) < m.cfg.max_num_reqs
+            and m.next_req <= REQ_ID_MAX)
+
+
+def _draw_admit(m, data) -> dict:
+    from hypothesis import strategies as st  # search only: reproducers import no Hypothesis
+
+    cfg, ledger = m.cfg, m.ledger
+    req = m.next_req
+    m.next_req += 1
+    prefix = []
+    sources = sorted(ledger.prompts)
+    if cfg.enable_prefix_caching and sources and data.draw(st.integers(0, 3)):
+        # Mostly a prompt that shares an earlier one's prefix (the whole of it,
+        # or a cut), then its own tokens: where prefix hits come from — most
+        # often an earlier prompt whose blocks are registered already.
+        cached = [r for r in sources if ledger.expected_hit(
+            np.append(ledger.prompts[r], -1))[0] > 0]
+        src = data.draw(st.sampled_from(cached if cached and data.draw(st.integers(0, 3))
+                                        else sources))
+        src_len = len(ledger.prompts[src])
+        extra = data.draw(st.integers(0, max(cfg.max_model_len - src_len, 0)))
+        prompt_len = min(src_len + extra, cfg.max_model_len)
+        n = src_len if data.draw(st.booleans()) else data.draw(st.integers(1, src_len))
+        prefix = [src, min(n, prompt_len)]
+    elif cfg.enable_prefix_caching and data.draw(st.booleans()):
+        # A prompt of a block or two (and a few tokens): full blocks to register
+        # and share within a few steps.
+        prompt_len = data.draw(st.integers(1, min(cfg.max_model_len, 2 * cfg.prefix_unit + 2)))
+    else:
+        prompt_len = data.draw(st.integers(1, cfg.max_model_len))
+    tokens = ledger.prompt_tokens(req, prompt_len, prefix)
+    hit, _ = ledger.expected_hit(tokens)
+    most = max(1, min(prompt_len - hit, cfg.max_num_batched_tokens))
+    # Mostly what a scheduler does: as much of the prompt as the token budget allows.
+    num_new = most if data.draw(st.booleans()) else data.draw(st.integers(1, most))
+    return {"op": "admit", "req": req, "prompt_len": prompt_len, "prefix": prefix,
+            "num_new_tokens": num_new}
+
+
+def _admit_requests(op: dict) -> list[int]:
+    return [op["req"]] + ([op["prefix"][0]] if op["prefix"] else [])
+
+
+def _admit_without(op: dict, req: int) -> dict | None:
+    if op["req"] == req:
+        return None
+    if op["prefix"] and op["prefix"][0] == req:
+        return dict(without_recorded(op), prefix=[])
+    return op
+
+
+def _admit_rename(op: dict, req, block) -> dict:
+    out = copy.deepcopy(op)
+    out["req"] = req(op["req"])
+    if op["prefix"]:
+        out["prefix"] = [req(op["prefix"][0]), op["prefix"][1]]
+    return out
+
+
+def _narrow_admit(op: dict):
+    base = without_recorded(op)
+    if op["prefix"]:
+        yield dict(base, prefix=[])
+    if op["num_new_tokens"] > 1:
+        yield dict(base, num_new_tokens=1)
+    if op["prompt_len"] > 1:
+        smaller = op["prompt_len"] - 1
+        yield dict(base, prompt_len=smaller, num_new_tokens=min(op["num_new_tokens"], smaller),
+                   prefix=[op["prefix"][0], min(op["prefix"][1], smaller)] if op["prefix"] else [])
+
+
+def _permit_new_blocks(config, ledger, op):
+    """Blocks the op newly hands out, any cell (the allocator poisons them: an
+    evicted block's old content goes); hit blocks are read, never written."""
+    blocks = op.get("blocks")
+    cells = {g: {} for g in range(len(config.groups))}
+    if blocks is None:
+        return cells, frozenset()
+    hit = op.get("num_cached_tokens") or 0
+    for g, ids in enumerate(blocks):
+        n_hit = hit // config.tokens_per_block(g) if g in config.attention_groups else 0
+        cells[g] = {b: None for b in ids[n_hit:]}
+    if config.draft_group is not None:
+        cells[("draft", config.draft_group)] = dict(cells[config.draft_group])
+    return cells, frozenset([op["req"]])
+
+
+def _admit(t, op):
+    return t.admit(op["req"], op["prompt_len"], list(op["prefix"]), op["num_new_tokens"],
+                   recorded(op, ADMIT))
+
+
+ADMIT = register(OpSpec(
+    name="admit", summary="a new request gets its prefix hit and blocks from the target's "
+                          "KV-cache manager (allocator engine)",
+    fields={"req": INT, "prompt_len": INT, "prefix": PREFIX, "num_new_tokens": INT,
+            "blocks": RECORDED_BLOCKS, "num_cached_tokens": {"anyOf": [{"type": "null"}, INT]}},
+    example={"op": "admit", "req": 1, "prompt_len": 9, "prefix": [0, 8], "num_new_tokens": 1,
+             "blocks": [[3, 4, 7]], "num_cached_tokens": 8},
+    apply=_admit, draw=_draw_admit, enabled=_can_admit, requests=_admit_requests,
+    without_request=_admit_without, rename=_admit_rename, narrow=_narrow_admit,
+    permit=_permit_new_blocks, family="scheduler", records=("blocks", "num_cached_tokens"),
+    check=lambda ref, op: ref.ledger.check_admit(op["req"], op["prompt_len"], op["prefix"],
+                                                 op["num_new_tokens"])))
+
+
+# -- allocate ----------------------------------------------------------------------
+def _allocatable(m) -> list[int]:
+    if not _engine(m):
+        return []
+    return [r for r, s in sorted(m.ledger.requests.items())
+            if s.num_computed_tokens < m.cfg.max_model_len]
+
+
+def _draw_allocate(m, data) -> dict:
+    from hypothesis import strategies as st  # search only: reproducers import no Hypothesis
+
+    cands = _allocatable(m)
+    # Mostly a request still in its prompt whose blocks do not cover it: the
+    # scheduler's next chunk.
+    short = [r for r in cands if m.ledger.requests[r].capacity_tokens(m.cfg)
+             < m.ledger.requests[r].prompt_len]
+    req = data.draw(st.sampled_from(short if short and data.draw(st.booleans()) else cands))
+    r = m.ledger.requests[req]
+    most = min(m.cfg.max_model_len - r.num_computed_tokens, m.cfg.max_num_batched_tokens)
+    chunk = min(max(r.prompt_len - r.num_computed_tokens, 1), most)
+    n = chunk if data.draw(st.booleans()) else data.draw(st.integers(1, most))
+    return {"op": "allocate", "req": req, "num_new_tokens": n}
+
+
+def _narrow_allocate(op: dict):
+    if op["num_new_tokens"] > 1:
+        yield dict(without_recorded(op), num_new_tokens=1)
+
+
+def _allocate(t, op):
+    return t.allocate(op["req"], op["num_new_tokens"], recorded(op, ALLOCATE))
+
+
+ALLOCATE = register(OpSpec(
+    name="allocate", summary="a running request gets blocks for its next tokens from the "
+                             "target's KV-cache manager (allocator engine)",
+    fields={"req": INT, "num_new_tokens": INT, "blocks": RECORDED_BLOCKS},
+    example={"op": "allocate", "req": 1, "num_new_tokens": 4, "blocks": [[9]]},
+    apply=_allocate, draw=_draw_allocate, enabled=lambda m: bool(_allocatable(m)),
+    requests=lambda op: [op["req"]],
+    rename=lambda op, req, block: dict(copy.deepcopy(op), req=req(op["req"])),
+    narrow=_narrow_allocate, permit=_permit_new_blocks, family="scheduler",
+    records=("blocks",),
+    check=lambda ref, op: ref.ledger.check_allocate(op["req"], op["num_new_tokens"])))
