@@ -266,7 +266,7 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "allocate_slots calls cache_blocks for num_computed + num_new_tokens before the "
           "forward (vllm/v1/core/kv_cache_manager.py); vLLM issue #37152 / PR #38715 (a "
           "same-step hit on blocks registered but not yet written)",
-          "PREFIX_CONTENT", ("MATCHES_REFERENCE",), family="scheduler",
+          "PREFIX_CONTENT", ("ONE_OWNER_PER_BLOCK", "MATCHES_REFERENCE"), family="scheduler",
           sites=("vllm/v1/core/kv_cache_manager.py",
                  "vllm/v1/core/single_type_kv_cache_manager.py")),
     Fault("hit-not-capped-below-prompt", ("v1", "v2"),

@@ -159,8 +159,8 @@ class KVCacheManager:
         self.req_blocks[req] = [list(b) for b in blocks]
         self.req_tokens[req] = np.asarray(tokens, np.int64)
         self.num_computed[req] = hit
-        if "cache-blocks-before-compute" in self.faults:
-            self.cache_blocks(req, hit + num_new_tokens)
+        if "cache-blocks-before-compute" in self.faults:  # the tokens known: the prompt's
+            self.cache_blocks(req, min(hit + num_new_tokens, len(tokens)))
         return blocks, hit
 
     def allocate(self, req: int, num_new_tokens: int):
@@ -175,7 +175,8 @@ class KVCacheManager:
         for g in groups:
             have[g].extend(new[g])
         if "cache-blocks-before-compute" in self.faults:
-            self.cache_blocks(req, total)
+            self.cache_blocks(req, min(total, max(len(self.req_tokens[req]),
+                                                  self.num_computed[req])))
         return new
 
     def token_ids(self, req: int, num_tokens: int) -> np.ndarray:
@@ -193,7 +194,8 @@ class KVCacheManager:
             return
         tokens = self.token_ids(req, num_tokens)
         for g in cfg.attention_groups:
-            for i in range(num_tokens // cfg.tokens_per_block(g)):
+            for i in range(min(num_tokens // cfg.tokens_per_block(g),
+                               len(self.req_blocks[req][g]))):
                 self.pools[g].register(self.req_blocks[req][g][i], self._key(tokens, g, i))
 
     def computed(self, req: int, num_computed: int) -> None:

@@ -386,7 +386,8 @@ class Ledger:
                 self.last_taken_busy.append((group, b, ()))
                 continue
             if self.ref_count[group][b]:
-                self.last_taken_busy.append((group, b, tuple(self.holders(group, b))))
+                held = [h for h in self.holders(group, b) if h != req]
+                self.last_taken_busy.append((group, b, tuple(held)))
             self.registered[group].pop(b, None)
             self.ref_count[group][b] += 1
             if self.owner[group][b] == FREE:

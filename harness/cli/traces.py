@@ -106,6 +106,8 @@ def _replay_one(args, path, trace, use, device, expect) -> tuple[bool, bool]:
         print(f"PASS {path}: {verdict.ops_run} op{'' if verdict.ops_run == 1 else 's'}{tag}")
     else:
         print(f"FAIL {path}{tag}: {verdict.violation.line()}")
+    for line in verdict.diverged:  # the KV-cache manager's policy differs from the record's
+        print(f"  note: {line}")
     if not args.check_expect:
         return verdict.violation is not None, False
     got = ("pass" if verdict.violation is None else

@@ -29,6 +29,7 @@ class Verdict:
     violation: inv.Violation | None
     ops_run: int
     ops: list = field(default_factory=list)  # the ops as replayed (choices recorded)
+    diverged: list = field(default_factory=list)  # where the target chose unlike the trace
 
     @property
     def verdict(self) -> str:
@@ -55,16 +56,19 @@ class Session:
     ``startup_violations``: what graph capture broke (op_index -1).
     ``last``: (before, after, permit) of the last op, None after a crash (the
     implementation's state was not observed) — ``explain`` reads it.
-    record: for ops whose target chooses (``OpSpec.records``: the KV-cache
-    manager's blocks), write the target's choice into the op dict; False
-    (replaying a saved trace) compares it with what the op recorded
-    (``ALLOCATION_REPLAYED``) and then records it.
+    Ops whose target chooses (``OpSpec.records``: the KV-cache manager's
+    blocks) get the target's choice written into the op dict; where the op
+    had recorded another one, ``diverged`` gets a line (unless ``record``: a
+    search or shrink, whose candidates' records are stale anyway).  A
+    different choice is the manager's policy, not a violation: the scheduler
+    invariants judge the choice made.
     """
 
     def __init__(self, config: RunnerConfig, faults=(), target: str = "gpu_impl",
                  device: str | None = None, skip=(), record: bool = False):
         self.config = config
         self.record = record
+        self.diverged: list[str] = []
         self.skip = frozenset(skip)
         self.reference = ReferenceTarget(config)
         self.target = make_target(target, config, tuple(faults), device)
@@ -127,9 +131,11 @@ class Session:
             self.last = None
             return [inv.Violation(inv.IMPL_CRASH, i, kind, f"{type(e).__name__}: {e}")]
         chosen = {f: chosen.get(f) for f in spec.records}
+        if was is not None and was != chosen and not self.record:
+            self.diverged.append(f"ops[{i}] ({kind}): the target chose {chosen}; the trace "
+                                 f"recorded {was}")
         op.update(copy.deepcopy(chosen))
-        facts = sched_inv.facts_before(self.config, self.ledger, op, was,
-                                       None if self.record else was)
+        facts = sched_inv.facts_before(self.config, self.ledger, op, was)
         problem = sched_inv.malformed(self.config, self.ledger, op)
         if problem:
             self.last = None
@@ -155,10 +161,11 @@ def replay(trace: Trace, faults=None, target: str = "gpu_impl",
     skip: invariant ids to ignore (start-up included), e.g. to show which
     invariant would catch a bug's consequence if its structural invariant were
     not checked.  A start-up violation is reported with op_index -1, 0 ops run.
-    record: the target's KV-cache manager choices are recorded into a copy of
-    the ops (``Verdict.ops``) instead of compared with the trace's (a search or
-    a shrink, whose candidates' recorded choices are stale).  Raises
-    :class:`IllegalOp` for an op the reference refuses.
+    The target's KV-cache manager choices are recorded into a copy of the ops
+    (``Verdict.ops``); where they differ from the trace's, ``Verdict.diverged``
+    says so (record: not even that — a search or a shrink, whose candidates'
+    records are stale).  Raises :class:`IllegalOp` for an op the reference
+    refuses.
     """
     session = Session(trace.config, faults or (), target, device, skip, record)
     ops = copy.deepcopy(trace.ops)
@@ -170,5 +177,5 @@ def replay(trace: Trace, faults=None, target: str = "gpu_impl",
         except OpError as e:  # parse() dry-runs traces, so only hand-built ones get here
             raise IllegalOp(f"ops[{session.op_index}] ({op['op']}): {e}") from None
         if found:
-            return Verdict(found[0], session.op_index, ops)
-    return Verdict(None, session.op_index, ops)
+            return Verdict(found[0], session.op_index, ops, session.diverged)
+    return Verdict(None, session.op_index, ops, session.diverged)

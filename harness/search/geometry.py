@@ -44,9 +44,19 @@ def runner_configs(draw, runner: str | None = None,
     if draw(st.sampled_from([False, False, True])):
         second = draw(st.sampled_from([8, 4]))
         groups.append(GroupSpec(ATTENTION, second, second))
+    # Who picks block ids: the trace, or the target's own KV-cache manager (one
+    # config in four), mostly with prefix caching — which the model has for
+    # attention-only configs with one DCP rank, so those drop the Mamba group.
+    allocator, caching = "trace", False
+    if engine and draw(st.sampled_from([False, False, False, True])):
+        allocator = "engine"
+        if draw(st.sampled_from([True, True, False])):
+            caching = True
+            groups = [g for g in groups if g.kind != MAMBA]
     max_num_batched_tokens = draw(st.sampled_from([16, 8]))
     sizes = draw(st.sampled_from([(1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4), (2, 8), (1,), ()]))
-    world = draw(st.sampled_from([1, 1, 2, 4])) if (dcp or {}).get(runner, True) else 1
+    world = draw(st.sampled_from([1, 1, 2, 4])) if (dcp or {}).get(runner, True) and not \
+        caching else 1
     rank = draw(st.integers(0, world - 1))
     interleave = draw(st.sampled_from([i for i in (1, 2, 4) if all(
         g.block_size % i == 0 for g in groups if g.kind == ATTENTION)]))
@@ -67,14 +77,6 @@ def runner_configs(draw, runner: str | None = None,
         k = 0
     if reorder:
         reorder = 1 + k
-    # Who picks block ids: the trace, or the target's own KV-cache manager (one
-    # config in three; half the attention-only ones), with prefix caching
-    # wherever the model has it (attention only, one DCP rank).
-    allocator, caching = "trace", False
-    if engine and draw(st.sampled_from([False, True] if not mamba else [False, False, True])):
-        allocator = "engine"
-        if not mamba and draw(st.sampled_from([True, True, False])):
-            caching, world, rank = True, 1, 0
     return RunnerConfig(
         allocator=allocator,
         enable_prefix_caching=caching,

@@ -63,8 +63,8 @@ def test_invariant_registry_order_flags_and_startup():
     assert inv.ids() == ("VACATED_ROWS_ZERO", "DUMMY_TABLES_ZERO", "PADDED_ROWS_NEUTRAL",
                          "GRAPH_ADDRESSES_STABLE", "NULL_BLOCK_FINITE", "NO_STALE_WRITE",
                          "LOADED_BLOCKS_INTACT", "NO_FOREIGN_READ", "ATTENTION_FINITE",
-                         "MATCHES_REFERENCE", "ALLOCATION_REPLAYED", "POOL_ACCOUNTING",
-                         "ONE_OWNER_PER_BLOCK", "PREFIX_CONTENT", "CACHED_BLOCKS_IMMUTABLE")
+                         "MATCHES_REFERENCE", "POOL_ACCOUNTING", "PREFIX_CONTENT",
+                         "ONE_OWNER_PER_BLOCK", "CACHED_BLOCKS_IMMUTABLE")
     assert inv.structural_ids() == ("VACATED_ROWS_ZERO", "DUMMY_TABLES_ZERO",
                                     "PADDED_ROWS_NEUTRAL")
     assert desc_after("PADDED_ROWS_NEUTRAL") == ["step", "dummy_run", "spec_step"]
@@ -73,7 +73,8 @@ def test_invariant_registry_order_flags_and_startup():
     assert desc["NO_FOREIGN_READ"]["after"] == ["step", "spec_step"]
     assert desc["MATCHES_REFERENCE"]["after"][0] == "start"
     assert "start" not in desc["NO_STALE_WRITE"]["after"]
-    assert desc["PREFIX_CONTENT"]["after"] == ["admit", "allocate"]
+    assert desc["PREFIX_CONTENT"]["after"] == ["admit", "allocate"]  # applies_text: admit
+    assert "step" in desc["CACHED_BLOCKS_IMMUTABLE"]["after"]
 
 
 def test_startup_trace_with_op_index_minus_one_loads():

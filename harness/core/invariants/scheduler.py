@@ -6,8 +6,9 @@ the choice in its ledger (reference counts, prefix-cache registrations) and
 these checks judge it, independent of the target's policy (which free block,
 which eviction order):
 
-- ``ALLOCATION_REPLAYED``: replaying a saved trace, the target chose what the
-  trace recorded.
+A replay whose target chooses differently from what the trace recorded is
+not a violation — which free block a manager takes is its policy — but the
+replay reports it (:attr:`harness.core.session.Verdict.diverged`).
 - ``POOL_ACCOUNTING``: the choice is well formed (ids in the pool, never the
   null block, as many as the request needs); a refusal only when the pool is
   short; the target's own view of its pool (free count, reference count of
@@ -16,7 +17,8 @@ which eviction order):
   block held by two live requests is a registered full block of the prefix
   they share.
 - ``PREFIX_CONTENT``: an admitted request's hit is the one the reference's
-  prefix cache holds, and its hit blocks hold exactly that prefix's content.
+  prefix cache holds, and its hit blocks hold exactly that prefix's KV (the
+  target's layers: a P/D KV load fills no drafter's layer).
 - ``CACHED_BLOCKS_IMMUTABLE``: a block registered in the prefix cache keeps its
   content in every layer until it is evicted.
 """
@@ -27,13 +29,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from reference import NULL_BLOCK_ID, draft_payload
+from reference import NULL_BLOCK_ID
 from reference.config import ENGINE, MAMBA
 from reference.payload import token_payload
 
 from harness.core.invariants import CheckContext, Invariant, register
 
-ALLOCATION_REPLAYED = "ALLOCATION_REPLAYED"
 POOL_ACCOUNTING = "POOL_ACCOUNTING"
 ONE_OWNER_PER_BLOCK = "ONE_OWNER_PER_BLOCK"
 PREFIX_CONTENT = "PREFIX_CONTENT"
@@ -44,8 +45,8 @@ CACHED_BLOCKS_IMMUTABLE = "CACHED_BLOCKS_IMMUTABLE"
 class ChoiceFacts:
     """What the ledger said before a target's choice was mirrored.
 
-    recorded: the trace's recorded choice when it is compared (a replay), else
-    None; chosen: the target's choice; expected_hit: the reference's prefix hit
+    recorded: the trace's recorded choice, when it had one; chosen: the
+    target's choice; expected_hit: the reference's prefix hit
     (``admit``; None for ``allocate``); tokens: the admitted prompt's token ids;
     needed: new blocks per group the request needs for the chosen hit; fits:
     whether the pool could hand out what the reference's hit needs."""
@@ -62,9 +63,10 @@ def _hit_blocks(config, g: int, hit: int) -> int:
     return 0 if config.groups[g].kind == MAMBA else hit // config.tokens_per_block(g)
 
 
-def facts_before(config, ledger, op: dict, recorded_choice, compare) -> ChoiceFacts:
+def facts_before(config, ledger, op: dict, recorded_choice) -> ChoiceFacts:
     """:class:`ChoiceFacts` of ``op`` (its choice already in it), from the ledger
-    before the choice is mirrored.  compare: the recorded choice to compare, or None."""
+    before the choice is mirrored; recorded_choice: what the trace had, or None."""
+    compare = recorded_choice
     chosen = {k: op.get(k) for k in ("blocks", "num_cached_tokens") if k in op}
     groups = range(len(config.groups))
     if op["op"] == "admit":
@@ -110,7 +112,7 @@ def _malformed_blocks(config, ledger, op: dict):
     if not isinstance(blocks, list) or len(blocks) != len(config.groups) \
             or not all(isinstance(ids, list) for ids in blocks):
         return f"the KV-cache manager's blocks {blocks!r} are not one list per group"
-    facts = facts_before(config, ledger, op, None, None)
+    facts = facts_before(config, ledger, op, None)
     for g, ids in enumerate(blocks):
         held = [] if op["op"] == "admit" else ledger.requests[op["req"]].blocks[g]
         n_hit = _hit_blocks(config, g, hit)
@@ -133,14 +135,6 @@ def _malformed_blocks(config, ledger, op: dict):
 
 def _engine(ctx: CheckContext) -> bool:
     return ctx.config.allocator == ENGINE
-
-
-def check_replayed(ctx: CheckContext) -> list:
-    f = ctx.choice
-    if f is None or f.recorded is None or f.recorded == f.chosen:
-        return []
-    return [ctx.violation(ALLOCATION_REPLAYED, f"the target's KV-cache manager chose "
-                          f"{f.chosen}; the trace recorded {f.recorded}")]
 
 
 def check_pool(ctx: CheckContext) -> list:
@@ -234,9 +228,12 @@ def check_prefix_content(ctx: CheckContext) -> list:
                                       f"shares block {b} as its block {i}, which is not "
                                       "registered for those tokens", group=g, block=b)]
             want = token_payload(f.tokens[i * bs:(i + 1) * bs], cfg.head_size)
+            # The target's layers; the drafter's layer is not judged here: a KV
+            # load fills the target's KV only, so a loaded prefix has none there.
             for name, cache, draft in _layers(ctx.after, g):
-                exp = draft_payload(want) if draft else want
-                if not np.array_equal(cache[b], exp):
+                if draft:
+                    continue
+                if not np.array_equal(cache[b], want):
                     return [ctx.violation(PREFIX_CONTENT, f"request {op['req']}'s prefix hit "
                                           f"shares block {b} ({name}), which does not hold "
                                           f"positions {i * bs}..{(i + 1) * bs - 1} of its prompt",
@@ -266,18 +263,15 @@ def _chooses(spec) -> bool:
     return bool(spec.records)
 
 
-register(Invariant(ALLOCATION_REPLAYED, "replaying a saved trace, the target's KV-cache manager "
-                   "makes the choices the trace recorded", check_replayed, applies=_chooses,
-                   applies_text="admit, allocate"))
 register(Invariant(POOL_ACCOUNTING, "the KV-cache manager hands out blocks its pool has, as "
                    "many as a request needs, refuses only when short, and its reference counts "
                    "and free count match the requests holding blocks (null block untouched)",
                    check_pool))
-register(Invariant(ONE_OWNER_PER_BLOCK, "no block is handed out while held; a block two live "
-                   "requests hold is a registered full block of their shared prefix",
-                   check_one_owner))
 register(Invariant(PREFIX_CONTENT, "a prefix hit is the reference's, and its blocks hold "
                    "exactly that prefix's KV", check_prefix_content, applies=_chooses,
                    applies_text="admit"))
+register(Invariant(ONE_OWNER_PER_BLOCK, "no block is handed out while held; a block two live "
+                   "requests hold is a registered full block of their shared prefix",
+                   check_one_owner))
 register(Invariant(CACHED_BLOCKS_IMMUTABLE, "a block registered in the prefix cache keeps its "
                    "content in every layer until evicted", check_cached_immutable))

@@ -74,7 +74,8 @@ def _draw_admit(m, data) -> dict:
         src = data.draw(st.sampled_from(cached if cached and data.draw(st.integers(0, 3))
                                         else sources))
         src_len = len(ledger.prompts[src])
-        extra = data.draw(st.integers(0, max(cfg.max_model_len - src_len, 0)))
+        extra = 0 if data.draw(st.booleans()) else data.draw(
+            st.integers(0, max(cfg.max_model_len - src_len, 0)))
         prompt_len = min(src_len + extra, cfg.max_model_len)
         n = src_len if data.draw(st.booleans()) else data.draw(st.integers(1, src_len))
         prefix = [src, min(n, prompt_len)]

@@ -1,0 +1,234 @@
+"""The scheduler side under test (issue #16): ``allocator: engine`` with the
+target's KV-cache manager choosing blocks, prefix caching, and the scheduler
+invariants that judge its choices.
+
+Every test can fail: choices, hits and content are checked by value, each
+invariant is shown to fire on a manager made to misbehave (monkeypatched at
+the line a bug would live), and legality errors name their field.
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+from gpu_impl.kv_cache_manager import BlockPool, KVCacheManager
+from harness.core.session import Session, replay
+from harness.core.trace import Trace, TraceError, parse
+from reference import SENTINEL, ConfigError, GroupSpec, OpError, RunnerConfig
+from reference.payload import token_payload
+
+CFG = RunnerConfig(groups=(GroupSpec("attention", 4, 4),), num_blocks=12, max_num_reqs=4,
+                   max_num_blocks_per_req=4, max_num_batched_tokens=16,
+                   allocator="engine", enable_prefix_caching=True)
+TWO = RunnerConfig(groups=(GroupSpec("attention", 2, 2), GroupSpec("attention", 4, 4)),
+                   num_blocks=12, max_num_reqs=4, max_num_blocks_per_req=4,
+                   max_num_batched_tokens=16, allocator="engine", enable_prefix_caching=True)
+
+
+def admit(req, n, new, prefix=()):
+    return {"op": "admit", "req": req, "prompt_len": n, "prefix": list(prefix),
+            "num_new_tokens": new}
+
+
+def step(*sched, mode="NONE"):
+    return {"op": "step", "scheduled": [list(s) for s in sched], "cudagraph_mode": mode}
+
+
+SHARED = [admit(0, 9, 9), step((0, 9)), admit(1, 10, 2, (0, 9))]
+
+
+@pytest.mark.parametrize("target", ["reference", "gpu_impl"])
+def test_a_prefix_hit_shares_the_registered_blocks_and_is_capped_below_the_prompt(target):
+    session = Session(CFG, (), target)
+    ops = [dict(op) for op in SHARED]
+    for op in ops:
+        assert session.apply(op) == []
+    # Request 0's full blocks (positions 0-3, 4-7) are registered once computed;
+    # request 1 shares them: 8 tokens, the ninth (shared) token is computed again.
+    assert ops[2]["num_cached_tokens"] == 8
+    assert ops[2]["blocks"][0][:2] == ops[0]["blocks"][0][:2]
+    obs = session.target.observe()
+    assert obs.pool[0]["ref_count"][ops[0]["blocks"][0][0]] == 2
+    # Request 1 starts at its hit; its first step computes positions 8 and 9 only.
+    assert session.apply(step((1, 2), mode="FULL")) == []
+    tokens = session.ledger.token_ids(1, np.arange(10))
+    assert (tokens[:9] == np.arange(9)).all() and tokens[9] == 1 * 256 + 9
+
+
+def test_a_hit_is_a_multiple_of_every_group_block_size():
+    session = Session(TWO, (), "gpu_impl")
+    ops = [admit(0, 7, 7), step((0, 7)), admit(1, 8, 2, (0, 7))]
+    for op in ops:
+        assert session.apply(op) == []
+    # 2-token and 4-token blocks: a 6-token prefix is three blocks of one group
+    # but only one and a half of the other; the hit is 4 tokens.
+    assert ops[2]["num_cached_tokens"] == 4
+    assert [len(b) for b in ops[2]["blocks"]] == [3, 2]  # 4 + 2 tokens
+
+
+def test_freeing_keeps_registered_content_and_poisons_the_rest():
+    session = Session(CFG, (), "gpu_impl")
+    ops = [admit(0, 6, 6), step((0, 6)), {"op": "remove", "req": 0}]
+    for op in ops:
+        assert session.apply(op) == []
+    full, partial = ops[0]["blocks"][0]
+    kv = session.target.observe().kv_cache[0]
+    assert (kv[full] == token_payload(np.arange(4), CFG.head_size)).all()
+    assert (kv[partial] == SENTINEL).all()
+    # A later request with that prefix hits the kept block.
+    op = admit(1, 5, 1, (0, 5))
+    assert session.apply(op) == [] and op["num_cached_tokens"] == 4
+    assert op["blocks"][0][0] == full
+
+
+def test_an_evicted_block_is_poisoned_and_leaves_the_cache():
+    cfg = RunnerConfig(groups=(GroupSpec("attention", 4, 4),), num_blocks=4, max_num_reqs=2,
+                       max_num_blocks_per_req=3, max_num_batched_tokens=16,
+                       allocator="engine", enable_prefix_caching=True)
+    session = Session(cfg, (), "gpu_impl")
+    ops = [admit(0, 4, 4), step((0, 4)), {"op": "remove", "req": 0}, admit(1, 12, 12),
+           admit(2, 5, 5, (0, 4))]
+    for op in ops:
+        assert session.apply(op) == []
+    # Request 1 needs the whole pool: the registered block is evicted and poisoned,
+    # so request 2 (request 0's prompt) misses.
+    assert sorted(ops[3]["blocks"][0]) == [1, 2, 3]
+    assert ops[4]["blocks"] is None and ops[4]["num_cached_tokens"] == 0
+    assert 2 not in session.ledger.requests
+
+
+def test_a_refused_admit_leaves_the_request_out_and_its_steps_illegal():
+    cfg = RunnerConfig(groups=(GroupSpec("attention", 4, 4),), num_blocks=3, max_num_reqs=2,
+                       max_num_blocks_per_req=2, max_num_batched_tokens=16,
+                       allocator="engine")
+    session = Session(cfg, (), "gpu_impl")
+    assert session.apply(admit(0, 8, 8)) == []
+    op = admit(1, 4, 4)
+    assert session.apply(op) == [] and op["blocks"] is None
+    with pytest.raises(OpError, match="request 1 is not live"):
+        session.apply(step((1, 1)))
+
+
+def _patched(monkeypatch, name, fn):
+    monkeypatch.setattr(KVCacheManager, name, fn)
+
+
+def test_pool_accounting_flags_a_refusal_with_room(monkeypatch):
+    _patched(monkeypatch, "admit", lambda self, req, tokens, n: (None, 0))
+    v = Session(CFG, (), "gpu_impl").apply(admit(0, 4, 4))
+    assert [x.invariant for x in v] == ["POOL_ACCOUNTING"] and "refused" in v[0].detail
+
+
+def test_pool_accounting_flags_the_null_block_handed_out(monkeypatch):
+    real = KVCacheManager.admit
+    _patched(monkeypatch, "admit", lambda self, req, tokens, n: (
+        [[0] + real(self, req, tokens, n)[0][0][1:]], 0))
+    v = Session(CFG, (), "gpu_impl").apply(admit(0, 8, 8))
+    assert v[0].invariant == "POOL_ACCOUNTING" and "null block" in v[0].detail
+
+
+def test_one_owner_flags_a_block_handed_out_while_held(monkeypatch):
+    session = Session(CFG, (), "gpu_impl")
+    first = admit(0, 4, 4)
+    assert session.apply(first) == []
+    held = first["blocks"][0][0]
+    real = BlockPool.get_new_blocks
+
+    def take_held(self, n):
+        out = real(self, n)
+        return [held] + out[1:] if out else out
+    monkeypatch.setattr(BlockPool, "get_new_blocks", take_held)
+    v = session.apply(admit(1, 4, 4))
+    assert v and v[0].invariant in ("POOL_ACCOUNTING", "ONE_OWNER_PER_BLOCK")
+    v = Session(CFG, (), "gpu_impl", skip={"POOL_ACCOUNTING"})
+    monkeypatch.setattr(BlockPool, "get_new_blocks", real)
+    assert v.apply(admit(0, 4, 4)) == []
+    monkeypatch.setattr(BlockPool, "get_new_blocks", take_held)
+    found = v.apply(admit(1, 4, 4))
+    assert found[0].invariant == "ONE_OWNER_PER_BLOCK" and f"block {held}" in found[0].detail
+
+
+def test_prefix_content_flags_a_hit_block_that_lost_its_content():
+    # MATCHES_REFERENCE sees the cell too (the reference kept the prefix); off here.
+    session = Session(CFG, (), "gpu_impl", skip={"MATCHES_REFERENCE"})
+    for op in SHARED[:2]:
+        assert session.apply(dict(op)) == []
+    block = session.ledger.requests[0].blocks[0][1]
+    session.target.runner.kv_caches[0][block, 2] = 5.0  # not what the prefix computed
+    session._before = session.target.observe()
+    v = session.apply(dict(SHARED[2]))
+    assert [x.invariant for x in v] == ["PREFIX_CONTENT"]
+    assert f"block {block}" in v[0].detail and "positions 4..7" in v[0].detail
+
+
+def test_cached_blocks_immutable_flags_a_write_into_a_registered_block(monkeypatch):
+    session = Session(CFG, (), "gpu_impl", skip={"NO_STALE_WRITE", "MATCHES_REFERENCE"})
+    ops = [admit(0, 4, 4), step((0, 4)), {"op": "remove", "req": 0}, admit(1, 4, 4)]
+    for op in ops[:3]:
+        assert session.apply(op) == []
+    block = ops[0]["blocks"][0][0]
+    real = session.target.runner.poison_blocks
+
+    def poison_also_cached(g, ids):
+        real(g, list(ids) + [block])
+    monkeypatch.setattr(session.target.runner, "poison_blocks", poison_also_cached)
+    v = session.apply(ops[3])
+    assert [x.invariant for x in v] == ["CACHED_BLOCKS_IMMUTABLE"] and v[0].block == block
+
+
+def test_a_replay_reports_a_different_choice_without_failing(tmp_path):
+    trace = Trace(CFG, [admit(0, 4, 4)])
+    first = replay(trace, record=True)
+    assert first.ops[0]["blocks"] == [[1]] and not first.diverged
+    edited = Trace(CFG, [dict(first.ops[0], blocks=[[7]])])
+    again = replay(edited)
+    assert again.violation is None and "recorded {'blocks': [[7]]" in again.diverged[0]
+
+
+def test_recorded_fields_are_optional_and_checked_only_by_replay():
+    obj = json.loads(Trace(CFG, SHARED).dumps())
+    assert "blocks" not in obj["ops"][0]
+    trace = parse(obj)
+    assert replay(trace).violation is None
+
+
+def test_allocator_ops_are_refused_in_the_other_mode_with_the_field_named():
+    obj = json.loads(Trace(RunnerConfig(), []).dumps())
+    obj["ops"] = [admit(0, 4, 4)]
+    with pytest.raises(TraceError, match=r"ops\[0\] \(admit\)\.op.*allocator 'engine'"):
+        parse(obj)
+    obj = json.loads(Trace(CFG, []).dumps())
+    obj["ops"] = [{"op": "add", "req": 0, "blocks": [[1]], "prompt_len": 1}]
+    with pytest.raises(TraceError, match="use admit / allocate"):
+        parse(obj)
+    obj["ops"] = [admit(0, 4, 4, (3, 2))]
+    with pytest.raises(TraceError, match=r"prefix\[0\]"):
+        parse(obj)
+    obj["ops"] = SHARED[:2] + [admit(1, 10, 3, (0, 9))]
+    with pytest.raises(TraceError, match=r"num_new_tokens.*8-token prefix hit"):
+        parse(obj)
+
+
+def test_prefix_caching_config_limits_are_one_line_errors():
+    with pytest.raises(ConfigError, match="enable_prefix_caching.*allocator 'engine'"):
+        RunnerConfig(enable_prefix_caching=True)
+    with pytest.raises(ConfigError, match="enable_prefix_caching.*Mamba"):
+        RunnerConfig(allocator="engine", enable_prefix_caching=True)
+    with pytest.raises(ConfigError, match="allocator"):
+        RunnerConfig(allocator="scheduler")
+    assert "allocator" not in RunnerConfig().to_json()
+
+
+def test_a_kv_loaded_prefix_is_a_hit_without_the_drafter_layer():
+    """Found by the first clean search (seed 1): a KV load fills the target's KV
+    only, so a drafter's layer over a loaded prefix is empty — not a bad hit."""
+    cfg = RunnerConfig(groups=(GroupSpec("attention", 8, 8),), num_blocks=5, max_num_reqs=4,
+                       max_num_blocks_per_req=2, max_num_batched_tokens=1,
+                       cudagraph_capture_sizes=(), num_speculative_tokens=2,
+                       allocator="engine", enable_prefix_caching=True)
+    ops = [admit(0, 9, 1), admit(1, 9, 1, (0, 9)), admit(2, 8, 1, (0, 8)),
+           {"op": "kv_load", "req": 2}, admit(3, 9, 1, (1, 9))]
+    verdict = replay(Trace(cfg, ops), record=True)
+    assert verdict.violation is None
+    assert verdict.ops[4]["num_cached_tokens"] == 8
