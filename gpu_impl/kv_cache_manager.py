@@ -129,6 +129,8 @@ class KVCacheManager:
             while (i + 1) * bs <= hit and pool.get_cached_block(self._key(tokens, g, i)) is not None:
                 i += 1
             hit = min(hit, i * bs // self.unit * self.unit)
+        if cfg.num_speculative_tokens and hit:  # EAGLE/MTP: recompute the last unit
+            hit -= self.unit
         for g in cfg.attention_groups:
             bs = cfg.tokens_per_block(g)
             blocks[g] = [self.pools[g].get_cached_block(self._key(tokens, g, i))
@@ -205,14 +207,8 @@ class KVCacheManager:
         self.cache_blocks(req, num_computed)
 
     def rolled_back(self, req: int, num_computed: int) -> None:
-        """Rejected tokens: a block reaching past ``num_computed`` is no cached prefix."""
+        """Rejected tokens (configs without prefix caching: nothing registered)."""
         self.num_computed[req] = num_computed
-        cfg = self.config
-        for g in cfg.attention_groups:
-            bs = cfg.tokens_per_block(g)
-            for i, b in enumerate(self.req_blocks[req][g]):
-                if (i + 1) * bs > num_computed:
-                    self.pools[g].unregister(b)
 
     def free(self, req: int) -> list[list[int]]:
         """Free ``req``'s blocks (tail first); returns those now free and

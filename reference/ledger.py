@@ -145,7 +145,9 @@ class Ledger:
         """The prefix-cache hit for a prompt of ``tokens``: (tokens, blocks per
         group) — the longest prefix, at most ``len(tokens) - 1`` tokens and a
         multiple of :attr:`RunnerConfig.prefix_unit`, whose every full block is
-        registered in every attention group (vLLM's ``get_computed_blocks``)."""
+        registered in every attention group (vLLM's ``get_computed_blocks``),
+        less one unit with a drafter (vLLM drops the last matched block for
+        EAGLE/MTP)."""
         cfg = self.config
         if not cfg.enable_prefix_caching:
             return 0, [[] for _ in cfg.groups]
@@ -157,6 +159,11 @@ class Ledger:
             while (i + 1) * bs <= best and self.cached_block(g, self.block_key(g, tokens, i)) is not None:
                 i += 1
             best = min(best, i * bs // unit * unit)
+        if cfg.num_speculative_tokens and best:
+            # A drafter (EAGLE/MTP) needs the hidden states of the tokens before
+            # the generation point: the last matched unit is computed again
+            # (vLLM's drop_eagle_block).
+            best -= unit
         blocks = [[] for _ in cfg.groups]
         for g in cfg.attention_groups:
             bs = cfg.tokens_per_block(g)
@@ -444,17 +451,6 @@ class Ledger:
                 if 0 < b < cfg.num_blocks and b not in self.registered[g]:
                     self.registered[g][b] = self.block_key(g, tokens, i)
 
-    def _unregister_past(self, req: int) -> None:
-        """Rejected tokens: a block of ``req`` reaching past its computed tokens is
-        not a cached prefix any more."""
-        cfg = self.config
-        r = self.requests[req]
-        for g in cfg.attention_groups:
-            bs = cfg.tokens_per_block(g)
-            for i, b in enumerate(r.blocks[g]):
-                if (i + 1) * bs > r.num_computed_tokens:
-                    self.registered[g].pop(b, None)
-
     def append(self, req: int, blocks: list[list[int]]) -> None:
         self.check_append(req, blocks)
         r = self.requests[req]
@@ -535,7 +531,6 @@ class Ledger:
         r = self.requests[req]
         r.num_computed_tokens -= num_tokens
         r.last_step_tokens = 0
-        self._unregister_past(req)
 
     def step(self, scheduled: list, accepted=None) -> None:
         """A step of ``scheduled`` [[req, num_tokens]]; with speculative decoding a

@@ -247,6 +247,10 @@ class ReferenceRunnerBase(abc.ABC):
         if self.config.num_speculative_tokens:
             raise OpError("op", "rollback is for configs without a drafter; with "
                           "num_speculative_tokens > 0 accepted counts come with spec_step")
+        if self.config.enable_prefix_caching:
+            raise OpError("op", "rollback needs a config without prefix caching (its step "
+                          "registered the tokens it rolls back; an engine caches only "
+                          "accepted tokens: use spec_step with a drafter)")
         self.ledger.rollback(req, num_tokens)
         self._row_progress(req, self.ledger.requests[req].num_computed_tokens)
 

@@ -22,7 +22,7 @@ from reference.config import ALWAYS, UNIFORM_BATCH
 def runner_configs(draw, runner: str | None = None,
                    kernel_split: dict | None = None, dcp: dict | None = None,
                    spec: bool = True, spec_dcp: bool = True,
-                   engine: bool = True) -> RunnerConfig:
+                   engine: bool | str = True) -> RunnerConfig:
     """A valid :class:`RunnerConfig`; ``runner`` pins ``v1`` / ``v2``.
 
     kernel_split: {runner: bool} — False keeps ``kernel_block_size == block_size``
@@ -30,7 +30,9 @@ def runner_configs(draw, runner: str | None = None,
     :func:`target_limits`); dcp: {runner: bool} — False keeps one DCP rank;
     spec: False keeps ``num_speculative_tokens`` 0 (a target without a drafter);
     spec_dcp: False keeps it 0 when ``dcp_world_size`` > 1; engine: False keeps
-    ``allocator`` ``trace`` (a target without its own KV-cache manager).
+    ``allocator`` ``trace`` (a target without its own KV-cache manager);
+    ``"single"`` draws ``engine`` configs with one attention group only (a
+    target whose manager's groups share one pool, as vLLM's do).
     """
     runner = runner or draw(st.sampled_from(["v1", "v2"]))
     # Repeated entries weight the draw: most examples keep a Mamba group and
@@ -53,10 +55,12 @@ def runner_configs(draw, runner: str | None = None,
         if draw(st.sampled_from([True, True, False])):
             caching = True
             groups = [g for g in groups if g.kind != MAMBA]
+        if engine == "single":
+            groups = groups[:1]
     max_num_batched_tokens = draw(st.sampled_from([16, 8]))
     sizes = draw(st.sampled_from([(1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4), (2, 8), (1,), ()]))
     world = draw(st.sampled_from([1, 1, 2, 4])) if (dcp or {}).get(runner, True) and not \
-        caching else 1
+        caching and not (allocator == "engine" and engine == "single") else 1
     rank = draw(st.integers(0, world - 1))
     interleave = draw(st.sampled_from([i for i in (1, 2, 4) if all(
         g.block_size % i == 0 for g in groups if g.kind == ATTENTION)]))

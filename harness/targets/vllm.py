@@ -244,11 +244,12 @@ def v2_dcp_runs(vllm: SimpleNamespace | None = None) -> str | None:
 def refusal(config, vllm: SimpleNamespace | None = None) -> TargetRefused | None:
     """Why the installed release cannot run ``config`` here (None when it can)."""
     vllm = vllm or load()
-    if config.allocator != "trace":
-        return TargetRefused("allocator", "the vllm target drives vLLM's block tables and "
-                             "runners with the trace's block ids; driving vLLM's own "
-                             "KV-cache manager (allocator 'engine') is not built yet: use "
-                             "allocator 'trace'")
+    if config.allocator == "engine":
+        from harness.targets.vllm_kv_cache import refusal as manager_refusal
+
+        why = manager_refusal(config)
+        if why is not None:
+            return TargetRefused("allocator", why)
     if config.num_speculative_tokens:
         error = spec_decode_missing(vllm)
         if error is not None:
@@ -291,7 +292,8 @@ def geometry_limits() -> dict:
     vllm = load()
     return {"kernel_split": {"v1": vllm.v1_kernel_blocks, "v2": vllm.v2_kernel_blocks},
             "dcp": {"v1": True, "v2": v2_dcp_runs(vllm) is None},
-            "spec": spec_decode_missing(vllm) is None, "spec_dcp": False, "engine": False}
+            "spec": spec_decode_missing(vllm) is None, "spec_dcp": False,
+            "engine": "single"}  # vLLM's KV-cache manager: one group (vllm_kv_cache.refusal)
 
 
 def spec_decode_missing(vllm: SimpleNamespace | None = None) -> str | None:
@@ -357,7 +359,13 @@ def make_target(config, faults=(), device: str | None = None):
     from harness.targets.runner_target import RunnerTarget
 
     assert not faults, "faults live in gpu_impl"
-    return RunnerTarget("vllm", make_vllm_runner(config, device))
+    runner = make_vllm_runner(config, device)
+    manager = None
+    if config.allocator == "engine":
+        from harness.targets.vllm_kv_cache import VllmKVCacheManager
+
+        manager = VllmKVCacheManager(config)
+    return RunnerTarget("vllm", runner, manager)
 
 
 def make_vllm_runner(config, device: str | None = None):

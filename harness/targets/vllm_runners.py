@@ -334,7 +334,8 @@ class VllmV2Runner(_VllmMetadataBuilders, _ReferenceWidth, RunnerShellV2):
         index = self.req_states.free_indices[-1] if self.req_states.free_indices else None
         if index is not None:
             self._stage_write(index)  # before add_request stages its own writes
-        self.req_states.add_request(str(req), state.prompt_len, [0] * state.prompt_len, 0,
+        self.req_states.add_request(str(req), state.prompt_len, [0] * state.prompt_len,
+                                    state.num_computed_tokens,
                                     max_model_len(self.config) - state.prompt_len)
         index = self.req_states.req_id_to_index[str(req)]
         self.req_index[req] = index

@@ -223,12 +223,15 @@ def test_prefix_caching_config_limits_are_one_line_errors():
 def test_a_kv_loaded_prefix_is_a_hit_without_the_drafter_layer():
     """Found by the first clean search (seed 1): a KV load fills the target's KV
     only, so a drafter's layer over a loaded prefix is empty — not a bad hit."""
-    cfg = RunnerConfig(groups=(GroupSpec("attention", 8, 8),), num_blocks=5, max_num_reqs=4,
-                       max_num_blocks_per_req=2, max_num_batched_tokens=1,
+    cfg = RunnerConfig(groups=(GroupSpec("attention", 4, 4),), num_blocks=8, max_num_reqs=4,
+                       max_num_blocks_per_req=4, max_num_batched_tokens=1,
                        cudagraph_capture_sizes=(), num_speculative_tokens=2,
                        allocator="engine", enable_prefix_caching=True)
-    ops = [admit(0, 9, 1), admit(1, 9, 1, (0, 9)), admit(2, 8, 1, (0, 8)),
+    ops = [admit(0, 9, 1), admit(1, 9, 1, (0, 9)), admit(2, 8, 8, (0, 8)),
            {"op": "kv_load", "req": 2}, admit(3, 9, 1, (1, 9))]
     verdict = replay(Trace(cfg, ops), record=True)
     assert verdict.violation is None
-    assert verdict.ops[4]["num_cached_tokens"] == 8
+    # Two registered blocks of the loaded prefix; with a drafter the last is
+    # computed again (vLLM's drop_eagle_block): a 4-token hit on block one.
+    assert verdict.ops[4]["num_cached_tokens"] == 4
+    assert verdict.ops[4]["blocks"][0][0] == verdict.ops[2]["blocks"][0][0]
