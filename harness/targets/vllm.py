@@ -78,8 +78,15 @@ def unexercised(trace) -> str | None:
     not run (None when some fault's site is driven, or the trace has none)."""
     from gpu_impl.faults import CATALOGUE
 
+    from harness.targets.vllm_kv_cache import DRIVER_RULES, MANAGER_SITES
+
     driven = ENGINE_SITES[trace.config.runner]
+    if trace.config.allocator == "engine":
+        driven = driven + MANAGER_SITES
     faults = [CATALOGUE[f] for f in trace.faults if f in CATALOGUE]
+    if faults and trace.config.allocator == "engine" and all(
+            f.id in DRIVER_RULES for f in faults):
+        return "; ".join(DRIVER_RULES[f.id] for f in faults)
     if not faults or any(set(f.sites) & set(driven) for f in faults):
         return None
     sites = sorted({s for f in faults for s in f.sites})

@@ -35,6 +35,20 @@ import inspect
 import numpy as np
 
 
+MANAGER_SITES = ("vllm/v1/core/kv_cache_manager.py", "vllm/v1/core/block_pool.py",
+                 "vllm/v1/core/single_type_kv_cache_manager.py",
+                 "vllm/v1/core/kv_cache_coordinator.py", "vllm/v1/core/kv_cache_utils.py")
+"""The upstream files that run as vLLM's own when a config's allocator is ``engine``."""
+
+DRIVER_RULES = {
+    "cache-blocks-before-compute": (
+        "the fault's behaviour (blocks registered at allocation) is replaced by this "
+        "adapter's driver rule (allocate_slots with delay_cache_blocks, cache_blocks once "
+        "computed), so vLLM's own registration timing is not what runs"),
+}
+"""Faults whose code path the adapter's driver rules replace: their traces read n/a."""
+
+
 def _kw(fn, **kw):
     params = inspect.signature(fn).parameters
     return {k: v for k, v in kw.items() if k in params}
