@@ -18,16 +18,18 @@ import random
 import time
 
 
-def workload(config, rounds: int, seed: int) -> list[dict]:
-    """Ops recorded through a reference session (its choices fill them in)."""
+def workload(config, rounds: int, seed: int, target: str) -> list[dict]:
+    """Ops generated against, and recorded through, a session on ``target``: which
+    blocks its manager evicts decides later hits, so each target gets the
+    workload its own choices lead to (same seed, same decisions)."""
     from harness.core.session import Session
 
-    rng, session, ops = random.Random(seed), Session(config, (), "reference", record=True), []
+    rng, session, ops = random.Random(seed), Session(config, (), target, "cpu", record=True), []
     live, prompts, next_req = {}, {}, 0
 
-    def do(op):
-        if not session.apply(op):
-            ops.append(op)
+    def do(op):  # a release's own bug (a violation) does not stop the workload
+        session.apply(op)
+        ops.append(op)
         return op
 
     for _ in range(rounds):
@@ -133,16 +135,16 @@ def main() -> None:
                               num_blocks=32, max_num_reqs=4, max_num_blocks_per_req=8,
                               max_num_batched_tokens=16, allocator="engine",
                               enable_prefix_caching=caching)
-        ops = workload(config, args.rounds, args.seed)
-        admits = [op for op in ops if op["op"] == "admit"]
-        share = sum(op["num_cached_tokens"] or 0 for op in admits) / max(
-            1, sum(op["prompt_len"] for op in admits))
         for target in args.targets.split(","):
             try:
+                ops = workload(config, args.rounds, args.seed, target)
                 rate = session_rate(config, ops, target)
             except Exception as e:  # noqa: BLE001 - a target not installed here
                 print(f"{target}: skipped ({type(e).__name__}: {e})")
                 continue
+            admits = [op for op in ops if op["op"] == "admit"]
+            share = sum(op["num_cached_tokens"] or 0 for op in admits) / max(
+                1, sum(op["prompt_len"] for op in admits))
             rows.append((caching, target, len(ops), share, rate,
                          manager_rate(_manager(target), config, ops)))
     table = Table(title=f"allocator engine, {args.rounds} rounds (seed {args.seed}): session "

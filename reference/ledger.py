@@ -365,8 +365,6 @@ class Ledger:
             raise OpError("prompt_len", f"{prompt_len!r} not in [1, {cfg.max_model_len}] "
                           "(max_model_len)")
         self.check_prefix(prefix, prompt_len)
-        if prefix and not cfg.enable_prefix_caching:
-            raise OpError("prefix", "a shared prefix needs enable_prefix_caching")
         tokens = self.prompt_tokens(req, prompt_len, prefix)
         hit, _ = self.expected_hit(tokens)
         if isinstance(num_new_tokens, bool) or not isinstance(num_new_tokens, int) \
