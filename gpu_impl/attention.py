@@ -39,7 +39,7 @@ def reshape_and_cache(hidden: torch.Tensor, slot_mapping: torch.Tensor, kv_cache
 def paged_attention_read(block_table: torch.Tensor, seq_lens: torch.Tensor,
                          kv_cache: torch.Tensor, out: torch.Tensor, num_rows: int,
                          alloc_block_size: int | None = None,
-                         dcp: tuple[int, int, int] = (1, 0, 1)) -> None:
+                         dcp: tuple[int, int, int] = (1, 0, 1), window: int = 0) -> None:
     """Masked sum over every block-table column of rows [0, num_rows).
 
     block_table: int32 (max_num_reqs, width) kernel block ids; seq_lens: int32
@@ -47,7 +47,8 @@ def paged_attention_read(block_table: torch.Tensor, seq_lens: torch.Tensor,
     head_size); out: float32 (max_num_reqs, head_size), rows [0, num_rows)
     written.  A cell's weight is 1 when the position it holds on this rank
     (decode context parallelism ``dcp`` = (world, rank, interleave), dealt in
-    allocation blocks of ``alloc_block_size``) is below the row's seq_len.
+    allocation blocks of ``alloc_block_size``) is below the row's seq_len (and,
+    with a sliding ``window`` > 0, at least ``seq_len - window``).
     """
     width = block_table.shape[1]
     block_size, head = kv_cache.shape[1], kv_cache.shape[2]
@@ -55,7 +56,7 @@ def paged_attention_read(block_table: torch.Tensor, seq_lens: torch.Tensor,
     launch(_paged_attention_read_kernel, (1,), block_table, seq_lens, kv_cache, out, num_rows,
            WIDTH=width, BLOCK_SIZE=block_size, HEAD=head,
            ALLOC_BLOCK_SIZE=alloc_block_size or block_size, WORLD=world, RANK=rank,
-           INTERLEAVE=interleave, NUM_BLOCKS=kv_cache.shape[0],
+           INTERLEAVE=interleave, NUM_BLOCKS=kv_cache.shape[0], WINDOW=window,
            BLOCK_R=triton.next_power_of_2(block_table.shape[0]),
            BLOCK_J=triton.next_power_of_2(width * block_size))
 
@@ -102,6 +103,7 @@ def _paged_attention_read_kernel(
     RANK: tl.constexpr,
     INTERLEAVE: tl.constexpr,
     NUM_BLOCKS: tl.constexpr,  # kernel blocks in the cache: ids past it read 0
+    WINDOW: tl.constexpr,  # sliding window in tokens (0: full attention)
     BLOCK_R: tl.constexpr,
     BLOCK_J: tl.constexpr,
 ):
@@ -126,6 +128,9 @@ def _paged_attention_read_kernel(
     held = (alloc_column * ALLOC_BLOCK_SIZE * WORLD + (local // INTERLEAVE) * WORLD * INTERLEAVE
             + RANK * INTERLEAVE + local % INTERLEAVE)
     # Masked positions are loaded and weighted by 0, not skipped (whole-block reads).
-    weight = (held[None, :] < seq_len[:, None]).to(tl.float32)
+    inside = held[None, :] < seq_len[:, None]
+    if WINDOW > 0:  # sliding window: positions before it are never read
+        inside = inside & (held[None, :] >= seq_len[:, None] - WINDOW)
+    weight = inside.to(tl.float32)
     out = tl.sum(weight[:, :, None] * vals, axis=1)
     tl.store(out_ptr + r[:, None] * HEAD + d[None, :], out, mask=row_ok[:, None])

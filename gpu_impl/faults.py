@@ -269,6 +269,17 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "PREFIX_CONTENT", ("ONE_OWNER_PER_BLOCK", "MATCHES_REFERENCE"), family="scheduler",
           sites=("vllm/v1/core/kv_cache_manager.py",
                  "vllm/v1/core/single_type_kv_cache_manager.py")),
+    Fault("sliding-window-boundary-early", ("v1", "v2"),
+          "the first position a sliding window still needs is computed one token late "
+          "(num_computed - window + 2), so the block holding the oldest position the next "
+          "token attends to is freed and its entry nulled while it is still read",
+          "SlidingWindowManager.remove_skipped_blocks / get_num_skipped_tokens in "
+          "vllm/v1/core/single_type_kv_cache_manager.py (last useful token = num_computed - "
+          "sliding_window + 1); vLLM PR #23480's review of that boundary and PR #34568 (an "
+          "off-by-one early return in remove_skipped_blocks), #14097 (sliding-window hits "
+          "need cdiv(sliding_window - 1, block_size) blocks)",
+          "POOL_ACCOUNTING", ("NO_FOREIGN_READ",), family="scheduler",
+          sites=("vllm/v1/core/single_type_kv_cache_manager.py",)),
     Fault("hit-not-capped-below-prompt", ("v1", "v2"),
           "the prefix-cache lookup may cover the whole prompt, so a prompt that is all "
           "cached skips its last token (whose logits the first sample needs) and the "

@@ -165,21 +165,44 @@ class KVCacheManager:
             self.cache_blocks(req, min(hit + num_new_tokens, len(tokens)))
         return blocks, hit
 
+    def remove_skipped_blocks(self, req: int) -> list[list[int]]:
+        """Free ``req``'s blocks that left a sliding window (every position before
+        the first one the next token attends to: ``num_computed - window + 1``);
+        their entries become the null block.  Returns the freed ids per group."""
+        freed = []
+        for g, spec in enumerate(self.config.groups):
+            out = []
+            if spec.sliding_window:
+                skip = self.num_computed[req] - spec.sliding_window + 1
+                if "sliding-window-boundary-early" in self.faults:
+                    skip += 1
+                bs = self.config.tokens_per_block(g)
+                row = self.req_blocks[req][g]
+                for i, b in enumerate(row):
+                    if b != NULL_BLOCK_ID and (i + 1) * bs <= skip:
+                        out.append(b)
+                        row[i] = NULL_BLOCK_ID
+                self.pools[g].free_blocks(list(reversed(out)))
+            freed.append(out)
+        return freed
+
     def allocate(self, req: int, num_new_tokens: int):
-        """A running request's next tokens: new blocks per group, or None."""
+        """A running request's next tokens: (new blocks per group or None, the
+        blocks its sliding windows left, freed first)."""
+        freed = self.remove_skipped_blocks(req)
         groups = range(len(self.config.groups))
         have = self.req_blocks[req]
         total = self.num_computed[req] + num_new_tokens
         needed = [self._needed(g, len(have[g]), total) for g in groups]
         if any(needed[g] > self.pools[g].num_free() for g in groups):
-            return None
+            return None, freed
         new = [self.pools[g].get_new_blocks(needed[g]) for g in groups]
         for g in groups:
             have[g].extend(new[g])
         if "cache-blocks-before-compute" in self.faults:
             self.cache_blocks(req, min(total, max(len(self.req_tokens[req]),
                                                   self.num_computed[req])))
-        return new
+        return new, freed
 
     def token_ids(self, req: int, num_tokens: int) -> np.ndarray:
         pos = np.arange(num_tokens, dtype=np.int64)
@@ -219,9 +242,15 @@ class KVCacheManager:
         out = []
         for g, ids in enumerate(blocks):
             pool = self.pools[g]
+            ids = [b for b in ids if b != NULL_BLOCK_ID]  # entries a window freed
             pool.free_blocks(list(reversed(ids)))
             out.append([b for b in ids if pool.ref_cnt[b] == 0 and pool.block_hash[b] is None])
         return out
+
+    def is_free(self, group: int, block: int) -> bool:
+        """No holder and not registered (what the allocator poisons)."""
+        pool = self.pools[group]
+        return pool.ref_cnt[block] == 0 and pool.block_hash[block] is None
 
     def pool_view(self) -> dict:
         """{group: {"ref_count": int64 (num_blocks,), "num_free": int}}."""

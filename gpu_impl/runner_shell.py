@@ -691,7 +691,8 @@ class RunnerShell(abc.ABC):
         for g in self.attn_groups:
             _, table, seq_lens = inputs[g]
             paged_attention_read(table, seq_lens, self._kv_view(g), self.attn_out[g],
-                                 num_rows, self.config.groups[g].block_size, self.dcp(g))
+                                 num_rows, self.config.groups[g].block_size, self.dcp(g),
+                                 self.config.groups[g].sliding_window)
 
     def _build_attention_inputs(self, num_rows: int, num_tokens: int, tables: list | None,
                                 metadata: bool) -> None:

@@ -75,12 +75,19 @@ class GroupSpec:
     attention metadata was built — and its FULL graphs read that buffer (a
     sparse indexer's or a drafter's own slot mapping, as vLLM's EAGLE
     proposer keeps one).  Serialised only when true.
+    sliding_window: attention only; 0 = full attention, W > 0 = sliding-window
+    attention over the last W tokens (a row's read covers positions
+    ``[seq_len - W, seq_len)``; vLLM's ``SlidingWindowSpec``).  With
+    ``allocator: engine`` the KV-cache manager frees a request's blocks once
+    they leave the window (vLLM's ``remove_skipped_blocks``).  Serialised only
+    when non-zero.
     """
 
     kind: str
     block_size: int
     kernel_block_size: int
     slot_buffer: bool = False
+    sliding_window: int = 0
 
 
 @dataclass(frozen=True)
@@ -236,6 +243,7 @@ class RunnerConfig:
                 {"kind": g.kind, "block_size": g.block_size,
                  "kernel_block_size": g.kernel_block_size}
                 | ({"slot_buffer": True} if g.slot_buffer else {})
+                | ({"sliding_window": g.sliding_window} if g.sliding_window else {})
                 for g in self.groups
             ],
             "num_blocks": self.num_blocks,
@@ -293,7 +301,8 @@ class RunnerConfig:
                 if not isinstance(g, dict):
                     raise ConfigError(f"groups[{i}]", "must be an object")
                 for key in sorted(g):
-                    if key not in ("kind", "block_size", "kernel_block_size", "slot_buffer"):
+                    if key not in ("kind", "block_size", "kernel_block_size", "slot_buffer",
+                                   "sliding_window"):
                         raise ConfigError(f"groups[{i}].{key}", "unknown field")
                 if "kind" not in g or "block_size" not in g:
                     raise ConfigError(f"groups[{i}]", "needs 'kind' and 'block_size'")
@@ -303,7 +312,8 @@ class RunnerConfig:
                 if not isinstance(own, bool):
                     raise ConfigError(f"groups[{i}].slot_buffer", f"must be true or false, "
                                       f"got {own!r}")
-                specs.append(GroupSpec(g["kind"], bs, kbs, own))
+                window = _int(g.get("sliding_window", 0), f"groups[{i}].sliding_window")
+                specs.append(GroupSpec(g["kind"], bs, kbs, own, window))
             kwargs["groups"] = tuple(specs)
         if "cudagraph_capture_sizes" in obj:
             sizes = obj["cudagraph_capture_sizes"]
@@ -333,6 +343,16 @@ class RunnerConfig:
                                   f"{g.block_size} (1..{g.block_size}, dividing it)")
             if g.kind == ATTENTION and g.block_size & (g.block_size - 1):
                 raise ConfigError(f"groups[{i}].block_size", "must be a power of two")
+            if g.sliding_window:
+                if g.kind != ATTENTION:
+                    raise ConfigError(f"groups[{i}].sliding_window", "only an attention group "
+                                      "has a sliding window")
+                _bound(g.sliding_window, 1, 256, f"groups[{i}].sliding_window")
+                if self.allocator != ENGINE or self.enable_prefix_caching \
+                        or self.dcp_world_size != 1:
+                    raise ConfigError(f"groups[{i}].sliding_window", "needs allocator 'engine' "
+                                      "(its KV-cache manager frees blocks leaving the window), "
+                                      "no prefix caching and dcp_world_size 1 (not modelled yet)")
             if g.slot_buffer and g.kind != ATTENTION:
                 raise ConfigError(f"groups[{i}].slot_buffer", "only an attention backend keeps "
                                   "a slot buffer (a mamba group has no slot mapping)")

@@ -37,9 +37,15 @@ def choose_admit(ledger: Ledger, tokens: np.ndarray, num_new_tokens: int):
             for g in range(len(cfg.groups))], hit
 
 
+def choose_skipped(ledger: Ledger, req: int) -> list[list[int]]:
+    """Blocks ``req``'s sliding windows left, per group (freed before allocating)."""
+    r = ledger.requests[req]
+    return [[r.blocks[g][i] for i in cols] for g, cols in enumerate(ledger.skipped_blocks(req))]
+
+
 def choose_allocate(ledger: Ledger, req: int, num_new_tokens: int):
     """New blocks per group for ``req`` to cover ``num_new_tokens`` more tokens,
-    or None when the pool is short."""
+    or None when the pool is short (after its window's blocks were freed)."""
     r = ledger.requests[req]
     cfg = ledger.config
     needed = [ledger.blocks_needed(g, len(r.blocks[g]), r.num_computed_tokens + num_new_tokens)

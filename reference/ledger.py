@@ -181,6 +181,19 @@ class Ledger:
         want = min(num_tokens + cfg.num_speculative_tokens, cfg.max_model_len)
         return max(-(-want // cfg.tokens_per_block(group)) - have, 0)
 
+    def skipped_blocks(self, req: int) -> list[list[int]]:
+        """Per group, the column indices of ``req``'s blocks that left its sliding
+        window: every position in them is before ``num_computed_tokens - W + 1``,
+        the first position the next token still attends to (vLLM's
+        ``remove_skipped_blocks``).  Empty for groups without a window."""
+        r = self.requests[req]
+        out = []
+        for g, spec in enumerate(self.config.groups):
+            skip = r.num_computed_tokens - spec.sliding_window + 1 if spec.sliding_window else 0
+            bs = self.config.tokens_per_block(g)
+            out.append([i for i, b in enumerate(r.blocks[g]) if b and (i + 1) * bs <= skip])
+        return out
+
     def num_free(self, group: int) -> int:
         """Blocks of ``group`` no request holds (registered ones included: evictable)."""
         free = self.ref_count[group] == 0
@@ -422,6 +435,25 @@ class Ledger:
             self._take(req, g, ids[n_hit:])
             new.append([b for b in ids[n_hit:] if 0 < b < self.config.num_blocks])
         return new
+
+    def free_skipped(self, req: int, freed) -> list[list[int]]:
+        """Mirror the blocks the target freed from ``req``'s sliding windows
+        (``freed`` per group): each entry becomes the null block; returns those
+        now free and unregistered per group (the allocator poisons them)."""
+        r = self.requests[req]
+        out = []
+        for g, ids in enumerate(freed or []):
+            gone = []
+            for b in ids:
+                if b in r.blocks[g] and b:
+                    r.blocks[g][r.blocks[g].index(b)] = NULL_BLOCK_ID
+                    self.ref_count[g][b] = max(self.ref_count[g][b] - 1, 0)
+                    if self.ref_count[g][b] == 0:
+                        self.owner[g][b] = FREE
+                        if b not in self.registered[g]:
+                            gone.append(b)
+            out.append(gone)
+        return out
 
     def allocate(self, req: int, blocks) -> list[list[int]] | None:
         """Mirror an ``allocate``: the new blocks per group (None: refused)."""

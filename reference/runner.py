@@ -26,7 +26,7 @@ from .block_table import EMPTY_ROW, PersistentBatchRows
 from .config import ALWAYS, CUDAGRAPH_MODES, FULL, NONE, PIECEWISE, RunnerConfig
 from .dcp import global_position, local_slots
 from .ledger import Ledger, OpError
-from .kv_cache_manager import choose_admit, choose_allocate
+from .kv_cache_manager import choose_admit, choose_allocate, choose_skipped
 from .payload import (NULL_BLOCK_ID, PAD_SLOT_ID, SENTINEL, draft_payload, token_payload,
                       payload)
 
@@ -111,6 +111,7 @@ class ReferenceRunnerBase(abc.ABC):
         self.config = cfg = config
         rows, tokens, heads = cfg.max_num_reqs, cfg.max_num_batched_tokens, cfg.head_size
         self.ledger = Ledger(cfg)
+        self.runner_blocks: dict[int, list[list[int]]] = {}  # ids as the runner was told
         self.rows = PersistentBatchRows(cfg)
         self.device_block_table = [np.zeros_like(t) for t in self.rows.block_table]
         self.kv_cache, self.mamba_state = {}, {}
@@ -154,11 +155,14 @@ class ReferenceRunnerBase(abc.ABC):
     # -- request / row ops -------------------------------------------------
     def add(self, req: int, blocks: list[list[int]], prompt_len: int) -> None:
         self.ledger.add(req, blocks, prompt_len)
+        self.runner_blocks[req] = [list(b) for b in blocks]
         self.num_accepted_of[req] = 1  # vLLM's add_request: one accepted token
         self._enter_batch(req)
 
     def append(self, req: int, blocks: list[list[int]]) -> None:
         self.ledger.append(req, blocks)
+        for g, ids in enumerate(blocks):
+            self.runner_blocks[req][g].extend(ids)
         row = self.rows.row_of(req)
         if row is not None:
             for g, ids in enumerate(blocks):
@@ -185,25 +189,37 @@ class ReferenceRunnerBase(abc.ABC):
             for g, ids in enumerate(new):
                 self._poison(g, ids)
             self.num_accepted_of[req] = 1
+            self.runner_blocks[req] = [list(b) for b in choice["blocks"]]
             self._enter_batch(req)
         return choice
 
     def allocate(self, req: int, num_new_tokens: int, choice: dict | None = None) -> dict:
         """allocator ``engine``: a running request asks for blocks covering
         ``num_new_tokens`` more tokens (vLLM's ``allocate_slots`` for a running
-        request, then ``CachedRequestData.new_block_ids``).  ``choice``:
-        ``{"blocks": new ids per group, or None when refused}``; None: choose.
+        request, then ``CachedRequestData.new_block_ids``); first the blocks its
+        sliding windows left are freed (vLLM's ``remove_skipped_blocks``: the
+        scheduler's entries become the null block; the runner's row keeps the
+        old ids, which no read reaches).  ``choice``: ``{"blocks": new ids per
+        group, or None when refused, "freed": ids freed per group}``; None: choose.
         Returns the choice.  Raises :class:`OpError` for an illegal op."""
         self.ledger.check_allocate(req, num_new_tokens)
         if choice is None:
-            choice = {"blocks": choose_allocate(self.ledger, req, num_new_tokens)}
+            freed = choose_skipped(self.ledger, req)
+            for g, ids in enumerate(self.ledger.free_skipped(req, freed)):
+                self._poison(g, ids)
+            choice = {"blocks": choose_allocate(self.ledger, req, num_new_tokens),
+                      "freed": freed}
+        else:
+            for g, ids in enumerate(self.ledger.free_skipped(req, choice["freed"])):
+                self._poison(g, ids)
         new = self.ledger.allocate(req, choice["blocks"])
         if new is not None:
             for g, ids in enumerate(new):
                 self._poison(g, ids)
             row = self.rows.row_of(req)
-            if row is not None:
-                for g, ids in enumerate(choice["blocks"]):
+            for g, ids in enumerate(choice["blocks"]):
+                self.runner_blocks[req][g].extend(ids)
+                if row is not None:
                     self.rows.append_row(row, g, ids)
         return choice
 
@@ -216,6 +232,7 @@ class ReferenceRunnerBase(abc.ABC):
         for g, ids in enumerate(self.ledger.remove(req)):
             self._poison(g, ids)
         self.num_accepted_of.pop(req, None)
+        self.runner_blocks.pop(req, None)
 
     def kv_load(self, req: int) -> None:
         """A P/D transfer fills ``req``'s prompt KV and its mamba state."""
@@ -427,7 +444,10 @@ class ReferenceRunnerBase(abc.ABC):
         row = self.rows.lowest_free_row()
         assert row is not None, "live requests never exceed max_num_reqs"
         r = self.ledger.requests[req]
-        self.rows.add_row(row, req, r.blocks, r.num_computed_tokens, r.prompt_len)
+        # The runner's own copy of the request's ids (vLLM's CachedRequestState:
+        # new ids appended, entries a sliding window freed kept as they were).
+        self.rows.add_row(row, req, self.runner_blocks.setdefault(req, r.blocks),
+                          r.num_computed_tokens, r.prompt_len)
 
     def _slots(self, group: int, row: int, pos: np.ndarray) -> np.ndarray:
         """Slots on this rank: DCP layout in allocation blocks, then kernel blocks."""
@@ -514,10 +534,14 @@ class ReferenceRunnerBase(abc.ABC):
         held = global_position((j // kbs) // (bs // kbs), (j // kbs) % (bs // kbs) * kbs + j % kbs,
                                bs, cfg.dcp_world_size, cfg.dcp_rank,
                                cfg.cp_kv_cache_interleave_size)
+        window = cfg.groups[g].sliding_window
         for b in range(num_rows):
             blocks = self.device_block_table[g][b, j // kbs]
             vals = kv[blocks, j % kbs]
-            weight = (held < self.seq_lens[b]).astype(np.float32)
+            inside = held < self.seq_lens[b]
+            if window:  # sliding-window attention: the last `window` positions only
+                inside &= held >= self.seq_lens[b] - window
+            weight = inside.astype(np.float32)
             self.attn_out[g][b] = (weight[:, None] * vals).sum(axis=0, dtype=np.float32)
 
     def _poison(self, g: int, ids: list[int]) -> None:

@@ -75,6 +75,8 @@ FEATURES: dict[str, str] = {
                                    "a live request that holds that block but has not "
                                    "computed it yet",
     "allocation-refused": "an admit or allocate the KV-cache manager refused (pool short)",
+    "window-blocks-freed": "an allocate that freed blocks a request's sliding window left "
+                           "(their entries nulled, the runner's row keeps the ids)",
     **{f"forward:{m}:{r}:{k}": f"a forward dispatched {m} on runner {r}, config with {k} group(s)"
        for m in MODES for r in RUNNERS for k in GROUP_KINDS},
 }
@@ -187,6 +189,8 @@ class Tracker:
         refs, registered, uncomputed = self._sched_before
         blocks, hit = op.get("blocks"), op.get("num_cached_tokens") or 0
         out = ["prefix-of-uncomputed-blocks"] if uncomputed else []
+        if any(op.get("freed") or []):
+            out.append("window-blocks-freed")
         if blocks is None:
             return out + ["allocation-refused"]
         if hit:

@@ -47,20 +47,30 @@ def runner_configs(draw, runner: str | None = None,
         second = draw(st.sampled_from([8, 4]))
         groups.append(GroupSpec(ATTENTION, second, second))
     # Who picks block ids: the trace, or the target's own KV-cache manager (one
-    # config in four), mostly with prefix caching — which the model has for
-    # attention-only configs with one DCP rank, so those drop the Mamba group.
+    # config in three): half of those with prefix caching — which the model has
+    # for attention-only configs with one DCP rank, so those drop the Mamba
+    # group — the others mostly with a sliding window on the first group.
     allocator, caching = "trace", False
-    if engine and draw(st.sampled_from([False, False, False, True])):
+    if engine and draw(st.sampled_from([False, False, True])):
         allocator = "engine"
-        if draw(st.sampled_from([True, True, False])):
+        if draw(st.booleans()):
             caching = True
             groups = [g for g in groups if g.kind != MAMBA]
         if engine == "single":
             groups = groups[:1]
+        if not caching and draw(st.sampled_from([True, True, True, False])):
+            # Sliding-window attention on the first group: a window of about one
+            # or two blocks, so requests outgrow it within a few steps.
+            g0 = groups[0]
+            window = draw(st.sampled_from([g0.block_size, g0.block_size + 1,
+                                           2 * g0.block_size, 3]))
+            groups[0] = GroupSpec(ATTENTION, g0.block_size, g0.kernel_block_size,
+                                  g0.slot_buffer, window)
     max_num_batched_tokens = draw(st.sampled_from([16, 8]))
     sizes = draw(st.sampled_from([(1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4), (2, 8), (1,), ()]))
     world = draw(st.sampled_from([1, 1, 2, 4])) if (dcp or {}).get(runner, True) and not \
-        caching and not (allocator == "engine" and engine == "single") else 1
+        caching and not groups[0].sliding_window \
+        and not (allocator == "engine" and engine == "single") else 1
     rank = draw(st.integers(0, world - 1))
     interleave = draw(st.sampled_from([i for i in (1, 2, 4) if all(
         g.block_size % i == 0 for g in groups if g.kind == ATTENTION)]))
@@ -71,12 +81,16 @@ def runner_configs(draw, runner: str | None = None,
     # Attention backends: the first group's may keep its own slot buffer, and
     # without Mamba groups the backends may capture mixed batches in FULL graphs.
     if draw(st.sampled_from([False, False, True])):
-        groups[0] = GroupSpec(ATTENTION, block_size, kernel_block_size, slot_buffer=True)
+        groups[0] = GroupSpec(ATTENTION, block_size, kernel_block_size, slot_buffer=True,
+                              sliding_window=groups[0].sliding_window)
     mamba = any(g.kind == MAMBA for g in groups)
     support = ALWAYS if not mamba and draw(st.sampled_from([False, True])) else UNIFORM_BATCH
     # Speculative decoding (a drafter proposing k tokens) in half the examples;
     # vLLM's Mamba builders then treat up to 1 + k tokens as a decode.
-    k = draw(st.sampled_from([0, 0, 0, 2, 1, 3])) if spec else 0
+    # (A KV-cache manager's configs draw one less often: with a drafter a prefix
+    # hit gives back its last block, and a sliding window needs long requests.)
+    k = draw(st.sampled_from([0, 0, 0, 2, 1, 3] if allocator == "trace" else
+                             [0, 0, 0, 0, 0, 1])) if spec else 0
     if world > 1 and not spec_dcp:
         k = 0
     if reorder:
@@ -94,7 +108,7 @@ def runner_configs(draw, runner: str | None = None,
         groups=tuple(groups),
         num_blocks=draw(st.sampled_from([12, 8, 16])),
         max_num_reqs=draw(st.sampled_from([4, 4, 2, 3])),
-        max_num_blocks_per_req=draw(st.sampled_from([4, 2])),
+        max_num_blocks_per_req=draw(st.sampled_from([4, 2] if allocator == "trace" else [4])),
         max_num_batched_tokens=max_num_batched_tokens,
         cudagraph_capture_sizes=tuple(s for s in sizes if s <= max_num_batched_tokens),
     )

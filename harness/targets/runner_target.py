@@ -52,12 +52,17 @@ class RunnerTarget:
         return {"blocks": blocks, "num_cached_tokens": hit}
 
     def allocate(self, req, num_new_tokens, choice=None):
-        new = self.manager.allocate(req, num_new_tokens)
+        """A running request's next tokens: the manager frees what its sliding
+        windows left (poisoned; the runner's row keeps the ids, as vLLM's does)
+        and picks new blocks."""
+        new, freed = self.manager.allocate(req, num_new_tokens)
+        for g, ids in enumerate(freed):
+            self.runner.poison_blocks(g, [b for b in ids if self.manager.is_free(g, b)])
         if new is not None:
             for g, ids in enumerate(new):
                 self.runner.poison_blocks(g, ids)
             self.runner.append_blocks(req, new)
-        return {"blocks": new}
+        return {"blocks": new, "freed": freed}
 
     def remove(self, req):
         if self.manager is None:

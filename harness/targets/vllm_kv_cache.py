@@ -81,9 +81,14 @@ class VllmKVCacheManager:
 
         self.config = config
         self._Request, self._SamplingParams = Request, SamplingParams
+        from vllm.v1.kv_cache_interface import SlidingWindowSpec
+
         bs = config.groups[0].block_size
-        spec = FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=config.head_size,
-                                 dtype=torch.float32)
+        window = config.groups[0].sliding_window
+        spec = SlidingWindowSpec(block_size=bs, num_kv_heads=1, head_size=config.head_size,
+                                 dtype=torch.float32, sliding_window=window) if window else \
+            FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=config.head_size,
+                              dtype=torch.float32)
         layer = "layers.0.attn"
         fields = {f.name for f in dataclasses.fields(KVCacheTensor)}
         size = spec.page_size_bytes * config.num_blocks
@@ -131,11 +136,18 @@ class VllmKVCacheManager:
         return [list(ids) for ids in self.kv.get_block_ids(str(req))], hit
 
     def allocate(self, req: int, num_new_tokens: int):
+        """(new block ids or None, ids vLLM freed from the sliding window: entries
+        its ``remove_skipped_blocks`` turned into the null block)."""
         self._new_step()
+        before = [list(ids) for ids in self.kv.get_block_ids(str(req))]
         new = self.kv.allocate_slots(**_kw(
             self.kv.allocate_slots, request=self.requests[req], num_new_tokens=num_new_tokens,
             num_lookahead_tokens=self.config.num_speculative_tokens, delay_cache_blocks=True))
-        return None if new is None else self._ids(new)
+        after = [list(ids) for ids in self.kv.get_block_ids(str(req))]
+        null = self.pool.null_block.block_id
+        freed = [[b for i, b in enumerate(was) if b != null and i < len(now) and now[i] == null]
+                 for was, now in zip(before, after)]
+        return (None if new is None else self._ids(new)), freed
 
     def computed(self, req: int, num_computed: int) -> None:
         request = self.requests[req]
@@ -148,11 +160,16 @@ class VllmKVCacheManager:
         self.requests[req].num_computed_tokens = num_computed
 
     def free(self, req: int) -> list[list[int]]:
-        ids = [list(b) for b in self.kv.get_block_ids(str(req))]
+        null = self.pool.null_block.block_id
+        ids = [[b for b in group if b != null] for group in self.kv.get_block_ids(str(req))]
         self.kv.free(self.requests.pop(req))
         blocks = self.pool.blocks
         return [[b for b in group if blocks[b].ref_cnt == 0 and blocks[b].block_hash is None]
                 for group in ids]
+
+    def is_free(self, group: int, block: int) -> bool:
+        b = self.pool.blocks[block]
+        return b.ref_cnt == 0 and b.block_hash is None
 
     def pool_view(self) -> dict:
         return {0: {"ref_count": np.array([b.ref_cnt for b in self.pool.blocks], np.int64),

@@ -38,8 +38,20 @@ def _hand_written(fault_id):
 # The two upstream bugs this project exists for, found within seconds from seed 0.
 SEED_BUGS = {("vacated-row-not-cleared", "v1"), ("dummy-tables-not-zeroed", "v2"),
              ("dummy-slots-not-padded", "v1")}
+# Known misses (issue #16, measured 2026-11-30): the drawn geometry reaches these
+# situations too rarely from seed 0 (a sliding window's frees in ~3 of 200 examples;
+# a prompt identical to a fully cached one). Strict: the test fails once they are found.
+KNOWN_MISSES = {
+    "sliding-window-boundary-early": "#16: sliding-window frees are drawn in ~3 of 200 "
+                                     "seed-0 examples; not found within 200 yet",
+    "hit-not-capped-below-prompt": "#16: needs a prompt identical to a fully cached one; "
+                                   "found within 155 examples before the last draw change, "
+                                   "not within 200 after it",
+}
 KILLS = [pytest.param(f, r, id=f"{f}-{r}",
-                      marks=() if (f, r) in SEED_BUGS else pytest.mark.slow)
+                      marks=(() if (f, r) in SEED_BUGS else (pytest.mark.slow,)) + (
+                          (pytest.mark.xfail(strict=True, reason=KNOWN_MISSES[f]),)
+                          if f in KNOWN_MISSES else ()))
          for f in sorted(CATALOGUE) for r in CATALOGUE[f].runners]
 
 

@@ -235,3 +235,51 @@ def test_a_kv_loaded_prefix_is_a_hit_without_the_drafter_layer():
     # computed again (vLLM's drop_eagle_block): a 4-token hit on block one.
     assert verdict.ops[4]["num_cached_tokens"] == 4
     assert verdict.ops[4]["blocks"][0][0] == verdict.ops[2]["blocks"][0][0]
+
+
+SWA = RunnerConfig(groups=(GroupSpec("attention", 4, 4, sliding_window=5),), num_blocks=8,
+                   max_num_reqs=2, max_num_blocks_per_req=4, max_num_batched_tokens=8,
+                   allocator="engine")
+
+
+@pytest.mark.parametrize("target", ["reference", "gpu_impl"])
+def test_a_sliding_window_frees_blocks_it_left_and_reads_stay_inside(target):
+    session = Session(SWA, (), target)
+    ops = [admit(0, 8, 8), step((0, 8)), {"op": "allocate", "req": 0, "num_new_tokens": 1},
+           step((0, 1), mode="FULL"), admit(1, 4, 4), step((0, 1), (1, 4))]
+    for op in ops:
+        assert session.apply(op) == [], op
+    first = ops[0]["blocks"][0][0]
+    # Position 8 attends to 4..8: block `first` (positions 0-3) left the window.
+    assert ops[2]["freed"] == [[first]]
+    assert session.ledger.requests[0].blocks[0][0] == 0  # the scheduler's entry: null
+    # The runner's row keeps the old id, which request 1 may now hold.
+    obs = session.target.observe()
+    assert first in obs.host_block_table[0][obs.host_req_ids.tolist().index(0)]
+
+
+def test_a_window_freeing_a_block_still_read_is_flagged(monkeypatch):
+    real = KVCacheManager.remove_skipped_blocks
+
+    def one_early(self, req):
+        self.num_computed[req] += 1
+        try:
+            return real(self, req)
+        finally:
+            self.num_computed[req] -= 1
+    monkeypatch.setattr(KVCacheManager, "remove_skipped_blocks", one_early)
+    session = Session(SWA, (), "gpu_impl")
+    for op in (admit(0, 7, 7), step((0, 7))):
+        assert session.apply(op) == []
+    v = session.apply({"op": "allocate", "req": 0, "num_new_tokens": 1})
+    assert [x.invariant for x in v] == ["POOL_ACCOUNTING"] and "still attends" in v[0].detail
+
+
+def test_sliding_window_config_limits():
+    with pytest.raises(ConfigError, match=r"groups\[0\]\.sliding_window.*allocator 'engine'"):
+        RunnerConfig(groups=(GroupSpec("attention", 4, 4, sliding_window=5),))
+    with pytest.raises(ConfigError, match="only an attention group"):
+        RunnerConfig(groups=(GroupSpec("attention", 4, 4), GroupSpec("mamba", 16, 16, False, 4)),
+                     allocator="engine")
+    assert SWA.to_json()["groups"][0]["sliding_window"] == 5
+    assert "sliding_window" not in RunnerConfig().to_json()["groups"][0]

@@ -63,9 +63,11 @@ def check_loaded_blocks(config: RunnerConfig, ledger: Ledger, obs: Observation,
                                           config.dcp_world_size, config.dcp_rank,
                                           config.cp_kv_cache_interleave_size)
             pos = np.flatnonzero(local)  # this rank's share of the prompt
-            want = token_payload(ledger.token_ids(req, pos), config.head_size)
             blocks = np.asarray(r.blocks[g])[col[local]]
-            got = obs.kv_cache[g][blocks, off[local]]
+            kept = blocks != NULL_BLOCK_ID  # a sliding window freed the others
+            pos, blocks = pos[kept], blocks[kept]
+            want = token_payload(ledger.token_ids(req, pos), config.head_size)
+            got = obs.kv_cache[g][blocks, off[local][kept]]
             bad = np.flatnonzero(~(got == want).all(axis=1))
             if bad.size:
                 p = int(bad[0])

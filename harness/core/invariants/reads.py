@@ -22,14 +22,18 @@ from harness.core.observation import Observation
 def oracle_read(config: RunnerConfig, blocks: list[int], seq_len: int, kv: np.ndarray,
                 group: int) -> np.ndarray:
     """The read a request should see: its own blocks (this rank's DCP share of each),
-    null block past them."""
+    null block past them; with a sliding window, only its last positions."""
     bs = config.groups[group].block_size
     row = np.zeros(config.max_num_blocks_per_req, np.int64)
     row[:len(blocks)] = blocks
     j = np.arange(row.size * bs)
     held = global_position(j // bs, j % bs, bs, config.dcp_world_size, config.dcp_rank,
                            config.cp_kv_cache_interleave_size)
-    w = (held < seq_len).astype(np.float32)
+    inside = held < seq_len
+    window = config.groups[group].sliding_window
+    if window:  # sliding window: the last `window` positions (freed blocks before them)
+        inside &= held >= seq_len - window
+    w = inside.astype(np.float32)
     return (w[:, None] * kv[row[j // bs], j % bs]).sum(axis=0, dtype=np.float32)
 
 

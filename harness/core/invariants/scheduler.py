@@ -57,6 +57,7 @@ class ChoiceFacts:
     tokens: np.ndarray | None
     needed: list
     fits: bool
+    window_blocks: list | None = None  # allocate: blocks its sliding windows left, per group
 
 
 def _hit_blocks(config, g: int, hit: int) -> int:
@@ -67,7 +68,7 @@ def facts_before(config, ledger, op: dict, recorded_choice) -> ChoiceFacts:
     """:class:`ChoiceFacts` of ``op`` (its choice already in it), from the ledger
     before the choice is mirrored; recorded_choice: what the trace had, or None."""
     compare = recorded_choice
-    chosen = {k: op.get(k) for k in ("blocks", "num_cached_tokens") if k in op}
+    chosen = {k: op.get(k) for k in ("blocks", "num_cached_tokens", "freed") if k in op}
     groups = range(len(config.groups))
     if op["op"] == "admit":
         tokens = ledger.prompt_tokens(op["req"], op["prompt_len"], op["prefix"])
@@ -83,8 +84,12 @@ def facts_before(config, ledger, op: dict, recorded_choice) -> ChoiceFacts:
     r = ledger.requests[op["req"]]
     needed = [ledger.blocks_needed(g, len(r.blocks[g]),
                                    r.num_computed_tokens + op["num_new_tokens"]) for g in groups]
-    return ChoiceFacts(compare, chosen, None, None, needed,
-                       ledger.fits(needed, [[] for _ in groups]))
+    window = [[r.blocks[g][i] for i in cols] for g, cols in enumerate(ledger.skipped_blocks(
+        op["req"]))]
+    # What the pool holds once the window's blocks are back (a refusal is judged after).
+    free_after = [sum(1 for b in window[g] if ledger.ref_count[g][b] == 1) for g in groups]
+    fits = all(needed[g] <= ledger.num_free(g) + free_after[g] for g in groups)
+    return ChoiceFacts(compare, chosen, None, None, needed, fits, window)
 
 
 def malformed(config, ledger, op: dict) -> tuple[str, str] | None:
@@ -107,14 +112,25 @@ def _malformed_blocks(config, ledger, op: dict):
             return PREFIX_CONTENT, (f"the KV-cache manager reported a prefix hit of {hit!r} "
                                     f"tokens for a {op['prompt_len']}-token prompt (at most "
                                     "prompt_len - 1: the last prompt token is always computed)")
+    facts = facts_before(config, ledger, op, None)
+    freed = op.get("freed") or [[] for _ in config.groups]
+    if op["op"] == "allocate":
+        if not isinstance(freed, list) or len(freed) != len(config.groups):
+            return f"the KV-cache manager's freed blocks {freed!r} are not one list per group"
+        for g, ids in enumerate(freed):
+            held = ledger.requests[op["req"]].blocks[g]
+            for b in ids:
+                if b not in held or b == NULL_BLOCK_ID:
+                    return (f"group {g}: the KV-cache manager freed block {b!r} from request "
+                            f"{op['req']}'s window, which it does not hold")
     if blocks is None:
         return None
     if not isinstance(blocks, list) or len(blocks) != len(config.groups) \
             or not all(isinstance(ids, list) for ids in blocks):
         return f"the KV-cache manager's blocks {blocks!r} are not one list per group"
-    facts = facts_before(config, ledger, op, None)
     for g, ids in enumerate(blocks):
-        held = [] if op["op"] == "admit" else ledger.requests[op["req"]].blocks[g]
+        held = [] if op["op"] == "admit" else [
+            b for b in ledger.requests[op["req"]].blocks[g] if b and b not in freed[g]]
         n_hit = _hit_blocks(config, g, hit)
         for b in ids:
             if isinstance(b, bool) or not isinstance(b, int) or not 0 <= b < config.num_blocks:
@@ -127,8 +143,9 @@ def _malformed_blocks(config, ledger, op: dict):
         if new != facts.needed[g]:
             return (f"group {g}: request {op['req']} was handed {max(new, 0)} new block(s) "
                     f"({ids}, {n_hit} of them its prefix hit); it needs {facts.needed[g]}")
-        if len(held) + len(ids) > config.blocks_per_req_max(g):
-            return (f"group {g}: request {op['req']} would hold {len(held) + len(ids)} blocks, "
+        columns = 0 if op["op"] == "admit" else len(ledger.requests[op["req"]].blocks[g])
+        if columns + len(ids) > config.blocks_per_req_max(g):
+            return (f"group {g}: request {op['req']} would hold {columns + len(ids)} blocks, "
                     f"its block-table row has {config.blocks_per_req_max(g)} columns")
     return None
 
@@ -147,6 +164,19 @@ def check_pool(ctx: CheckContext) -> list:
                                  f"the pool has the {f.needed} new block(s) per group it needs "
                                  f"(free: {[ctx.ledger.num_free(g) for g in range(len(ctx.config.groups))]} "
                                  "before the op)"))
+    if f is not None and f.window_blocks is not None:
+        freed = f.chosen.get("freed") or []
+        for g, ids in enumerate(freed):
+            for b in ids:
+                if b in f.window_blocks[g]:
+                    continue
+                r = ctx.ledger.requests[ctx.op["req"]]
+                bs = ctx.config.tokens_per_block(g)
+                out.append(ctx.violation(
+                    POOL_ACCOUNTING, f"block {b} was freed from request {ctx.op['req']}'s "
+                    f"sliding window of {ctx.config.groups[g].sliding_window} tokens, but the "
+                    f"next token (position {r.num_computed_tokens}) still attends to its "
+                    f"positions (blocks of {bs} tokens)", group=g, block=b))
     pool = ctx.after.pool
     if pool is None:
         return out
@@ -185,7 +215,7 @@ def check_one_owner(ctx: CheckContext) -> list:
             for i, b in enumerate(r.blocks[g]):
                 where.setdefault(b, []).append((req, i))
         for b, at in sorted(where.items()):
-            if len(at) < 2:
+            if len(at) < 2 or b == NULL_BLOCK_ID:  # null: a window's freed entries
                 continue
             key = ledger.registered[g].get(b)
             for req, i in at:

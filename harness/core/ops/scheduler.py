@@ -26,7 +26,7 @@ import copy
 import numpy as np
 from reference.payload import REQ_ID_MAX
 
-from harness.core.ops import INT, OpSpec, register
+from harness.core.ops import BLOCK_IDS, INT, OpSpec, register
 
 RECORDED_BLOCKS = {"anyOf": [{"type": "null"},
                              {"type": "array", "items": {"type": "array", "items": INT}}]}
@@ -132,14 +132,16 @@ def _permit_new_blocks(config, ledger, op):
     blocks = op.get("blocks")
     cells = {g: {} for g in range(len(config.groups))}
     if blocks is None:
-        return cells, frozenset()
+        blocks = [[] for _ in config.groups]
     hit = op.get("num_cached_tokens") or 0
     for g, ids in enumerate(blocks):
         n_hit = hit // config.tokens_per_block(g) if g in config.attention_groups else 0
         cells[g] = {b: None for b in ids[n_hit:]}
+    for g, ids in enumerate(op.get("freed") or []):  # left a sliding window: poisoned
+        cells[g].update({b: None for b in ids if b})
     if config.draft_group is not None:
         cells[("draft", config.draft_group)] = dict(cells[config.draft_group])
-    return cells, frozenset([op["req"]])
+    return cells, frozenset([op["req"]] if op.get("blocks") is not None else [])
 
 
 def _admit(t, op):
@@ -197,11 +199,11 @@ def _allocate(t, op):
 ALLOCATE = register(OpSpec(
     name="allocate", summary="a running request gets blocks for its next tokens from the "
                              "target's KV-cache manager (allocator engine)",
-    fields={"req": INT, "num_new_tokens": INT, "blocks": RECORDED_BLOCKS},
-    example={"op": "allocate", "req": 1, "num_new_tokens": 4, "blocks": [[9]]},
+    fields={"req": INT, "num_new_tokens": INT, "blocks": RECORDED_BLOCKS, "freed": BLOCK_IDS},
+    example={"op": "allocate", "req": 1, "num_new_tokens": 4, "blocks": [[9]], "freed": [[]]},
     apply=_allocate, draw=_draw_allocate, enabled=lambda m: bool(_allocatable(m)),
     requests=lambda op: [op["req"]],
     rename=lambda op, req, block: dict(copy.deepcopy(op), req=req(op["req"])),
     narrow=_narrow_allocate, permit=_permit_new_blocks, family="scheduler",
-    records=("blocks",),
+    records=("blocks", "freed"),
     check=lambda ref, op: ref.ledger.check_allocate(op["req"], op["num_new_tokens"])))
