@@ -30,7 +30,7 @@ from harness.core.ops.forward import MODES  # the cudagraph modes, FULL first
 MODE_SETS = (MODES, ("FULL",), ("FULL", "PIECEWISE"), ("FULL", "NONE"),
              ("PIECEWISE", "NONE"))
 WEIGHTS = (2, 2, 6, 0, 1)  # per op; 0 turns the op off for this example
-ALWAYS_ON = ("add", "step")  # an example without them exercises nothing
+ALWAYS_ON = ("add", "step", "admit", "allocate")  # without them an example exercises nothing
 FORWARD_FACTOR = 2  # forwards (step, dummy run) are where kernels write: drawn more often
 
 

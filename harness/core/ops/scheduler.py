@@ -79,6 +79,13 @@ def _draw_admit(m, data) -> dict:
         prompt_len = min(src_len + extra, cfg.max_model_len)
         n = src_len if data.draw(st.booleans()) else data.draw(st.integers(1, src_len))
         prefix = [src, min(n, prompt_len)]
+    elif data.draw(st.integers(0, 3)) == 0:
+        # A prompt at a block boundary (a multiple of the block size, or one
+        # off): where a last block is exactly full, or holds one token.
+        unit = cfg.prefix_unit
+        near = sorted({k * unit + d for k in range(1, cfg.max_model_len // unit + 1)
+                       for d in (-1, 0, 1) if 1 <= k * unit + d <= cfg.max_model_len})
+        prompt_len = data.draw(st.sampled_from(near)) if near else 1
     elif cfg.enable_prefix_caching and data.draw(st.booleans()):
         # A prompt of a block or two (and a few tokens): full blocks to register
         # and share within a few steps.
@@ -175,10 +182,11 @@ def _draw_allocate(m, data) -> dict:
     from hypothesis import strategies as st  # search only: reproducers import no Hypothesis
 
     cands = _allocatable(m)
-    # Mostly a request still in its prompt whose blocks do not cover it: the
-    # scheduler's next chunk.
+    # Mostly a request whose blocks do not cover its prompt, or that has no room
+    # left to step: the scheduler's next chunk, the next decode block.
     short = [r for r in cands if m.ledger.requests[r].capacity_tokens(m.cfg)
-             < m.ledger.requests[r].prompt_len]
+             < max(m.ledger.requests[r].prompt_len,
+                   m.ledger.requests[r].num_computed_tokens + 1 + m.cfg.num_speculative_tokens)]
     req = data.draw(st.sampled_from(short if short and data.draw(st.booleans()) else cands))
     r = m.ledger.requests[req]
     most = min(m.cfg.max_model_len - r.num_computed_tokens, m.cfg.max_num_batched_tokens)
