@@ -137,9 +137,9 @@ class Ledger:
         return tuple(int(t) for t in tokens[:(index + 1) * self.config.tokens_per_block(group)])
 
     def cached_block(self, group: int, key: tuple) -> int | None:
-        """A block registered under ``key`` (the lowest id), or None."""
-        hits = [b for b, k in self.registered[group].items() if k == key]
-        return min(hits) if hits else None
+        """The block registered first under ``key`` (as vLLM's ``get_cached_block``
+        returns its dict's first entry), or None."""
+        return next((b for b, k in self.registered[group].items() if k == key), None)
 
     def expected_hit(self, tokens: np.ndarray) -> tuple[int, list[list[int]]]:
         """The prefix-cache hit for a prompt of ``tokens``: (tokens, blocks per

@@ -268,6 +268,10 @@ class ReferenceRunnerBase(abc.ABC):
             raise OpError("op", "rollback needs a config without prefix caching (its step "
                           "registered the tokens it rolls back; an engine caches only "
                           "accepted tokens: use spec_step with a drafter)")
+        if any(g.sliding_window for g in self.config.groups):
+            raise OpError("op", "rollback needs a config without sliding windows (an "
+                          "allocate since the step may have freed the blocks of the positions "
+                          "it rolls back to; an engine rejects tokens before it allocates)")
         self.ledger.rollback(req, num_tokens)
         self._row_progress(req, self.ledger.requests[req].num_computed_tokens)
 

@@ -87,10 +87,7 @@ def runner_configs(draw, runner: str | None = None,
     support = ALWAYS if not mamba and draw(st.sampled_from([False, True])) else UNIFORM_BATCH
     # Speculative decoding (a drafter proposing k tokens) in half the examples;
     # vLLM's Mamba builders then treat up to 1 + k tokens as a decode.
-    # (A KV-cache manager's configs draw one less often: with a drafter a prefix
-    # hit gives back its last block, and a sliding window needs long requests.)
-    k = draw(st.sampled_from([0, 0, 0, 2, 1, 3] if allocator == "trace" else
-                             [0, 0, 0, 0, 0, 1])) if spec else 0
+    k = draw(st.sampled_from([0, 0, 0, 2, 1, 3])) if spec else 0
     if world > 1 and not spec_dcp:
         k = 0
     if reorder:

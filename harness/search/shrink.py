@@ -195,6 +195,42 @@ def legalize(config, ops: list[dict]) -> list[dict]:
     return kept
 
 
+def as_trace_allocator(trace: Trace) -> Trace | None:
+    """``trace`` with the target's KV-cache manager taken out, when its choices
+    did nothing a trace could not name: every ``admit`` an ``add`` of the
+    blocks it got (no prefix hit, not refused), every ``allocate`` an
+    ``append`` (nothing refused, no sliding window).  None when that is not
+    so — the bug may then be the manager's.  (The shrinker tries it: a bug
+    that is not the manager's then shrinks to the vocabulary of every other
+    trace.)"""
+    cfg = trace.config
+    if cfg.allocator != "engine" or any(g.sliding_window for g in cfg.groups):
+        return None
+    ops = []
+    for op in trace.ops:
+        if op["op"] == "admit":
+            if op.get("blocks") is None or op.get("num_cached_tokens") or op["prefix"]:
+                return None
+            ops.append({"op": "add", "req": op["req"], "blocks": op["blocks"],
+                        "prompt_len": op["prompt_len"]})
+        elif op["op"] == "allocate":
+            if op.get("blocks") is None or any(op.get("freed") or []):
+                return None
+            if any(op["blocks"]):
+                ops.append({"op": "append", "req": op["req"], "blocks": op["blocks"]})
+        else:
+            ops.append(op)
+    fields = {k: v for k, v in cfg.to_json().items()
+              if k not in ("allocator", "enable_prefix_caching")}
+    try:
+        config = RunnerConfig.from_json(fields)
+    except ConfigError:
+        return None
+    if legalize(config, ops) != ops:
+        return None
+    return Trace(config, ops, trace.expect, trace.meta)
+
+
 def _fails(trace: Trace, invariant: str, faults, target, device) -> int | None:
     """ops run until the violation when ``trace`` fails ``invariant``, else None
     (also when ``target`` cannot express the candidate's config)."""
@@ -214,7 +250,9 @@ def shrink(trace: Trace, invariant: str, faults=(), target: str = "gpu_impl",
            device: str | None = None) -> tuple[Trace, int]:
     """Shortest trace found that still fails ``invariant``; returns (trace, replays).
 
-    Op-level passes first, then renumbering, then smaller config limits.
+    Op-level passes first (and, between rounds, the KV-cache manager taken out
+    when its choices did nothing a trace could not name), then renumbering,
+    then smaller config limits.
     """
     best = trace
     replays = 0
@@ -244,6 +282,11 @@ def shrink(trace: Trace, invariant: str, faults=(), target: str = "gpu_impl",
                 if found is None:
                     break
                 best, improved_any = found, True
+        plain = as_trace_allocator(best)  # the manager taken out, when it did nothing
+        if plain is not None and replays < MAX_REPLAYS:
+            replays += 1
+            if _fails(plain, invariant, faults, target, device) is not None:
+                best, improved_any = plain, True
     ops = renumber(best.ops)
     if ops != best.ops and legalize(best.config, ops) == ops:
         replays += 1

@@ -283,3 +283,42 @@ def test_sliding_window_config_limits():
                      allocator="engine")
     assert SWA.to_json()["groups"][0]["sliding_window"] == 5
     assert "sliding_window" not in RunnerConfig().to_json()["groups"][0]
+
+
+def test_a_key_registered_twice_hits_the_block_registered_first():
+    """Found by an attacker (review of #16): two requests compute one prefix, so its
+    key names two blocks; the hit (and the refusal judged from it) uses the one
+    registered first, as vLLM's get_cached_block does — not the lowest id."""
+    cfg = RunnerConfig(groups=(GroupSpec("attention", 4, 4),), num_blocks=8,
+                       allocator="engine", enable_prefix_caching=True)
+    ops = [admit(0, 5, 5), admit(1, 5, 5, (0, 5)), step((1, 5)), step((0, 5)),
+           {"op": "remove", "req": 1}, admit(3, 16, 16), admit(2, 5, 1, (0, 5))]
+    for target in ("gpu_impl", "reference"):
+        verdict = replay(Trace(cfg, ops), target=target, record=True)
+        assert verdict.violation is None, (target, verdict.violation)
+        # Block 3 (request 1's, registered first) is free and evictable: touching it
+        # leaves no room for request 2's new block, so the refusal is right.
+        assert verdict.ops[6]["blocks"] is None and verdict.ops[6]["num_cached_tokens"] == 4
+
+
+def test_rollback_is_refused_with_a_sliding_window():
+    obj = json.loads(Trace(SWA, [admit(0, 4, 4), step((0, 4)),
+                                 {"op": "allocate", "req": 0, "num_new_tokens": 8},
+                                 step((0, 8))]).dumps())
+    obj["ops"].append({"op": "rollback", "req": 0, "num_tokens": 7})
+    with pytest.raises(TraceError, match="without sliding windows"):
+        parse(obj)
+
+
+def test_the_shrinker_takes_a_manager_out_when_it_chose_nothing_a_trace_could_not():
+    from harness.search.shrink import as_trace_allocator
+
+    trace = Trace(CFG, [admit(0, 4, 4), step((0, 4)), {"op": "allocate", "req": 0,
+                                                     "num_new_tokens": 4}, step((0, 4))])
+    recorded = Trace(CFG, replay(trace, record=True).ops)
+    plain = as_trace_allocator(recorded)
+    assert plain.config.allocator == "trace" and [op["op"] for op in plain.ops] == [
+        "add", "step", "append", "step"]
+    assert plain.ops[0]["blocks"] == recorded.ops[0]["blocks"]
+    hit = Trace(CFG, replay(Trace(CFG, SHARED), record=True).ops)
+    assert as_trace_allocator(hit) is None  # a prefix hit: the manager's own doing

@@ -241,13 +241,15 @@ def _layers(obs, g: int):
 
 def check_prefix_content(ctx: CheckContext) -> list:
     f = ctx.choice
-    if f is None or ctx.op["op"] != "admit" or f.chosen.get("blocks") is None:
+    if f is None or ctx.op["op"] != "admit":
         return []
     cfg, op = ctx.config, ctx.op
     hit = f.chosen["num_cached_tokens"]
-    if hit != f.expected_hit:
+    if hit != f.expected_hit:  # judged on a refused admit too
         return [ctx.violation(PREFIX_CONTENT, f"request {op['req']}'s prefix hit is {hit} "
                               f"tokens; the prefix cache holds {f.expected_hit} of its prompt")]
+    if f.chosen.get("blocks") is None:
+        return []
     before = ctx.permit.registered if ctx.permit is not None else ()
     for g in cfg.attention_groups:
         bs = cfg.tokens_per_block(g)

@@ -89,7 +89,8 @@ register(OpSpec(
 
 
 def _rollbackable(m) -> list[int]:
-    if m.cfg.mamba_groups or m.cfg.num_speculative_tokens or m.cfg.enable_prefix_caching:
+    if m.cfg.mamba_groups or m.cfg.num_speculative_tokens or m.cfg.enable_prefix_caching \
+            or any(g.sliding_window for g in m.cfg.groups):
         return []
     return [r for r, s in sorted(m.ledger.requests.items())
             if s.last_step_tokens >= 2 and s.num_computed_tokens - 1 >= s.prompt_len]
