@@ -198,30 +198,37 @@ def legalize(config, ops: list[dict]) -> list[dict]:
 def as_trace_allocator(trace: Trace) -> Trace | None:
     """``trace`` with the target's KV-cache manager taken out, when its choices
     did nothing a trace could not name: every ``admit`` an ``add`` of the
-    blocks it got (no prefix hit, not refused), every ``allocate`` an
-    ``append`` (nothing refused, no sliding window).  None when that is not
+    blocks it got (no prefix hit; a refused one dropped; a shared prompt
+    prefix becomes the request's own tokens), every ``allocate`` an
+    ``append`` (nothing freed from a sliding window; the window itself is
+    dropped).  None when that is not
     so — the bug may then be the manager's.  (The shrinker tries it: a bug
     that is not the manager's then shrinks to the vocabulary of every other
     trace.)"""
     cfg = trace.config
-    if cfg.allocator != "engine" or any(g.sliding_window for g in cfg.groups):
+    if cfg.allocator != "engine":
         return None
     ops = []
     for op in trace.ops:
         if op["op"] == "admit":
-            if op.get("blocks") is None or op.get("num_cached_tokens") or op["prefix"]:
+            if op.get("num_cached_tokens"):
                 return None
-            ops.append({"op": "add", "req": op["req"], "blocks": op["blocks"],
-                        "prompt_len": op["prompt_len"]})
+            if op.get("blocks") is not None:  # refused: the request never entered
+                ops.append({"op": "add", "req": op["req"], "blocks": op["blocks"],
+                            "prompt_len": op["prompt_len"]})
         elif op["op"] == "allocate":
-            if op.get("blocks") is None or any(op.get("freed") or []):
+            if any(op.get("freed") or []):
                 return None
-            if any(op["blocks"]):
+            if op.get("blocks") is not None and any(op["blocks"]):
                 ops.append({"op": "append", "req": op["req"], "blocks": op["blocks"]})
         else:
             ops.append(op)
     fields = {k: v for k, v in cfg.to_json().items()
               if k not in ("allocator", "enable_prefix_caching")}
+    # Full attention instead of a window no allocate moved (the replay decides
+    # whether the bug still shows).
+    fields["groups"] = [{k: v for k, v in g.items() if k != "sliding_window"}
+                        for g in fields["groups"]]
     try:
         config = RunnerConfig.from_json(fields)
     except ConfigError:
@@ -242,8 +249,12 @@ def _fails(trace: Trace, invariant: str, faults, target, device) -> int | None:
     except (TargetRefused, IllegalOp):
         return None
     if verdict.violation is not None and verdict.violation.invariant == invariant:
+        _LAST_OPS[:] = verdict.ops[:verdict.ops_run]  # as replayed: choices re-recorded
         return verdict.ops_run
     return None
+
+
+_LAST_OPS: list = []  # the ops of the last failing replay, as the target chose
 
 
 def shrink(trace: Trace, invariant: str, faults=(), target: str = "gpu_impl",
@@ -256,6 +267,11 @@ def shrink(trace: Trace, invariant: str, faults=(), target: str = "gpu_impl",
     """
     best = trace
     replays = 0
+    plain = as_trace_allocator(best)  # first: the passes then work in the plain vocabulary
+    if plain is not None:
+        replays += 1
+        if _fails(plain, invariant, faults, target, device) is not None:
+            best = plain
     seen: set[str] = set()
     improved_any = True
     while improved_any:  # rounds of every pass until none improves
@@ -277,16 +293,16 @@ def shrink(trace: Trace, invariant: str, faults=(), target: str = "gpu_impl",
                     ran = _fails(Trace(best.config, ops, best.expect, best.meta), invariant,
                                  faults, target, device)
                     if ran is not None:
-                        found = Trace(best.config, ops[:ran], best.expect, best.meta)
+                        found = Trace(best.config, list(_LAST_OPS), best.expect, best.meta)
                         break
                 if found is None:
                     break
                 best, improved_any = found, True
-        plain = as_trace_allocator(best)  # the manager taken out, when it did nothing
-        if plain is not None and replays < MAX_REPLAYS:
-            replays += 1
-            if _fails(plain, invariant, faults, target, device) is not None:
-                best, improved_any = plain, True
+                plain = as_trace_allocator(best)  # the manager out, when it did nothing
+                if plain is not None and replays < MAX_REPLAYS:
+                    replays += 1
+                    if _fails(plain, invariant, faults, target, device) is not None:
+                        best = plain
     ops = renumber(best.ops)
     if ops != best.ops and legalize(best.config, ops) == ops:
         replays += 1

@@ -74,12 +74,21 @@ def _narrow_add(op: dict):
             yield dict(op, blocks=fewer)
 
 
+def _merge_add(op: dict, nxt: dict) -> dict | None:
+    """An ``add`` and the ``append`` of the same request right after it as one
+    ``add`` with all the blocks (the request enters with them)."""
+    if nxt["op"] != "append" or nxt["req"] != op["req"]:
+        return None
+    return dict(op, blocks=[a + b for a, b in zip(op["blocks"], nxt["blocks"])])
+
+
 register(OpSpec(
     name="add", summary="a new request enters with its block ids per KV-cache group",
     fields={"req": INT, "blocks": BLOCK_IDS, "prompt_len": INT},
     example={"op": "add", "req": 0, "blocks": [[1, 2], [3]], "prompt_len": 5},
     apply=lambda t, op: t.add(op["req"], op["blocks"], op["prompt_len"]),
-    draw=_draw_add, enabled=_can_add, requests=_req, rename=_rename, narrow=_narrow_add))
+    draw=_draw_add, enabled=_can_add, requests=_req, rename=_rename, narrow=_narrow_add,
+    merge=_merge_add))
 
 
 # -- append ----------------------------------------------------------------------------
