@@ -94,7 +94,6 @@ class Ledger:
         self.ref_count = [np.zeros(n, np.int64) for _ in self.config.groups]
         self.registered: list[dict[int, tuple]] = [{} for _ in self.config.groups]
         self.last_taken_busy: list[tuple[int, int, tuple]] = []
-        self.last_refusal: dict | None = None
 
     # -- tokens ------------------------------------------------------------
     def token_ids(self, req: int, positions) -> np.ndarray:
