@@ -193,9 +193,9 @@ def check_pool(ctx: CheckContext) -> list:
             continue
         if int(seen["num_free"]) != ctx.ledger.num_free(g):
             out.append(ctx.violation(POOL_ACCOUNTING, f"the target's pool counts "
-                                     f"{int(seen['num_free'])} free blocks; "
-                                     f"{ctx.ledger.num_free(g)} are held by no request "
-                                     "(free + used != total)", group=g))
+                                     f"{int(seen['num_free'])} free blocks, but only "
+                                     f"{ctx.ledger.num_free(g)} (null block excluded) are held "
+                                     "by no live request: free + used != total", group=g))
     return out
 
 
