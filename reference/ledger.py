@@ -244,12 +244,7 @@ class Ledger:
     def check_add(self, req, blocks, prompt_len) -> None:
         cfg = self.config
         self._check_allocator(TRACE, "add")
-        if isinstance(req, bool) or not isinstance(req, int) or not 0 <= req <= REQ_ID_MAX:
-            raise OpError("req", f"must be an integer in [0, {REQ_ID_MAX}], got {req!r}")
-        if req in self.used_req_ids:
-            raise OpError("req", f"request id {req} was already used")
-        if len(self.requests) >= cfg.max_num_reqs:
-            raise OpError("req", f"already {cfg.max_num_reqs} live requests (max_num_reqs)")
+        self._check_new_req(req)
         self._check_blocks(blocks, new=True)
         for g in cfg.attention_groups:
             if not blocks[g]:

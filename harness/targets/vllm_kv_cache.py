@@ -106,7 +106,6 @@ class VllmKVCacheManager:
             use_eagle=bool(config.num_speculative_tokens), log_stats=False))
         self.pool = self.kv.block_pool
         self.requests: dict[int, object] = {}
-        self.step_no = 0
 
     def _new_step(self) -> None:
         if hasattr(self.kv, "new_step_starts"):
