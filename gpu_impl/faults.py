@@ -289,6 +289,21 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "last token of a fully cached prompt)",
           "PREFIX_CONTENT", family="scheduler",
           sites=("vllm/v1/core/kv_cache_manager.py",)),
+    Fault("mamba-align-seed-attention-block-size", ("v2",),
+          "with Mamba prefix caching (align mode) the V2 runner seeds a new request's "
+          "running Mamba column as (num_computed_tokens - 1) // block_size with the least "
+          "block size over the prefix-cacheable groups instead of the Mamba block size: on "
+          "a prefix hit whose attention blocks are smaller than the Mamba state blocks, the "
+          "first step copies the state from the wrong column (a null pad, a stale id, past "
+          "the row) or none at all, and the request continues from a wrong recurrent state",
+          "vllm-project/vllm issue #55600 / PR #55601 '[Bugfix] Seed hybrid mamba state "
+          "index with mamba_block_size on prefix-cache hits' "
+          "(vllm/v1/worker/gpu/model_states/mamba_hybrid.py MambaHybridModelState."
+          "add_request divided by cache_config.block_size, which the engine sets to the "
+          "min over prefix-cacheable groups; preprocess then copied block_table[src_col]); "
+          "issue #53142 (wrong Mamba state restored on hits in hybrid models)",
+          "MATCHES_REFERENCE", ("NO_FOREIGN_READ", "NULL_BLOCK_FINITE"), family="scheduler",
+          sites=("vllm/v1/worker/gpu/model_states/mamba_hybrid.py",)),
 )}
 
 

@@ -15,14 +15,20 @@ group here (a pool shared by all groups is issue #12's):
 - prefix caching: a full block is registered under the token ids up to its
   end once they are computed (:meth:`KVCacheManager.cache_blocks`); a new
   prompt's hit is its longest registered prefix, at most ``len - 1`` tokens,
-  a multiple of every attention group's block size.
+  a multiple of every group's block size;
+- Mamba prefix caching in align mode (vLLM's ``MambaManager`` with
+  ``mamba_cache_mode="align"``): a request's Mamba list has one entry per
+  ``block_size`` tokens, the null block wherever no state is kept; a step that
+  reaches a new column gets one new state block there; blocks before the
+  column of the last computed token are freed before allocating
+  (``get_num_skipped_tokens`` = ``num_computed - 1``); a full state block is
+  registered like an attention block; a hit needs the state block at its end.
 
 Faults (``family: scheduler``) live at the lines their upstream bugs did.
 """
 
 from __future__ import annotations
 
-import math
 from collections import deque
 
 import numpy as np
@@ -108,8 +114,8 @@ class KVCacheManager:
         self.req_blocks: dict[int, list[list[int]]] = {}
         self.req_tokens: dict[int, np.ndarray] = {}
         self.num_computed: dict[int, int] = {}
-        tpb = [config.tokens_per_block(g) for g in config.attention_groups]
-        self.unit = math.lcm(*tpb)
+        self.unit = config.prefix_unit
+        self.align = [config.pads_with_null(g) for g in range(len(config.groups))]
 
     # -- prefix cache ------------------------------------------------------------
     def _key(self, tokens: np.ndarray, g: int, i: int) -> tuple:
@@ -129,16 +135,28 @@ class KVCacheManager:
             while (i + 1) * bs <= hit and pool.get_cached_block(self._key(tokens, g, i)) is not None:
                 i += 1
             hit = min(hit, i * bs // self.unit * self.unit)
+        mamba = [g for g in cfg.mamba_groups if self.align[g]]
+        # A hybrid hit needs the Mamba state at its end: the longest such length.
+        while hit and any(self.pools[g].get_cached_block(self._key(
+                tokens, g, hit // cfg.tokens_per_block(g) - 1)) is None for g in mamba):
+            hit -= self.unit
         if cfg.num_speculative_tokens and hit:  # EAGLE/MTP: recompute the last unit
             hit -= self.unit
         for g in cfg.attention_groups:
             bs = cfg.tokens_per_block(g)
             blocks[g] = [self.pools[g].get_cached_block(self._key(tokens, g, i))
                          for i in range(hit // bs)]
+        for g in mamba:
+            n = hit // cfg.tokens_per_block(g)
+            if n:
+                blocks[g] = [NULL_BLOCK_ID] * (n - 1) + [
+                    self.pools[g].get_cached_block(self._key(tokens, g, n - 1))]
         return hit, blocks
 
     def _needed(self, g: int, have: int, num_tokens: int) -> int:
         cfg = self.config
+        if self.align[g]:  # one new state block when the tokens reach a new column
+            return int(-(-num_tokens // cfg.tokens_per_block(g)) > have)
         if cfg.groups[g].kind == "mamba":
             return cfg.mamba_columns if have == 0 else 0
         want = min(num_tokens + cfg.num_speculative_tokens, cfg.max_model_len)
@@ -151,13 +169,16 @@ class KVCacheManager:
         groups = range(len(self.config.groups))
         needed = [self._needed(g, len(hit_blocks[g]), hit + num_new_tokens) for g in groups]
         for g in groups:
-            evictable = sum(1 for b in hit_blocks[g] if self.pools[g].ref_cnt[b] == 0)
+            evictable = sum(1 for b in hit_blocks[g]
+                            if b != NULL_BLOCK_ID and self.pools[g].ref_cnt[b] == 0)
             if needed[g] + evictable > self.pools[g].num_free():
                 return None, hit
         blocks = []
         for g in groups:
-            self.pools[g].touch(hit_blocks[g])
-            blocks.append(hit_blocks[g] + self.pools[g].get_new_blocks(needed[g]))
+            self.pools[g].touch([b for b in hit_blocks[g] if b != NULL_BLOCK_ID])
+            blocks.append(hit_blocks[g] + self._pads(g, len(hit_blocks[g]), hit + num_new_tokens,
+                                                     needed[g])
+                          + self.pools[g].get_new_blocks(needed[g]))
         self.req_blocks[req] = [list(b) for b in blocks]
         self.req_tokens[req] = np.asarray(tokens, np.int64)
         self.num_computed[req] = hit
@@ -165,17 +186,31 @@ class KVCacheManager:
             self.cache_blocks(req, min(hit + num_new_tokens, len(tokens)))
         return blocks, hit
 
+    def _pads(self, g: int, have: int, num_tokens: int, needed: int) -> list[int]:
+        """Align mode: null entries for the columns between the list's end and
+        the new state block's (vLLM's align-mode ``allocate_new_blocks``)."""
+        if not self.align[g] or not needed:
+            return []
+        return [NULL_BLOCK_ID] * max(-(-num_tokens // self.config.tokens_per_block(g)) - 1 - have,
+                                     0)
+
     def remove_skipped_blocks(self, req: int) -> list[list[int]]:
-        """Free ``req``'s blocks that left a sliding window (every position before
-        the first one the next token attends to: ``num_computed - window + 1``);
-        their entries become the null block.  Returns the freed ids per group."""
+        """Free ``req``'s blocks no longer needed — those that left a sliding
+        window (every position before the first one the next token attends to:
+        ``num_computed - window + 1``), and in align mode the Mamba state blocks
+        before the last computed token's column (``num_computed - 1``); their
+        entries become the null block.  Returns the freed ids per group."""
         freed = []
         for g, spec in enumerate(self.config.groups):
             out = []
+            skip = 0
             if spec.sliding_window:
                 skip = self.num_computed[req] - spec.sliding_window + 1
                 if "sliding-window-boundary-early" in self.faults:
                     skip += 1
+            elif self.align[g]:
+                skip = self.num_computed[req] - 1
+            if skip > 0:
                 bs = self.config.tokens_per_block(g)
                 row = self.req_blocks[req][g]
                 for i, b in enumerate(row):
@@ -196,7 +231,8 @@ class KVCacheManager:
         needed = [self._needed(g, len(have[g]), total) for g in groups]
         if any(needed[g] > self.pools[g].num_free() for g in groups):
             return None, freed
-        new = [self.pools[g].get_new_blocks(needed[g]) for g in groups]
+        new = [self._pads(g, len(have[g]), total, needed[g]) + self.pools[g].get_new_blocks(
+            needed[g]) for g in groups]
         for g in groups:
             have[g].extend(new[g])
         if "cache-blocks-before-compute" in self.faults:
@@ -218,10 +254,12 @@ class KVCacheManager:
         if not cfg.enable_prefix_caching:
             return
         tokens = self.token_ids(req, num_tokens)
-        for g in cfg.attention_groups:
+        for g in cfg.attention_groups + [g for g in cfg.mamba_groups if self.align[g]]:
             for i in range(min(num_tokens // cfg.tokens_per_block(g),
                                len(self.req_blocks[req][g]))):
-                self.pools[g].register(self.req_blocks[req][g][i], self._key(tokens, g, i))
+                b = self.req_blocks[req][g][i]
+                if b != NULL_BLOCK_ID:  # align mode: a column whose state is not kept
+                    self.pools[g].register(b, self._key(tokens, g, i))
 
     def computed(self, req: int, num_computed: int) -> None:
         """The runner computed ``req``'s tokens up to ``num_computed`` (a step or a

@@ -9,7 +9,8 @@ Faults consulted here: ``full-replay-not-restaged``, ``captured-buffer-rebound``
 ``padded-rows-classified-as-prefill``, ``padded-rows-metadata-stale``,
 ``backend-slot-tail-stale``, ``pad-slot-wraps-to-last-slot``,
 ``decode-slots-sliced-prefill-first``, ``draft-slots-tail-stale``,
-``accepted-column-unbounded``, ``draft-slots-allocation-block-size``.
+``accepted-column-unbounded``, ``draft-slots-allocation-block-size``,
+``mamba-align-seed-attention-block-size``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,13 @@ class RunnerFaults:
         if mode == FULL and not warmup and "full-replay-not-restaged" in self.faults:
             return  # the historical bug: the replay reads the last real batch's indices
         super()._stage_dummy_state_indices(tables, num_reqs, reqs_padded, mode, warmup)
+
+    def _mamba_seed_block_size(self) -> int:
+        if "mamba-align-seed-attention-block-size" in self.faults:
+            # The historical bug: cache_config.block_size, the least block size
+            # over the prefix-cacheable groups (here the attention groups').
+            return min(self.config.groups[g].block_size for g in self.attn_groups)
+        return super()._mamba_seed_block_size()
 
     def _clear_padded_prefilling(self, num_reqs, reqs_padded) -> None:
         if "padded-rows-classified-as-prefill" in self.faults:

@@ -105,6 +105,12 @@ class RunnerShell(abc.ABC):
         self.attn_groups = [g for g, s in enumerate(groups) if s.kind == "attention"]
         self.mamba_groups = [g for g, s in enumerate(groups) if s.kind == "mamba"]
         self.requests: dict[int, CachedRequestState] = {}
+        # Align mode: the column of each request's running Mamba state after its
+        # latest step (vLLM's runner-side ``mamba_state_idx``).
+        self.mamba_state_idx: dict[int, int] = {}
+        self.align = cfg.mamba_cache_mode == "align"
+        self.mamba_block_size = (groups[self.mamba_groups[0]].block_size if self.mamba_groups
+                                 else 0)
         self.kv_caches, self.mamba_states = {}, {}
         for g in self.attn_groups:
             self.kv_caches[g] = self._cache((cfg.num_blocks, groups[g].block_size,
@@ -302,15 +308,48 @@ class RunnerShell(abc.ABC):
         # vLLM's decode_cudagraph_max_bs: min(max_num_seqs, largest capture size).
         sizes = self.config.cudagraph_capture_sizes
         max_bs = min(self.config.max_num_reqs, max(sizes)) if sizes else 0
+        ncol = self.config.mamba_columns
+        first = torch.zeros((num_rows, 1), dtype=torch.int64, device=self.device)
+        if self.align:  # the last scheduled token's column (mamba_get_block_table_tensor)
+            first[:, 0] = torch.from_numpy(np.maximum(
+                (seq_lens.astype(np.int64) - 1) // self.mamba_block_size, 0)).to(self.device)
+        take = first + torch.arange(ncol, device=self.device)
         for g in self.mamba_groups:
             table = self.kernel_table(g) if tables is None else tables[g]
-            fresh = table[:num_rows, :self.state_indices[g].shape[1]].clone()
+            fresh = torch.gather(table[:num_rows], 1, take)
             fresh[num_reqs:] = NULL_BLOCK_ID
             if num_decodes == num_rows and 0 < num_decodes <= max_bs:
                 self.state_indices[g][:num_rows] = fresh
                 self.read_state_indices[g] = self.state_indices[g][:num_rows]
             else:
                 self.read_state_indices[g] = self._layer_state_indices(fresh, num_decodes)
+
+    def _preprocess_mamba(self, batch: list) -> None:
+        """Align mode, before the forward (vLLM's ``preprocess_mamba``): each
+        request's running state moves to the column of its last scheduled
+        token, ``cdiv(num_computed + n, block_size) - 1``, copied from the
+        column it was in after its previous step; a request not seen yet
+        starts from the column of its last computed token,
+        ``(num_computed - 1) // block_size`` (its prefix hit's state block),
+        unless its runner seeded one when it was added (V2)."""
+        if not self.align:
+            return
+        bs = self.mamba_block_size
+        for req, n, start in batch:
+            prev = self.mamba_state_idx.get(req, (start - 1) // bs)
+            curr = -(-(start + n) // bs) - 1
+            self.mamba_state_idx[req] = curr
+            if prev < 0 or prev == curr:
+                continue
+            for g in self.mamba_groups:
+                ids = self.requests[req].block_ids[g]
+                if prev < len(ids):  # past the row: a GPU reads garbage; nothing here
+                    self.mamba_states[g][ids[curr]] = self.mamba_states[g][ids[prev]]
+
+    def _mamba_seed_block_size(self) -> int:
+        """Tokens per column a runner seeds a new request's running Mamba column
+        with: the Mamba block size (a fault's path overrides it)."""
+        return self.mamba_block_size
 
     def _layer_state_indices(self, indices: torch.Tensor, num_decodes: int) -> torch.Tensor:
         """The state index each row's Mamba layer uses, from the builder's
@@ -391,6 +430,7 @@ class RunnerShell(abc.ABC):
         ``freed`` per group (a KV-cache manager keeps registered and shared
         ones), None: all of the request's."""
         self._rows_remove(req)
+        self.mamba_state_idx.pop(req, None)
         state = self.requests.pop(req)
         for g, ids in enumerate(state.block_ids if freed is None else freed):
             self.poison_blocks(g, ids)
@@ -448,6 +488,7 @@ class RunnerShell(abc.ABC):
         mode, tokens_padded, reqs_padded = self._dispatch(num_reqs, num_tokens, uniform,
                                                           cudagraph_mode)
         self._stage_tables(batch, reqs_padded)
+        self._preprocess_mamba(batch)
         self._stage_batch(batch)
         self._stage_padding(num_reqs, reqs_padded, num_tokens, tokens_padded)
         for g in self.attn_groups:

@@ -75,6 +75,12 @@ class RunnerShellV2(RunnerShell):
         self.num_computed_tokens[index] = state.num_computed_tokens
         self.num_prompt_tokens[index] = state.prompt_len
         self.accepted_by_index[index] = 1
+        if self.align:
+            # V2's hybrid model state seeds the running Mamba column from the
+            # computed (prefix-hit) tokens, in Mamba blocks (vLLM's
+            # MambaHybridModelState.add_request).
+            self.mamba_state_idx[req] = (state.num_computed_tokens - 1) \
+                // self._mamba_seed_block_size()
 
     def _rows_append(self, req, block_ids) -> None:
         self.block_tables.append_block_ids(self.req_index[req], block_ids, overwrite=False)

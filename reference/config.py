@@ -34,6 +34,9 @@ CUDAGRAPH_SUPPORTS = (UNIFORM_BATCH, ALWAYS)
 # records what it chose).
 TRACE, ENGINE = "trace", "engine"
 ALLOCATORS = (TRACE, ENGINE)
+# vLLM's mamba_cache_mode with prefix caching on a hybrid model (derived, see
+# RunnerConfig.mamba_cache_mode).
+ALIGN = "align"
 
 # Bounds that keep a fuzz step affordable on a 2-core CPU under the Triton
 # interpreter, and keep payload sums exact in float32 (see payload.py).
@@ -137,10 +140,10 @@ class RunnerConfig:
       the hash of every token up to their end once computed; freed
       registered blocks keep their content until evicted, and a new request
       shares the longest registered prefix of its prompt (at most
-      ``prompt_len - 1`` tokens, a multiple of every attention group's
-      block size).  Needs a config without Mamba groups (vLLM caches Mamba
-      prefixes only in ``mamba_cache_mode="align"``, not modelled yet) and
-      without DCP.  Serialised only when true.
+      ``prompt_len - 1`` tokens, a multiple of every group's block size).
+      With Mamba groups this is vLLM's ``mamba_cache_mode="align"``
+      (:attr:`mamba_cache_mode`; needs ``num_speculative_tokens`` 0).  Needs
+      DCP off.  Serialised only when true.
     """
 
     runner: str = "v1"
@@ -179,10 +182,46 @@ class RunnerConfig:
 
     def blocks_per_req_max(self, group: int) -> int:
         """Columns of ``group``'s block table (a mamba group: one state column per
-        speculative position, ``1 + num_speculative_tokens``)."""
+        speculative position, ``1 + num_speculative_tokens``; in align mode one
+        state block per ``block_size`` tokens of ``max_model_len``, as vLLM's
+        runner sizes the row: ``cdiv(max_model_len, block_size)``)."""
         if self.groups[group].kind == MAMBA:
+            if self.mamba_cache_mode == ALIGN:
+                return -(-self.max_model_len // self.groups[group].block_size)
             return self.mamba_columns
         return self.max_num_blocks_per_req
+
+    @property
+    def mamba_cache_mode(self) -> str:
+        """vLLM's ``CacheConfig.mamba_cache_mode`` as this config implies it:
+        ``"align"`` with prefix caching and Mamba groups (the only Mamba prefix
+        caching vLLM's hybrid models run), else ``"none"``.
+
+        In align mode a Mamba group's ``block_size`` is tokens per state block:
+        a request's row has one column per ``block_size`` tokens; its running
+        state lives in the column of its last scheduled token,
+        ``(seq_len - 1) // block_size``; the runner copies the state from the
+        previous step's column into a new one before the forward (vLLM's
+        ``preprocess_mamba``); a block whose tokens are all computed holds the
+        state at its end and is registered in the prefix cache; prefill chunks
+        end on block boundaries up to the prompt's last one (vLLM's
+        ``_mamba_block_aligned_split``); a decode runs one token."""
+        return ALIGN if self.enable_prefix_caching and self.mamba_groups else "none"
+
+    def pads_with_null(self, group: int) -> bool:
+        """Align mode's Mamba groups: a request's block list holds the null block
+        in the columns whose state is not kept (vLLM's align-mode
+        ``MambaManager``); elsewhere the null block is only a freed entry."""
+        return self.groups[group].kind == MAMBA and self.mamba_cache_mode == ALIGN
+
+    def hit_columns(self, group: int, hit_tokens: int) -> int:
+        """Entries of ``group``'s block list that a prefix hit of ``hit_tokens``
+        fills: every full block for attention, ``hit // block_size`` for a Mamba
+        group in align mode (null blocks, then the state block at the hit's
+        end), none for a Mamba group otherwise."""
+        if self.groups[group].kind == MAMBA and self.mamba_cache_mode != ALIGN:
+            return 0
+        return hit_tokens // self.tokens_per_block(group)
 
     @property
     def max_model_len(self) -> int:
@@ -205,11 +244,13 @@ class RunnerConfig:
     @property
     def prefix_unit(self) -> int:
         """Prefix-cache hits are multiples of this many tokens: the least common
-        multiple of the attention groups' block sizes (vLLM's scheduler block
-        size for a hybrid model)."""
+        multiple of the attention groups' block sizes — and, in align mode, the
+        Mamba groups' (vLLM's scheduler block size for a hybrid model)."""
         import math
 
-        return math.lcm(*(self.tokens_per_block(g) for g in self.attention_groups))
+        groups = self.attention_groups + (self.mamba_groups if self.mamba_cache_mode == ALIGN
+                                          else [])
+        return math.lcm(*(self.tokens_per_block(g) for g in groups))
 
     def tokens_per_block(self, group: int) -> int:
         """Positions one allocation block covers on this rank's view (x dcp_world_size)."""
@@ -399,10 +440,16 @@ class RunnerConfig:
             if self.allocator != ENGINE:
                 raise ConfigError("enable_prefix_caching", "needs allocator 'engine' (the "
                                   "target's KV-cache manager keeps the prefix cache)")
-            if self.mamba_groups:
-                raise ConfigError("enable_prefix_caching", "needs a config without Mamba "
-                                  "groups (Mamba prefix caching is vLLM's align mode, not "
-                                  "modelled yet)")
+            if self.mamba_groups and self.num_speculative_tokens:
+                raise ConfigError("enable_prefix_caching", "with Mamba groups (align mode) "
+                                  "needs num_speculative_tokens 0 (align mode's speculative "
+                                  "state blocks are not modelled yet)")
+            if len({self.groups[g].block_size for g in self.mamba_groups}) > 1:
+                raise ConfigError("groups", "align mode needs one block size for every Mamba "
+                                  "group (vLLM's hybrid models have one MambaSpec)")
+            if self.mamba_groups and self.reorder_batch_threshold > 1:
+                raise ConfigError("reorder_batch_threshold", "align mode decodes one token "
+                                  "per step: use 0 or 1")
             if self.dcp_world_size != 1:
                 raise ConfigError("enable_prefix_caching", "needs dcp_world_size 1 (prefix "
                                   "caching under DCP is not modelled)")

@@ -33,7 +33,9 @@ def choose_admit(ledger: Ledger, tokens: np.ndarray, num_new_tokens: int):
               for g in range(len(cfg.groups))]
     if not ledger.fits(needed, hit_blocks):
         return None, hit
-    return [hit_blocks[g] + _pick(ledger, g, needed[g], set(hit_blocks[g]))
+    return [hit_blocks[g] + [NULL_BLOCK_ID] * ledger.null_pads(g, len(hit_blocks[g]),
+                                                               hit + num_new_tokens)
+            + _pick(ledger, g, needed[g], set(hit_blocks[g]))
             for g in range(len(cfg.groups))], hit
 
 
@@ -52,4 +54,6 @@ def choose_allocate(ledger: Ledger, req: int, num_new_tokens: int):
               for g in range(len(cfg.groups))]
     if not ledger.fits(needed, [[] for _ in cfg.groups]):
         return None
-    return [_pick(ledger, g, needed[g]) for g in range(len(cfg.groups))]
+    total = r.num_computed_tokens + num_new_tokens
+    return [[NULL_BLOCK_ID] * (ledger.null_pads(g, len(r.blocks[g]), total) if needed[g] else 0)
+            + _pick(ledger, g, needed[g]) for g in range(len(cfg.groups))]

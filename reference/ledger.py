@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .config import ENGINE, MAMBA, TRACE, RunnerConfig
+from .config import ALIGN, ENGINE, MAMBA, TRACE, RunnerConfig
 from .payload import NULL_BLOCK_ID, POSITION_MAX, REQ_ID_MAX, default_token_ids
 
 FREE = -1
@@ -144,9 +144,12 @@ class Ledger:
         """The prefix-cache hit for a prompt of ``tokens``: (tokens, blocks per
         group) — the longest prefix, at most ``len(tokens) - 1`` tokens and a
         multiple of :attr:`RunnerConfig.prefix_unit`, whose every full block is
-        registered in every attention group (vLLM's ``get_computed_blocks``),
-        less one unit with a drafter (vLLM drops the last matched block for
-        EAGLE/MTP)."""
+        registered in every attention group and — in align mode — whose end has
+        a registered state block in every Mamba group (vLLM's hybrid
+        coordinator: the longest length every group hits), less one unit with
+        a drafter (vLLM drops the last matched block for EAGLE/MTP).  A Mamba
+        group's hit blocks are null blocks up to the state block at the hit's
+        end (vLLM's ``MambaManager.find_longest_cache_hit``)."""
         cfg = self.config
         if not cfg.enable_prefix_caching:
             return 0, [[] for _ in cfg.groups]
@@ -158,6 +161,11 @@ class Ledger:
             while (i + 1) * bs <= best and self.cached_block(g, self.block_key(g, tokens, i)) is not None:
                 i += 1
             best = min(best, i * bs // unit * unit)
+        if cfg.mamba_cache_mode == ALIGN:
+            while best and any(self.cached_block(g, self.block_key(
+                    g, tokens, best // cfg.tokens_per_block(g) - 1)) is None
+                    for g in cfg.mamba_groups):
+                best -= unit
         if cfg.num_speculative_tokens and best:
             # A drafter (EAGLE/MTP) needs the hidden states of the tokens before
             # the generation point: the last matched unit is computed again
@@ -168,27 +176,58 @@ class Ledger:
             bs = cfg.tokens_per_block(g)
             blocks[g] = [self.cached_block(g, self.block_key(g, tokens, i))
                          for i in range(best // bs)]
+        for g in cfg.mamba_groups:
+            n = cfg.hit_columns(g, best)
+            if n:
+                blocks[g] = [NULL_BLOCK_ID] * (n - 1) + [
+                    self.cached_block(g, self.block_key(g, tokens, n - 1))]
         return best, blocks
 
     def blocks_needed(self, group: int, have: int, num_tokens: int) -> int:
         """New blocks ``group`` needs for a request holding ``have`` blocks to
         cover ``num_tokens`` tokens plus the drafter's lookahead (at most
-        ``max_model_len``); a Mamba group: its columns at admission, then none."""
+        ``max_model_len``); a Mamba group: its columns at admission, then none
+        — in align mode one state block whenever the tokens reach a column
+        past the ``have`` the request holds (null entries included; vLLM's
+        align-mode ``allocate_new_blocks`` pads the columns between with the
+        null block)."""
         cfg = self.config
         if cfg.groups[group].kind == MAMBA:
+            if cfg.mamba_cache_mode == ALIGN:
+                return int(-(-num_tokens // cfg.tokens_per_block(group)) > have)
             return cfg.mamba_columns if have == 0 else 0
         want = min(num_tokens + cfg.num_speculative_tokens, cfg.max_model_len)
         return max(-(-want // cfg.tokens_per_block(group)) - have, 0)
 
+    def num_skipped_tokens(self, group: int, num_computed: int) -> int:
+        """Leading tokens whose blocks ``group`` no longer needs (vLLM's
+        ``get_num_skipped_tokens``): before the sliding window of the next
+        token (``num_computed - W + 1``); in align mode a Mamba group keeps
+        only the state of the last computed token (``num_computed - 1``);
+        else 0."""
+        spec = self.config.groups[group]
+        if spec.sliding_window:
+            return num_computed - spec.sliding_window + 1
+        if spec.kind == MAMBA and self.config.mamba_cache_mode == ALIGN:
+            return num_computed - 1
+        return 0
+
+    def null_pads(self, group: int, have: int, num_tokens: int) -> int:
+        """Align mode: null entries a Mamba group's list gets before the state
+        block :meth:`blocks_needed` asks for (the columns it skips); else 0."""
+        cfg = self.config
+        if not cfg.pads_with_null(group):
+            return 0
+        return max(-(-num_tokens // cfg.tokens_per_block(group)) - 1 - have, 0)
+
     def skipped_blocks(self, req: int) -> list[list[int]]:
-        """Per group, the column indices of ``req``'s blocks that left its sliding
-        window: every position in them is before ``num_computed_tokens - W + 1``,
-        the first position the next token still attends to (vLLM's
-        ``remove_skipped_blocks``).  Empty for groups without a window."""
+        """Per group, the column indices of ``req``'s blocks wholly before
+        :meth:`num_skipped_tokens` (vLLM's ``remove_skipped_blocks``: the
+        manager frees them before allocating).  Empty for full attention."""
         r = self.requests[req]
         out = []
         for g, spec in enumerate(self.config.groups):
-            skip = r.num_computed_tokens - spec.sliding_window + 1 if spec.sliding_window else 0
+            skip = self.num_skipped_tokens(g, r.num_computed_tokens)
             bs = self.config.tokens_per_block(g)
             out.append([i for i, b in enumerate(r.blocks[g]) if b and (i + 1) * bs <= skip])
         return out
@@ -203,7 +242,7 @@ class Ledger:
         """Can every group hand out ``needed`` new blocks, after the hit's
         evictable blocks leave the free pool (vLLM's ``get_num_blocks_to_allocate``)?"""
         for g in range(len(self.config.groups)):
-            evictable = sum(1 for b in hit_blocks[g] if self.ref_count[g][b] == 0)
+            evictable = sum(1 for b in hit_blocks[g] if b and self.ref_count[g][b] == 0)
             if needed[g] + evictable > self.num_free(g):
                 return False
         return True
@@ -276,12 +315,49 @@ class Ledger:
 
     def check_kv_load(self, req) -> None:
         r = self.get(req)
+        if self.config.mamba_cache_mode == ALIGN:
+            raise OpError("op", "kv_load with Mamba prefix caching (align mode) is not "
+                          "modelled (where a connector puts the state block)")
         if r.stepped or r.loaded or r.num_computed_tokens:
             raise OpError("req", f"request {req} already has KV (stepped or loaded)")
         if r.capacity_tokens(self.config) < r.prompt_len:
             raise OpError("req", f"request {req}'s blocks hold {r.capacity_tokens(self.config)} "
                           f"tokens, not its {r.prompt_len}-token prompt (a KV load fills the "
                           "whole prompt)")
+
+    def align_problem(self, r: RequestLedger, start: int, n: int, step: bool) -> str | None:
+        """Why ``n`` tokens from position ``start`` of request ``r`` are not a
+        chunk align mode schedules (None: they are, or not align mode):
+        a prefill chunk stops at the prompt's end and, until the prompt's last
+        Mamba block boundary, ends on a boundary (vLLM's
+        ``_mamba_block_aligned_split``: only there is a state materialised to
+        cache); a decode runs one token; and a step's last token lands in a
+        column that holds a state block (``step``: vLLM's scheduler allocates
+        exactly what it schedules)."""
+        cfg = self.config
+        if cfg.mamba_cache_mode != ALIGN:
+            return None
+        end = start + n
+        for g in cfg.mamba_groups:
+            bs = cfg.tokens_per_block(g)
+            last = r.prompt_len // bs * bs
+            if start >= r.prompt_len:
+                if n != 1:
+                    return (f"request {r.req} decodes: one token per step in align mode "
+                            f"(no drafter), not {n}")
+            elif end > r.prompt_len:
+                return (f"request {r.req} prefills: a chunk stops at its prompt's end "
+                        f"({r.prompt_len - start} tokens left), not {n}")
+            elif start < last and (end > last or end % bs):
+                return (f"request {r.req} prefills: in align mode a chunk from {start} ends "
+                        f"on a Mamba block boundary (multiple of {bs}) up to {last}, the "
+                        f"prompt's last one; {end} is not")
+            if step:
+                col = (end - 1) // bs
+                if col >= len(r.blocks[g]) or r.blocks[g][col] == NULL_BLOCK_ID:
+                    return (f"request {r.req} holds no Mamba state block in column {col} "
+                            f"(group {g}) for position {end - 1}: allocate those tokens first")
+        return None
 
     def check_step(self, scheduled) -> None:
         cfg = self.config
@@ -305,6 +381,9 @@ class Ledger:
             if end > min(r.capacity_tokens(cfg), POSITION_MAX + 1):
                 raise OpError(f"scheduled[{i}][1]", f"request {req} has room for "
                               f"{r.capacity_tokens(cfg) - r.num_computed_tokens} more tokens, not {n}")
+            why = self.align_problem(r, r.num_computed_tokens, n, step=True)
+            if why:
+                raise OpError(f"scheduled[{i}][1]", why)
             k = cfg.num_speculative_tokens
             ahead = min(end + k, cfg.max_model_len)
             if k and ahead > r.capacity_tokens(cfg):
@@ -378,6 +457,10 @@ class Ledger:
                 or not 1 <= num_new_tokens <= prompt_len - hit:
             raise OpError("num_new_tokens", f"{num_new_tokens!r} not in [1, {prompt_len - hit}]"
                           f" (the prompt's {prompt_len} tokens less its {hit}-token prefix hit)")
+        why = self.align_problem(RequestLedger(req, prompt_len, [[] for _ in cfg.groups]),
+                                 hit, num_new_tokens, step=False)
+        if why:
+            raise OpError("num_new_tokens", why)
         return tokens, hit
 
     def check_allocate(self, req, num_new_tokens) -> None:
@@ -389,11 +472,17 @@ class Ledger:
             raise OpError("num_new_tokens", f"{num_new_tokens!r} not in [1, {left}] (request "
                           f"{req} has {r.num_computed_tokens} computed tokens, max_model_len "
                           f"{self.config.max_model_len})")
+        why = self.align_problem(r, r.num_computed_tokens, num_new_tokens, step=False)
+        if why:
+            raise OpError("num_new_tokens", why)
 
     def _take(self, req: int, group: int, ids: list[int]) -> None:
         """``req`` takes new blocks (not a hit): a registered one is evicted; one
         somebody holds is noted for ONE_OWNER_PER_BLOCK."""
+        pad = self.config.pads_with_null(group)
         for b in ids:
+            if b == NULL_BLOCK_ID and pad:
+                continue  # align mode: the null block pads a Mamba row's skipped columns
             if not 0 < b < self.config.num_blocks:
                 self.last_taken_busy.append((group, b, ()))
                 continue
@@ -419,8 +508,7 @@ class Ledger:
         self.requests[req] = r
         new = []
         for g, ids in enumerate(blocks):
-            n_hit = (num_cached // self.config.tokens_per_block(g)
-                     if self.config.groups[g].kind != MAMBA else 0)
+            n_hit = self.config.hit_columns(g, num_cached)
             for b in ids[:n_hit]:
                 if 0 < b < self.config.num_blocks:
                     self.ref_count[g][b] += 1
@@ -461,16 +549,21 @@ class Ledger:
         return [[b for b in ids if 0 < b < self.config.num_blocks] for ids in blocks]
 
     def register_computed(self, req: int) -> None:
-        """Prefix caching: register ``req``'s full attention blocks whose every
-        token is computed (once content is written; vLLM registers at
-        allocation, which lets a same-step hit read unwritten blocks — #37152)."""
+        """Prefix caching: register ``req``'s full blocks whose every token is
+        computed (once content is written; vLLM registers at allocation, which
+        lets a same-step hit read unwritten blocks — #37152): attention blocks,
+        and in align mode Mamba state blocks (each then holds the state at its
+        end; null entries are skipped)."""
         cfg = self.config
         if not cfg.enable_prefix_caching:
             return
         r = self.requests[req]
         tokens = self.token_ids(req, np.arange(r.num_computed_tokens))
-        for g in cfg.attention_groups:
-            for i in range(r.num_computed_tokens // cfg.tokens_per_block(g)):
+        groups = cfg.attention_groups + (cfg.mamba_groups if cfg.mamba_cache_mode == ALIGN
+                                         else [])
+        for g in groups:
+            for i in range(min(r.num_computed_tokens // cfg.tokens_per_block(g),
+                               len(r.blocks[g]))):
                 b = r.blocks[g][i]
                 if 0 < b < cfg.num_blocks and b not in self.registered[g]:
                     self.registered[g][b] = self.block_key(g, tokens, i)

@@ -141,6 +141,9 @@ class ReferenceRunnerBase(abc.ABC):
         self.write_indices = {g: np.zeros((rows, cfg.mamba_columns), np.int32)
                               for g in cfg.mamba_groups}
         self.num_accepted_of: dict[int, int] = {}
+        # Align mode: the column holding each request's running Mamba state
+        # after its latest step (vLLM's runner-side ``mamba_state_idx``).
+        self.mamba_state_idx: dict[int, int] = {}
         self.draft_kv_cache = {}
         if cfg.draft_group is not None:
             self.draft_kv_cache[cfg.draft_group] = self.kv_cache[cfg.draft_group].copy()
@@ -232,6 +235,7 @@ class ReferenceRunnerBase(abc.ABC):
         for g, ids in enumerate(self.ledger.remove(req)):
             self._poison(g, ids)
         self.num_accepted_of.pop(req, None)
+        self.mamba_state_idx.pop(req, None)
         self.runner_blocks.pop(req, None)
 
     def kv_load(self, req: int) -> None:
@@ -321,6 +325,7 @@ class ReferenceRunnerBase(abc.ABC):
             # The running column: the state after the last accepted token
             # (bounded: a count of 0 — a discarded prefill sample — reads column 0).
             self.state_columns[b] = max(self.num_accepted_of[req], 1) - 1 if spec else 0
+        self._preprocess_mamba(batch)
         self._stage_state_indices(num_reqs, reqs_padded)
         self._run_kernels(mode, reqs_padded if mode == FULL else num_reqs, tokens_padded)
         self.draft_rows = None
@@ -333,13 +338,44 @@ class ReferenceRunnerBase(abc.ABC):
         self.last_forward = ForwardInfo(False, mode, num_reqs, reqs_padded, num_tokens,
                                         tokens_padded, tuple(req for req, _, _ in batch))
 
+    def _preprocess_mamba(self, batch: list) -> None:
+        """Align mode, before the forward: each request's running state moves to
+        the column of its last scheduled token, ``cdiv(num_computed + n,
+        block_size) - 1``, copied from the column it was in after its previous
+        step — for a request's first step, the column of its last computed
+        token, ``(num_computed - 1) // block_size`` (its prefix hit's state
+        block; none without a hit) — through the request's own block ids
+        (vLLM's ``preprocess_mamba`` / ``collect_mamba_copy_meta``)."""
+        cfg = self.config
+        if cfg.mamba_cache_mode != "align":
+            return
+        for req, n, _ in batch:
+            start = self.ledger.requests[req].num_computed_tokens
+            for g in cfg.mamba_groups:
+                bs = cfg.tokens_per_block(g)
+                prev = self.mamba_state_idx.get(req, (start - 1) // bs)
+                curr = -(-(start + n) // bs) - 1
+                ids = self.runner_blocks[req][g]
+                if prev >= 0 and prev != curr:
+                    self.mamba_state[g][ids[curr]] = self.mamba_state[g][ids[prev]]
+            self.mamba_state_idx[req] = curr
+
     def _stage_state_indices(self, num_rows: int, rows_padded: int) -> None:
         """Mamba state columns of batch rows [0, rows_padded): the device table's
         columns for real rows, the null block for padded ones; ``state_indices``
-        is the block each row reads its initial state from (its running column)."""
-        for g in self.config.mamba_groups:
+        is the block each row reads its initial state from (its running column).
+        Align mode: a row's columns start at its last scheduled token's,
+        ``(seq_len - 1) // block_size`` (vLLM's ``mamba_get_block_table_tensor``)."""
+        cfg = self.config
+        for g in cfg.mamba_groups:
             cols = self.write_indices[g]
-            cols[:num_rows] = self.device_block_table[g][:num_rows, :cols.shape[1]]
+            first = np.zeros(num_rows, np.int64)
+            if cfg.mamba_cache_mode == "align":
+                first = np.maximum((self.seq_lens[:num_rows].astype(np.int64) - 1)
+                                   // cfg.tokens_per_block(g), 0)
+            take = first[:, None] + np.arange(cols.shape[1])
+            cols[:num_rows] = np.take_along_axis(self.device_block_table[g][:num_rows], take,
+                                                 axis=1)
             cols[num_rows:rows_padded] = NULL_BLOCK_ID
             rows = np.arange(rows_padded)
             self.state_indices[g][:rows_padded] = cols[rows, self.state_columns[:rows_padded]]

@@ -9,6 +9,7 @@ an adapter for another engine's block-table classes needs only its runner.
 from __future__ import annotations
 
 import numpy as np
+from reference.payload import NULL_BLOCK_ID
 
 from harness.core.observation import Observation, rows_indexed_by
 
@@ -45,10 +46,9 @@ class RunnerTarget:
         blocks, hit = self.manager.admit(req, tokens, num_new_tokens)
         if blocks is not None:
             self.runner.add_request(req, blocks, prompt_len, hit, tokens)
-            for g, ids in enumerate(blocks):
-                n_hit = hit // self.config.tokens_per_block(g) \
-                    if g in self.config.attention_groups else 0
-                self.runner.poison_blocks(g, ids[n_hit:])
+            for g, ids in enumerate(blocks):  # new blocks (align mode's null pads kept)
+                self.runner.poison_blocks(g, [b for b in ids[self.config.hit_columns(g, hit):]
+                                              if b != NULL_BLOCK_ID])
         return {"blocks": blocks, "num_cached_tokens": hit}
 
     def allocate(self, req, num_new_tokens, choice=None):
@@ -60,7 +60,7 @@ class RunnerTarget:
             self.runner.poison_blocks(g, [b for b in ids if self.manager.is_free(g, b)])
         if new is not None:
             for g, ids in enumerate(new):
-                self.runner.poison_blocks(g, ids)
+                self.runner.poison_blocks(g, [b for b in ids if b != NULL_BLOCK_ID])
             self.runner.append_blocks(req, new)
         return {"blocks": new, "freed": freed}
 

@@ -60,10 +60,6 @@ class ChoiceFacts:
     window_blocks: list | None = None  # allocate: blocks its sliding windows left, per group
 
 
-def _hit_blocks(config, g: int, hit: int) -> int:
-    return 0 if config.groups[g].kind == MAMBA else hit // config.tokens_per_block(g)
-
-
 def facts_before(config, ledger, op: dict, recorded_choice) -> ChoiceFacts:
     """:class:`ChoiceFacts` of ``op`` (its choice already in it), from the ledger
     before the choice is mirrored; recorded_choice: what the trace had, or None."""
@@ -78,7 +74,7 @@ def facts_before(config, ledger, op: dict, recorded_choice) -> ChoiceFacts:
         fits = ledger.fits(want, hit_blocks)
         h = op.get("num_cached_tokens")
         h = h if isinstance(h, int) and not isinstance(h, bool) else hit
-        needed = [ledger.blocks_needed(g, _hit_blocks(config, g, h), h + op["num_new_tokens"])
+        needed = [ledger.blocks_needed(g, config.hit_columns(g, h), h + op["num_new_tokens"])
                   for g in groups]
         return ChoiceFacts(compare, chosen, hit, tokens, needed, fits)
     r = ledger.requests[op["req"]]
@@ -129,17 +125,27 @@ def _malformed_blocks(config, ledger, op: dict):
             or not all(isinstance(ids, list) for ids in blocks):
         return f"the KV-cache manager's blocks {blocks!r} are not one list per group"
     for g, ids in enumerate(blocks):
-        held = [] if op["op"] == "admit" else [
-            b for b in ledger.requests[op["req"]].blocks[g] if b and b not in freed[g]]
-        n_hit = _hit_blocks(config, g, hit)
-        for b in ids:
+        before = [] if op["op"] == "admit" else ledger.requests[op["req"]].blocks[g]
+        held = [b for b in before if b and b not in freed[g]]
+        n_hit = config.hit_columns(g, hit)
+        start = hit if op["op"] == "admit" else ledger.requests[op["req"]].num_computed_tokens
+        # Align mode: a Mamba list is null blocks up to the state block at the
+        # hit's end, then null pads up to the new state block.
+        pads = ledger.null_pads(g, len(before) + n_hit, start + op["num_new_tokens"]) \
+            if facts.needed[g] else 0
+        for k, b in enumerate(ids):
             if isinstance(b, bool) or not isinstance(b, int) or not 0 <= b < config.num_blocks:
                 return f"group {g}: block id {b!r} is not in the pool [0, {config.num_blocks})"
-            if b == NULL_BLOCK_ID:
-                return f"group {g}: the null block was handed out to request {op['req']}"
-        if len(set(ids)) != len(ids) or set(ids) & set(held):
+            pad = config.pads_with_null(g) and (k < n_hit - 1 or n_hit <= k < n_hit + pads)
+            if (b == NULL_BLOCK_ID) != pad:
+                if b == NULL_BLOCK_ID:
+                    return f"group {g}: the null block was handed out to request {op['req']}"
+                return (f"group {g}: request {op['req']}'s block list {ids} holds block {b} "
+                        f"as entry {k}, a column align mode leaves to the null block")
+        real = [b for b in ids if b != NULL_BLOCK_ID]
+        if len(set(real)) != len(real) or set(real) & set(held):
             return f"group {g}: request {op['req']} was handed block(s) {ids} twice"
-        new = len(ids) - n_hit
+        new = len(ids) - n_hit - pads
         if new != facts.needed[g]:
             return (f"group {g}: request {op['req']} was handed {max(new, 0)} new block(s) "
                     f"({ids}, {n_hit} of them its prefix hit); it needs {facts.needed[g]}")
@@ -172,11 +178,16 @@ def check_pool(ctx: CheckContext) -> list:
                     continue
                 r = ctx.ledger.requests[ctx.op["req"]]
                 bs = ctx.config.tokens_per_block(g)
+                spec = ctx.config.groups[g]
+                what = (f"sliding window of {spec.sliding_window} tokens, but the next token "
+                        f"(position {r.num_computed_tokens}) still attends to its positions"
+                        if spec.sliding_window else
+                        f"Mamba group, but it holds the running state (column "
+                        f"{(r.num_computed_tokens - 1) // bs}, position "
+                        f"{r.num_computed_tokens - 1}) the next step copies from")
                 out.append(ctx.violation(
                     POOL_ACCOUNTING, f"block {b} was freed from request {ctx.op['req']}'s "
-                    f"sliding window of {ctx.config.groups[g].sliding_window} tokens, but the "
-                    f"next token (position {r.num_computed_tokens}) still attends to its "
-                    f"positions (blocks of {bs} tokens)", group=g, block=b))
+                    f"{what} (blocks of {bs} tokens)", group=g, block=b))
     pool = ctx.after.pool
     if pool is None:
         return out
@@ -219,7 +230,7 @@ def check_one_owner(ctx: CheckContext) -> list:
                 continue
             key = ledger.registered[g].get(b)
             for req, i in at:
-                if cfg.groups[g].kind == MAMBA or key is None \
+                if (cfg.groups[g].kind == MAMBA and not cfg.pads_with_null(g)) or key is None \
                         or ledger.block_key(g, ledger.token_ids(req, np.arange(len(key))), i) != key:
                     reqs = [r for r, _ in at]
                     out.append(ctx.violation(ONE_OWNER_PER_BLOCK, f"block {b} is held by "
@@ -232,6 +243,8 @@ def check_one_owner(ctx: CheckContext) -> list:
 
 def _layers(obs, g: int):
     out = []
+    if g in obs.mamba_state:
+        out.append((f"mamba_state[{g}]", obs.mamba_state[g], False))
     if g in obs.kv_cache:
         out.append((f"kv_cache[{g}]", obs.kv_cache[g], False))
     if obs.draft_kv_cache and g in obs.draft_kv_cache:
@@ -270,6 +283,23 @@ def check_prefix_content(ctx: CheckContext) -> list:
                                           f"shares block {b} ({name}), which does not hold "
                                           f"positions {i * bs}..{(i + 1) * bs - 1} of its prompt",
                                           group=g, block=b)]
+    for g in cfg.mamba_groups:
+        n = cfg.hit_columns(g, hit)
+        if not n:
+            continue
+        b = f.chosen["blocks"][g][n - 1]
+        key = ctx.ledger.block_key(g, f.tokens, n - 1)
+        if before and before[g].get(b) != key:
+            return [ctx.violation(PREFIX_CONTENT, f"request {op['req']}'s prefix hit shares "
+                                  f"Mamba state block {b} as its column {n - 1}, which is "
+                                  f"not registered for its first {hit} tokens", group=g,
+                                  block=b)]
+        want = token_payload(f.tokens[:hit], cfg.head_size).sum(axis=0, dtype=np.float32)
+        if not np.array_equal(ctx.after.mamba_state[g][b], want):
+            return [ctx.violation(PREFIX_CONTENT, f"request {op['req']}'s prefix hit shares "
+                                  f"Mamba state block {b} (mamba_state[{g}]), which does not "
+                                  f"hold the state after positions 0..{hit - 1} of its prompt",
+                                  group=g, block=b)]
     return []
 
 
@@ -281,13 +311,14 @@ def check_cached_immutable(ctx: CheckContext) -> list:
             if ctx.ledger.registered[g].get(b) != key:
                 continue  # evicted by this op: handed to a new owner
             for (name, was, _), (_, now, _) in zip(_layers(ctx.before, g), _layers(ctx.after, g)):
-                same = (was[b] == now[b]) | (np.isnan(was[b]) & np.isnan(now[b]))
+                w, v = np.atleast_2d(was[b]), np.atleast_2d(now[b])  # Mamba: one state
+                same = (w == v) | (np.isnan(w) & np.isnan(v))
                 if not same.all():
                     off = int(np.flatnonzero(~same.all(axis=-1))[0])
-                    return [ctx.violation(CACHED_BLOCKS_IMMUTABLE, f"{name} offset {off} of "
-                                          f"block {b}, registered in the prefix cache, changed "
-                                          f"to {now[b][off][0]} (was {was[b][off][0]})",
-                                          group=g, block=b)]
+                    at = f"offset {off} of block {b}" if was.ndim > 2 else f"block {b}"
+                    return [ctx.violation(CACHED_BLOCKS_IMMUTABLE, f"{name} {at}, registered "
+                                          f"in the prefix cache, changed to {v[off][0]} (was "
+                                          f"{w[off][0]})", group=g, block=b)]
     return []
 
 
