@@ -447,6 +447,11 @@ class RunnerConfig:
             if len({self.groups[g].block_size for g in self.mamba_groups}) > 1:
                 raise ConfigError("groups", "align mode needs one block size for every Mamba "
                                   "group (vLLM's hybrid models have one MambaSpec)")
+            for g in self.mamba_groups:
+                if self.groups[g].block_size > self.max_num_batched_tokens:
+                    raise ConfigError(f"groups[{g}].block_size", "align mode needs a Mamba "
+                                      "block size <= max_num_batched_tokens (a prefill chunk "
+                                      "ends on a Mamba block boundary)")
             if self.mamba_groups and self.reorder_batch_threshold > 1:
                 raise ConfigError("reorder_batch_threshold", "align mode decodes one token "
                                   "per step: use 0 or 1")

@@ -47,15 +47,19 @@ def runner_configs(draw, runner: str | None = None,
         second = draw(st.sampled_from([8, 4]))
         groups.append(GroupSpec(ATTENTION, second, second))
     # Who picks block ids: the trace, or the target's own KV-cache manager (one
-    # config in three): half of those with prefix caching — which the model has
-    # for attention-only configs with one DCP rank, so those drop the Mamba
-    # group — the others mostly with a sliding window on the first group.
-    allocator, caching = "trace", False
+    # config in three): half of those with prefix caching (one DCP rank) — a
+    # Mamba group kept means vLLM's align mode, drawn without a drafter, its
+    # state blocks mostly larger than the attention blocks (as hybrid models'
+    # are: where a column computed in the wrong unit shows) — the others
+    # mostly with a sliding window on the first group.
+    allocator, caching, align = "trace", False, False
     if engine and draw(st.sampled_from([False, False, True])):
         allocator = "engine"
         if draw(st.booleans()):
             caching = True
-            groups = [g for g in groups if g.kind != MAMBA]
+            if engine == "single" or draw(st.booleans()):
+                groups = [g for g in groups if g.kind != MAMBA]
+            align = any(g.kind == MAMBA for g in groups)
         if engine == "single":
             groups = groups[:1]
         if not caching and draw(st.sampled_from([True, True, True, False])):
@@ -67,6 +71,12 @@ def runner_configs(draw, runner: str | None = None,
             groups[0] = GroupSpec(ATTENTION, g0.block_size, g0.kernel_block_size,
                                   g0.slot_buffer, window)
     max_num_batched_tokens = draw(st.sampled_from([16, 8]))
+    if align:
+        # A state block of 2 attention blocks (or 1), within the token budget.
+        max_num_batched_tokens = max(max_num_batched_tokens, block_size)
+        bs_m = draw(st.sampled_from([2 * block_size, 2 * block_size, block_size]))
+        bs_m = bs_m if bs_m <= max_num_batched_tokens else block_size
+        groups = [GroupSpec(MAMBA, bs_m, bs_m) if g.kind == MAMBA else g for g in groups]
     sizes = draw(st.sampled_from([(1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4), (2, 8), (1,), ()]))
     world = draw(st.sampled_from([1, 1, 2, 4])) if (dcp or {}).get(runner, True) and not \
         caching and not groups[0].sliding_window \
@@ -87,7 +97,7 @@ def runner_configs(draw, runner: str | None = None,
     support = ALWAYS if not mamba and draw(st.sampled_from([False, True])) else UNIFORM_BATCH
     # Speculative decoding (a drafter proposing k tokens) in half the examples;
     # vLLM's Mamba builders then treat up to 1 + k tokens as a decode.
-    k = draw(st.sampled_from([0, 0, 0, 2, 1, 3])) if spec else 0
+    k = draw(st.sampled_from([0, 0, 0, 2, 1, 3])) if spec and not align else 0
     if world > 1 and not spec_dcp:
         k = 0
     if reorder:
@@ -105,7 +115,10 @@ def runner_configs(draw, runner: str | None = None,
         groups=tuple(groups),
         num_blocks=draw(st.sampled_from([12, 8, 16])),
         max_num_reqs=draw(st.sampled_from([4, 4, 2, 3])),
-        max_num_blocks_per_req=draw(st.sampled_from([4, 2] if allocator == "trace" else [4])),
+        # align mode: longer rows (8 attention blocks) so that prompts span
+        # several state blocks.
+        max_num_blocks_per_req=draw(st.sampled_from([4, 2] if allocator == "trace" else [4]))
+        * (2 if align and block_size <= 8 else 1),
         max_num_batched_tokens=max_num_batched_tokens,
         cudagraph_capture_sizes=tuple(s for s in sizes if s <= max_num_batched_tokens),
     )

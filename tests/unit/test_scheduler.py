@@ -213,8 +213,13 @@ def test_allocator_ops_are_refused_in_the_other_mode_with_the_field_named():
 def test_prefix_caching_config_limits_are_one_line_errors():
     with pytest.raises(ConfigError, match="enable_prefix_caching.*allocator 'engine'"):
         RunnerConfig(enable_prefix_caching=True)
-    with pytest.raises(ConfigError, match="enable_prefix_caching.*Mamba"):
-        RunnerConfig(allocator="engine", enable_prefix_caching=True)
+    assert RunnerConfig(allocator="engine", enable_prefix_caching=True).mamba_cache_mode == "align"
+    assert RunnerConfig(allocator="engine").mamba_cache_mode == "none"
+    with pytest.raises(ConfigError, match="enable_prefix_caching.*align.*num_speculative_tokens"):
+        RunnerConfig(allocator="engine", enable_prefix_caching=True, num_speculative_tokens=1)
+    with pytest.raises(ConfigError, match=r"groups\[1\].block_size.*max_num_batched_tokens"):
+        RunnerConfig(allocator="engine", enable_prefix_caching=True, max_num_batched_tokens=8,
+                     cudagraph_capture_sizes=(1, 2))
     with pytest.raises(ConfigError, match="allocator"):
         RunnerConfig(allocator="scheduler")
     assert "allocator" not in RunnerConfig().to_json()

@@ -36,8 +36,18 @@ def _room(m, req: int) -> int:
     return room
 
 
+def _sizes(m, req: int, most: int) -> list[int]:
+    """Token counts 1..``most`` that ``req`` may run in one step (align mode
+    allows only chunks ending on Mamba block boundaries, in a column holding a
+    state block: :meth:`reference.Ledger.align_problem`)."""
+    r = m.ledger.requests[req]
+    return [n for n in range(1, most + 1)
+            if m.ledger.align_problem(r, r.num_computed_tokens, n, step=True) is None]
+
+
 def _steppable(m) -> list[int]:
-    return [r for r in m.ledger.live() if _room(m, r) > 0]
+    return [r for r in m.ledger.live() if _room(m, r) > 0
+            and _sizes(m, r, min(_room(m, r), m.cfg.max_num_batched_tokens))]
 
 
 def _draw_step(m, data) -> dict:
@@ -61,10 +71,22 @@ def _draw_step(m, data) -> dict:
         # count for a request still in its prompt.
         decode_only = False
     scheduled = []
+    align = m.cfg.mamba_cache_mode == "align"
     for req in reqs:
-        n = 1 if decode_only else data.draw(st.integers(1, 1 + min(_room(m, req) - 1, budget)))
+        if align:  # only chunks align mode schedules; 1 is among them only sometimes
+            sizes = _sizes(m, req, 1 + min(_room(m, req) - 1, budget))
+            if not sizes:
+                continue
+            n = sizes[0] if decode_only else data.draw(st.sampled_from(sizes))
+        else:
+            n = 1 if decode_only else data.draw(st.integers(1, 1 + min(_room(m, req) - 1,
+                                                                       budget)))
         budget -= n - 1
         scheduled.append([req, n])
+    if not scheduled:  # align mode: no legal chunk within the budget; the first alone
+        req = reqs[0]
+        scheduled.append([req, data.draw(st.sampled_from(_sizes(
+            m, req, min(_room(m, req), m.cfg.max_num_batched_tokens))))])
     mode = data.draw(st.sampled_from(m.swarm.modes))
     return {"op": "step", "scheduled": scheduled, "cudagraph_mode": mode}
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 
 import numpy as np
+from reference.ledger import RequestLedger
 from reference.payload import REQ_ID_MAX
 
 from harness.core.ops import BLOCK_IDS, INT, OpSpec, register
@@ -96,9 +97,18 @@ def _draw_admit(m, data) -> dict:
     hit, _ = ledger.expected_hit(tokens)
     most = max(1, min(prompt_len - hit, cfg.max_num_batched_tokens))
     # Mostly what a scheduler does: as much of the prompt as the token budget allows.
-    num_new = most if data.draw(st.booleans()) else data.draw(st.integers(1, most))
+    sizes = _chunk_sizes(ledger, RequestLedger(req, prompt_len, []), hit, most)
+    num_new = sizes[-1] if data.draw(st.booleans()) else data.draw(st.sampled_from(sizes))
     return {"op": "admit", "req": req, "prompt_len": prompt_len, "prefix": prefix,
             "num_new_tokens": num_new}
+
+
+def _chunk_sizes(ledger, r, start: int, most: int) -> list[int]:
+    """Token counts 1..``most`` a scheduler may allocate for ``r`` from ``start``
+    (align mode: chunks ending on Mamba block boundaries; the config keeps one
+    block within the token budget, so there is always one)."""
+    return [n for n in range(1, most + 1)
+            if ledger.align_problem(r, start, n, step=False) is None] or [1]
 
 
 def _admit_requests(op: dict) -> list[int]:
@@ -142,8 +152,7 @@ def _permit_new_blocks(config, ledger, op):
         blocks = [[] for _ in config.groups]
     hit = op.get("num_cached_tokens") or 0
     for g, ids in enumerate(blocks):
-        n_hit = hit // config.tokens_per_block(g) if g in config.attention_groups else 0
-        cells[g] = {b: None for b in ids[n_hit:]}
+        cells[g] = {b: None for b in ids[config.hit_columns(g, hit):] if b}  # null: a pad
     for g, ids in enumerate(op.get("freed") or []):  # left a sliding window: poisoned
         cells[g].update({b: None for b in ids if b})
     if config.draft_group is not None:
@@ -190,8 +199,10 @@ def _draw_allocate(m, data) -> dict:
     req = data.draw(st.sampled_from(short if short and data.draw(st.booleans()) else cands))
     r = m.ledger.requests[req]
     most = min(m.cfg.max_model_len - r.num_computed_tokens, m.cfg.max_num_batched_tokens)
+    sizes = _chunk_sizes(m.ledger, r, r.num_computed_tokens, most)
     chunk = min(max(r.prompt_len - r.num_computed_tokens, 1), most)
-    n = chunk if data.draw(st.booleans()) else data.draw(st.integers(1, most))
+    chunk = max([n for n in sizes if n <= chunk] or sizes[:1])
+    n = chunk if data.draw(st.booleans()) else data.draw(st.sampled_from(sizes))
     return {"op": "allocate", "req": req, "num_new_tokens": n}
 
 

@@ -14,6 +14,8 @@ from harness.core.ops.lifecycle import _permit_all_blocks, _rename, _req
 
 
 def _loadable(m) -> list[int]:
+    if m.cfg.mamba_cache_mode == "align":  # not modelled: the ledger refuses it
+        return []
     return [r for r, s in sorted(m.ledger.requests.items())
             if not (s.stepped or s.loaded or s.num_computed_tokens)
             and s.capacity_tokens(m.cfg) >= s.prompt_len]
