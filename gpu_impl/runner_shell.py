@@ -331,20 +331,25 @@ class RunnerShell(abc.ABC):
         column it was in after its previous step; a request not seen yet
         starts from the column of its last computed token,
         ``(num_computed - 1) // block_size`` (its prefix hit's state block),
-        unless its runner seeded one when it was added (V2)."""
+        unless its runner seeded one when it was added (V2).  Runs after the
+        batch's rows are staged (batch row ``b`` of :meth:`kernel_table`)."""
         if not self.align:
             return
         bs = self.mamba_block_size
-        for req, n, start in batch:
+        for b, (req, n, start) in enumerate(batch):
             prev = self.mamba_state_idx.get(req, (start - 1) // bs)
             curr = -(-(start + n) // bs) - 1
             self.mamba_state_idx[req] = curr
             if prev < 0 or prev == curr:
                 continue
             for g in self.mamba_groups:
-                ids = self.requests[req].block_ids[g]
-                if prev < len(ids):  # past the row: a GPU reads garbage; nothing here
-                    self.mamba_states[g][ids[curr]] = self.mamba_states[g][ids[prev]]
+                # Through the batch row of the block table, as the align-mode copy
+                # kernel reads it (block_table[row, column]): a column past the
+                # request's ids reads whatever the row holds there; past the
+                # row's width a GPU reads another row's memory — dropped here.
+                row = self.kernel_table(g)[b]
+                if prev < row.shape[0]:
+                    self.mamba_states[g][row[curr].long()] = self.mamba_states[g][row[prev].long()]
 
     def _mamba_seed_block_size(self) -> int:
         """Tokens per column a runner seeds a new request's running Mamba column

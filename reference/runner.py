@@ -144,6 +144,7 @@ class ReferenceRunnerBase(abc.ABC):
         # Align mode: the column holding each request's running Mamba state
         # after its latest step (vLLM's runner-side ``mamba_state_idx``).
         self.mamba_state_idx: dict[int, int] = {}
+        self.mamba_copies: list[tuple[int, int, int, bool]] = []  # last step's (req, src, dst, first)
         self.draft_kv_cache = {}
         if cfg.draft_group is not None:
             self.draft_kv_cache[cfg.draft_group] = self.kv_cache[cfg.draft_group].copy()
@@ -347,16 +348,19 @@ class ReferenceRunnerBase(abc.ABC):
         block; none without a hit) — through the request's own block ids
         (vLLM's ``preprocess_mamba`` / ``collect_mamba_copy_meta``)."""
         cfg = self.config
+        self.mamba_copies = []
         if cfg.mamba_cache_mode != "align":
             return
+        bs = cfg.tokens_per_block(cfg.mamba_groups[0])  # one block size (validated)
         for req, n, _ in batch:
             start = self.ledger.requests[req].num_computed_tokens
-            for g in cfg.mamba_groups:
-                bs = cfg.tokens_per_block(g)
-                prev = self.mamba_state_idx.get(req, (start - 1) // bs)
-                curr = -(-(start + n) // bs) - 1
-                ids = self.runner_blocks[req][g]
-                if prev >= 0 and prev != curr:
+            first = req not in self.mamba_state_idx
+            prev = self.mamba_state_idx.get(req, (start - 1) // bs)
+            curr = -(-(start + n) // bs) - 1
+            if prev >= 0 and prev != curr:
+                self.mamba_copies.append((req, prev, curr, first))
+                for g in cfg.mamba_groups:
+                    ids = self.runner_blocks[req][g]
                     self.mamba_state[g][ids[curr]] = self.mamba_state[g][ids[prev]]
             self.mamba_state_idx[req] = curr
 

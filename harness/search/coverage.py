@@ -77,6 +77,10 @@ FEATURES: dict[str, str] = {
     "allocation-refused": "an admit or allocate the KV-cache manager refused (pool short)",
     "window-blocks-freed": "an allocate that freed blocks a request's sliding window left "
                            "(their entries nulled, the runner's row keeps the ids)",
+    "mamba-state-restored": "align mode: a request's first step starts from its prefix hit's "
+                            "cached Mamba state, copied into its new state block",
+    "mamba-state-carried": "align mode: a running request's state copied into a new state "
+                           "block as its tokens cross a Mamba block boundary",
     **{f"forward:{m}:{r}:{k}": f"a forward dispatched {m} on runner {r}, config with {k} group(s)"
        for m in MODES for r in RUNNERS for k in GROUP_KINDS},
 }
@@ -196,9 +200,8 @@ class Tracker:
         if hit:
             out.append("prefix-hit")
         for g, ids in enumerate(blocks):
-            n_hit = hit // self.config.tokens_per_block(g) if g in self.config.attention_groups \
-                else 0
-            if any(refs[g][b] == 0 for b in ids[:n_hit] if 0 <= b < len(refs[g])):
+            n_hit = self.config.hit_columns(g, hit)
+            if any(refs[g][b] == 0 for b in ids[:n_hit] if 0 < b < len(refs[g])):
                 out.append("hit-on-freed-cached-block")
             if any(b in registered[g] for b in ids[n_hit:]):
                 out.append("cached-block-evicted")
@@ -238,6 +241,9 @@ class Tracker:
                 hit.append("mamba-decodes-with-prefills")
         if fwd.cudagraph_mode == "FULL" and fwd.num_tokens != fwd.num_reqs:
             hit.append("full-replay-mixed-batch")
+        if not fwd.dummy and reference is not None:
+            for _, _, _, first in getattr(reference, "mamba_copies", ()):
+                hit.append("mamba-state-restored" if first else "mamba-state-carried")
         if (fwd.metadata and fwd.num_tokens_padded > fwd.num_tokens
                 and any(g.slot_buffer for g in cfg.groups)):
             hit.append("backend-slots-padded")

@@ -47,17 +47,19 @@ def runner_configs(draw, runner: str | None = None,
         second = draw(st.sampled_from([8, 4]))
         groups.append(GroupSpec(ATTENTION, second, second))
     # Who picks block ids: the trace, or the target's own KV-cache manager (one
-    # config in three): half of those with prefix caching (one DCP rank) — a
-    # Mamba group kept means vLLM's align mode, drawn without a drafter, its
-    # state blocks mostly larger than the attention blocks (as hybrid models'
-    # are: where a column computed in the wrong unit shows) — the others
-    # mostly with a sliding window on the first group.
+    # config in two; one in three until the scheduler faults' seed-0 misses
+    # were measured, issue #16): two thirds of those with prefix caching (one
+    # DCP rank) — a Mamba group kept (three times in four) means vLLM's align
+    # mode, drawn without a drafter, its state blocks mostly larger than the
+    # attention blocks (as hybrid models' are: where a column computed in the
+    # wrong unit shows) — the others mostly with a sliding window on the first
+    # group.
     allocator, caching, align = "trace", False, False
-    if engine and draw(st.sampled_from([False, False, True])):
+    if engine and draw(st.sampled_from([False, True])):
         allocator = "engine"
-        if draw(st.booleans()):
+        if draw(st.sampled_from([False, True, True])):
             caching = True
-            if engine == "single" or draw(st.booleans()):
+            if engine == "single" or draw(st.sampled_from([False, False, False, True])):
                 groups = [g for g in groups if g.kind != MAMBA]
             align = any(g.kind == MAMBA for g in groups)
         if engine == "single":

@@ -38,15 +38,10 @@ def _hand_written(fault_id):
 # The two upstream bugs this project exists for, found within seconds from seed 0.
 SEED_BUGS = {("vacated-row-not-cleared", "v1"), ("dummy-tables-not-zeroed", "v2"),
              ("dummy-slots-not-padded", "v1")}
-# Known misses (issue #16, measured 2026-11-30): the drawn geometry reaches these
-# situations too rarely from seed 0 (a sliding window's frees in ~3 of 200 examples;
-# a prompt identical to a fully cached one). Strict: the test fails once they are found.
-KNOWN_MISSES = {
-    ("sliding-window-boundary-early", "v1"): "#16: sliding-window frees are drawn in a few "
-                                             "seed-0 examples; found on v2, not v1 yet",
-    ("hit-not-capped-below-prompt", "v1"): "#16: needs a prompt identical to a fully cached "
-                                           "one; found on v2, not v1 yet",
-}
+# Known misses: none at present.  (Issue #16's two V1 misses — sliding-window-boundary-early
+# and hit-not-capped-below-prompt — were found once engine-allocator configs became one
+# draw in two.)  An entry here is strict: the test fails once the fault is found.
+KNOWN_MISSES: dict = {}
 KILLS = [pytest.param(f, r, id=f"{f}-{r}",
                       marks=(() if (f, r) in SEED_BUGS else (pytest.mark.slow,)) + (
                           (pytest.mark.xfail(strict=True, reason=KNOWN_MISSES[(f, r)]),)
