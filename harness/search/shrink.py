@@ -11,12 +11,14 @@ its own candidates while it helps, in rounds until no pass helps (bounded):
 2. drop one request with every op that mentions it;
 3. drop single ops, last first, then sliding pairs;
 4. fold a request's work onto another (the op's ``fold``: a step keeps its
-   token count), then merge adjacent ops (two steps of the same requests
-   become one), then narrow each op (its registry entry: drop scheduled
+   token count), merge a request's allocations (``allocator: engine``: its
+   next ``allocate`` into its ``admit``), then merge adjacent ops (two steps
+   of the same requests become one), then narrow each op (its registry entry: drop scheduled
    requests, lower token counts, a simpler cudagraph mode, ...);
 5. renumber requests and blocks to small ids in order of first use;
-6. simplify the geometry (one DCP rank, no kernel-block split), then lower
-   config limits (pool size, batch limits, capture sizes) one at a time.
+6. simplify the geometry (one DCP rank, no drafter, no kernel-block split),
+   then lower config limits (pool size, batch limits, capture sizes) one at
+   a time; when the config changed, steps 1-5 run once more.
 
 Each candidate is repaired before it is replayed: ops that became illegal
 (a step of a request no longer added, a block no longer free) are dropped, by
@@ -75,6 +77,8 @@ def _smaller_configs(config):
         yield dict(fields, dcp_world_size=1, dcp_rank=0, cp_kv_cache_interleave_size=1)
     if fields.get("cp_kv_cache_interleave_size", 1) > 1:
         yield dict(fields, cp_kv_cache_interleave_size=1)
+    if fields.get("num_speculative_tokens"):  # no drafter (a trace without spec ops)
+        yield {k: v for k, v in fields.items() if k != "num_speculative_tokens"}
     for g, spec in enumerate(fields["groups"]):
         if spec.get("kernel_block_size", spec["block_size"]) != spec["block_size"]:
             groups = copy.deepcopy(fields["groups"])
@@ -108,7 +112,9 @@ def _folded(ops: list[dict], req: int, into: int) -> list[dict] | None:
 
 
 def _added(ops: list[dict]) -> list[int]:
-    return sorted({r for op in ops if op["op"] == "add" for r in requests_of(op)})
+    """Every request the ops name (``add`` or ``admit``; a request named only
+    as a prefix source drops or folds to nothing and is skipped as a repeat)."""
+    return sorted({r for op in ops for r in requests_of(op)})
 
 
 def _drop_requests(ops: list[dict]):
@@ -161,6 +167,32 @@ def _merge_adjacent(ops: list[dict]):
             yield ops[:i] + [merged] + ops[i + 2:]
 
 
+def _merge_allocations(ops: list[dict]):
+    """A request's next ``allocate`` merged into its previous ``admit`` /
+    ``allocate`` (tokens summed; for an ``admit`` also the whole prompt at
+    once): a chunked prefill asked for in one piece, after which its steps
+    can merge too (``allocator: engine``)."""
+    from harness.core.ops.scheduler import without_recorded
+
+    for i, op in enumerate(ops):
+        if op["op"] not in ("admit", "allocate"):
+            continue
+        j = next((k for k in range(i + 1, len(ops)) if ops[k]["op"] == "allocate"
+                  and ops[k]["req"] == op["req"]), None)
+        if j is None:
+            continue
+        rest = ops[i + 1:j] + ops[j + 1:]
+        total = op["num_new_tokens"] + ops[j]["num_new_tokens"]
+        sizes = [total]
+        hit = op.get("num_cached_tokens")
+        if op["op"] == "admit" and isinstance(hit, int) and op["prompt_len"] - hit != total:
+            sizes.append(op["prompt_len"] - hit)
+        for n in sizes:
+            if op["op"] == "admit" and n > op["prompt_len"] - (hit or 0):
+                continue
+            yield ops[:i] + [dict(without_recorded(op), num_new_tokens=n)] + rest
+
+
 def _narrow_ops(ops: list[dict]):
     """Each op's simpler variants (its registry entry)."""
     for i, op in enumerate(ops):
@@ -170,8 +202,8 @@ def _narrow_ops(ops: list[dict]):
 
 # Cheap, large cuts first: chunks (a replay stops at the failure, and a chunk cut
 # early leaves a short trace), then requests, single ops, folds, merges, narrowing.
-PASSES = (_drop_chunks, _drop_requests, _drop_singles, _fold_requests, _merge_adjacent,
-          _narrow_ops)
+PASSES = (_drop_chunks, _drop_requests, _drop_singles, _fold_requests, _merge_allocations,
+          _merge_adjacent, _narrow_ops)
 
 
 def _candidates(ops: list[dict]):
@@ -263,7 +295,9 @@ def shrink(trace: Trace, invariant: str, faults=(), target: str = "gpu_impl",
 
     Op-level passes first (and, between rounds, the KV-cache manager taken out
     when its choices did nothing a trace could not name), then renumbering,
-    then smaller config limits.
+    then smaller config limits — and the op passes once more when the config
+    got simpler (without a drafter, a request needs no lookahead blocks, so
+    a fold that was illegal may now be legal).
     """
     best = trace
     replays = 0
@@ -273,6 +307,18 @@ def shrink(trace: Trace, invariant: str, faults=(), target: str = "gpu_impl",
         if _fails(plain, invariant, faults, target, device) is not None:
             best = plain
     seen: set[str] = set()
+    for _ in range(2):  # op passes, then the config; again when a simpler config opens cuts
+        config = best.config
+        best, replays = _shrink_ops(best, invariant, faults, target, device, replays, seen)
+        best, replays = _shrink_config(best, invariant, faults, target, device, replays)
+        if best.config == config or replays >= MAX_REPLAYS:
+            break
+    return best, replays
+
+
+def _shrink_ops(best, invariant, faults, target, device, replays, seen):
+    """The op passes in rounds until none improves, then renumbering; returns
+    (best trace, replays so far)."""
     improved_any = True
     while improved_any:  # rounds of every pass until none improves
         improved_any = False
@@ -309,6 +355,11 @@ def shrink(trace: Trace, invariant: str, faults=(), target: str = "gpu_impl",
         cand = Trace(best.config, ops, best.expect, best.meta)
         if _fails(cand, invariant, faults, target, device) is not None:
             best = cand
+    return best, replays
+
+
+def _shrink_config(best, invariant, faults, target, device, replays):
+    """Simpler geometry and lower limits, the ops unchanged; returns (best, replays)."""
     for _ in range(MAX_PASSES):  # smaller configs: the trace must stay legal unchanged
         for fields in _smaller_configs(best.config):
             if replays >= MAX_REPLAYS:

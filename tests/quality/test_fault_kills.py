@@ -38,10 +38,16 @@ def _hand_written(fault_id):
 # The two upstream bugs this project exists for, found within seconds from seed 0.
 SEED_BUGS = {("vacated-row-not-cleared", "v1"), ("dummy-tables-not-zeroed", "v2"),
              ("dummy-slots-not-padded", "v1")}
-# Known misses: none at present.  (Issue #16's two V1 misses — sliding-window-boundary-early
-# and hit-not-capped-below-prompt — were found once engine-allocator configs became one
-# draw in two.)  An entry here is strict: the test fails once the fault is found.
-KNOWN_MISSES: dict = {}
+# Known misses (measured 2026-11-30, after engine-allocator configs became one draw in
+# two, which found issue #16's two V1 misses — sliding-window-boundary-early and
+# hit-not-capped-below-prompt — and the new align-mode fault from seed 0): two marginal
+# finds turned into misses with the reshuffled draws. Strict: the test fails once found.
+KNOWN_MISSES = {
+    ("accepted-counts-land-after-condense", "v1"): "#15: found at example 125 of 200 before "
+                                                   "the engine share grew; seed 0 misses now",
+    ("sliding-window-boundary-early", "v2"): "#15: found on v1 from seed 0, not on v2 since "
+                                             "the engine share grew",
+}
 KILLS = [pytest.param(f, r, id=f"{f}-{r}",
                       marks=(() if (f, r) in SEED_BUGS else (pytest.mark.slow,)) + (
                           (pytest.mark.xfail(strict=True, reason=KNOWN_MISSES[(f, r)]),)
