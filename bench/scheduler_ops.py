@@ -6,7 +6,10 @@ with prefix caching on and off, in one run; prints a table with the ratios.
 The workload (deterministic, ``--seed``): requests arrive with prompts that
 share a prefix of an earlier prompt two times in three, run their prompt in
 chunks (``allocate`` then ``step``), decode a few tokens and finish; one
-attention group of 4-token blocks.
+attention group of 4-token blocks — and a hybrid row: the same plus a Mamba
+group of 8-token state blocks in align mode (chunks as align mode schedules
+them, an ``allocate`` before every step; gpu_impl only: the vllm target
+refuses hybrid configs until one block pool is shared, issue #12).
 
 Usage: python bench/scheduler_ops.py [--rounds N] [--seed S] [--targets gpu_impl,vllm]
 """
@@ -26,6 +29,11 @@ def workload(config, rounds: int, seed: int, target: str) -> list[dict]:
 
     rng, session, ops = random.Random(seed), Session(config, (), target, "cpu", record=True), []
     live, prompts, next_req = {}, {}, 0
+    align = config.mamba_cache_mode == "align"
+
+    def legal(r, start, most):  # align mode: the largest chunk its scheduler would run
+        return max([n for n in range(1, most + 1)
+                    if session.ledger.align_problem(r, start, n, step=False) is None] or [0])
 
     def do(op):  # a release's own bug (a violation) does not stop the workload
         session.apply(op)
@@ -41,8 +49,12 @@ def workload(config, rounds: int, seed: int, target: str) -> list[dict]:
                 prefix = [src, min(prompts[src], n)]
             tokens = session.ledger.prompt_tokens(next_req, n, prefix)
             hit, _ = session.ledger.expected_hit(tokens)
+            from reference.ledger import RequestLedger
+
+            new = legal(RequestLedger(next_req, n, []), hit,
+                        min(n - hit, config.max_num_batched_tokens))
             op = do({"op": "admit", "req": next_req, "prompt_len": n, "prefix": prefix,
-                     "num_new_tokens": min(n - hit, config.max_num_batched_tokens)})
+                     "num_new_tokens": new})
             if op["blocks"] is not None:
                 live[next_req] = rng.randint(1, 4)  # decode steps before finishing
                 prompts[next_req] = n
@@ -52,7 +64,13 @@ def workload(config, rounds: int, seed: int, target: str) -> list[dict]:
             r = session.ledger.requests[req]
             left = r.prompt_len - r.num_computed_tokens
             n = min(max(left, 1), 4)
-            if r.num_computed_tokens + n > min(r.capacity_tokens(config), config.max_model_len):
+            if align:
+                n = legal(r, r.num_computed_tokens, min(max(left, 1), config.max_num_batched_tokens))
+                if not n or r.num_computed_tokens + n > config.max_model_len:
+                    continue
+                if do({"op": "allocate", "req": req, "num_new_tokens": n})["blocks"] is None:
+                    continue
+            elif r.num_computed_tokens + n > min(r.capacity_tokens(config), config.max_model_len):
                 if r.num_computed_tokens + n > config.max_model_len:
                     continue
                 if do({"op": "allocate", "req": req, "num_new_tokens": n})["blocks"] is None:
@@ -130,12 +148,17 @@ def main() -> None:
     from reference import GroupSpec, RunnerConfig
 
     rows = []
-    for caching in (True, False):
-        config = RunnerConfig(runner="v1", groups=(GroupSpec("attention", 4, 4),),
+    hybrid = (GroupSpec("attention", 4, 4), GroupSpec("mamba", 8, 8))
+    for caching, groups in ((True, (GroupSpec("attention", 4, 4),)),
+                            (False, (GroupSpec("attention", 4, 4),)), ("align", hybrid)):
+        config = RunnerConfig(runner="v1", groups=groups,
                               num_blocks=32, max_num_reqs=4, max_num_blocks_per_req=8,
                               max_num_batched_tokens=16, allocator="engine",
-                              enable_prefix_caching=caching)
+                              enable_prefix_caching=bool(caching),
+                              reorder_batch_threshold=1 if caching == "align" else 0)
         for target in args.targets.split(","):
+            if caching == "align" and target == "vllm":
+                continue  # refused: vLLM's groups share one pool (issue #12)
             try:
                 ops = workload(config, args.rounds, args.seed, target)
                 rate = session_rate(config, ops, target)
@@ -154,7 +177,7 @@ def main() -> None:
         table.add_column(col)
     base = {c: rate for c, t, _, _, rate, _ in rows if t == "gpu_impl"}
     for caching, target, n, share, rate, calls in rows:
-        table.add_row("on" if caching else "off", target, str(n), f"{share:.0%}",
+        table.add_row({True: "on", False: "off"}.get(caching, "align (hybrid)"), target, str(n), f"{share:.0%}",
                       f"{rate:.0f}", f"{base[caching] / rate:.2f}x" if caching in base else "-",
                       f"{calls:.0f}")
     Console(width=110).print(table)
