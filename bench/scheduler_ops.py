@@ -65,10 +65,17 @@ def workload(config, rounds: int, seed: int, target: str) -> list[dict]:
             left = r.prompt_len - r.num_computed_tokens
             n = min(max(left, 1), 4)
             if align:
-                n = legal(r, r.num_computed_tokens, min(max(left, 1), config.max_num_batched_tokens))
+                budget = config.max_num_batched_tokens - sum(k for _, k in sched)
+                n = legal(r, r.num_computed_tokens, min(max(left, 1), budget))
                 if not n or r.num_computed_tokens + n > config.max_model_len:
                     continue
                 if do({"op": "allocate", "req": req, "num_new_tokens": n})["blocks"] is None:
+                    continue
+                # what it may step now: an earlier, larger allocation may have
+                # put the state block past this chunk's end column
+                n = max([k for k in range(1, n + 1) if session.ledger.align_problem(
+                    r, r.num_computed_tokens, k, step=True) is None] or [0])
+                if not n:
                     continue
             elif r.num_computed_tokens + n > min(r.capacity_tokens(config), config.max_model_len):
                 if r.num_computed_tokens + n > config.max_model_len:
