@@ -130,11 +130,17 @@ class KVCacheManager:
         # The last prompt token is always recomputed (its logits are needed).
         max_len = len(tokens) if "hit-not-capped-below-prompt" in self.faults else len(tokens) - 1
         hit = max_len // self.unit * self.unit
+        windows = {}
         for g in cfg.attention_groups:
+            if cfg.groups[g].sliding_window:
+                continue
             bs, pool, i = cfg.tokens_per_block(g), self.pools[g], 0
             while (i + 1) * bs <= hit and pool.get_cached_block(self._key(tokens, g, i)) is not None:
                 i += 1
             hit = min(hit, i * bs // self.unit * self.unit)
+        for g in cfg.attention_groups:  # sliding windows, within the full-attention hit
+            if cfg.groups[g].sliding_window:
+                hit, windows[g] = self._window_hit(g, tokens, hit)
         mamba = [g for g in cfg.mamba_groups if self.align[g]]
         # A hybrid hit needs the Mamba state at its end: the longest such length.
         while hit and any(self.pools[g].get_cached_block(self._key(
@@ -144,6 +150,9 @@ class KVCacheManager:
             hit -= self.unit
         for g in cfg.attention_groups:
             bs = cfg.tokens_per_block(g)
+            if g in windows:
+                blocks[g] = windows[g][:hit // bs]
+                continue
             blocks[g] = [self.pools[g].get_cached_block(self._key(tokens, g, i))
                          for i in range(hit // bs)]
         for g in mamba:
@@ -152,6 +161,34 @@ class KVCacheManager:
                 blocks[g] = [NULL_BLOCK_ID] * (n - 1) + [
                     self.pools[g].get_cached_block(self._key(tokens, g, n - 1))]
         return hit, blocks
+
+    def _window_hit(self, g: int, tokens: np.ndarray, max_len: int) -> tuple[int, list[int]]:
+        """A sliding-window group's hit within ``max_len`` tokens (vLLM's
+        ``SlidingWindowManager.find_longest_cache_hit``): scanning from the
+        right, the first run of ``cdiv(window - 1, block_size)`` cached blocks
+        whose right end is a multiple of the unit; the blocks before it are
+        null.  No such run: the run of cached blocks from block 0, trimmed to
+        the unit.  Returns (hit tokens, blocks)."""
+        bs, pool = self.config.tokens_per_block(g), self.pools[g]
+        need = max(-(-(self.config.groups[g].sliding_window - 1) // bs), 1)
+        n = max_len // bs
+        blocks = [NULL_BLOCK_ID] * n
+        run = 0
+        for i in range(n - 1, -1, -1):
+            b = pool.get_cached_block(self._key(tokens, g, i))
+            if b is None:
+                run = 0
+                continue
+            if run == 0 and (i + 1) * bs % self.unit:
+                continue
+            blocks[i] = b
+            run += 1
+            if run >= need:
+                return (i + run) * bs, blocks[:i + run]
+        blocks = blocks[:run]
+        while len(blocks) * bs % self.unit:
+            blocks.pop()
+        return len(blocks) * bs, blocks
 
     def _needed(self, g: int, have: int, num_tokens: int) -> int:
         cfg = self.config

@@ -82,8 +82,11 @@ class GroupSpec:
     attention over the last W tokens (a row's read covers positions
     ``[seq_len - W, seq_len)``; vLLM's ``SlidingWindowSpec``).  With
     ``allocator: engine`` the KV-cache manager frees a request's blocks once
-    they leave the window (vLLM's ``remove_skipped_blocks``).  Serialised only
-    when non-zero.
+    they leave the window (vLLM's ``remove_skipped_blocks``); with prefix
+    caching a hit needs only the blocks inside the window of its first new
+    token, the ones before are the null block (vLLM's
+    ``SlidingWindowManager.find_longest_cache_hit``).  Serialised only when
+    non-zero.
     """
 
     kind: str
@@ -389,11 +392,14 @@ class RunnerConfig:
                     raise ConfigError(f"groups[{i}].sliding_window", "only an attention group "
                                       "has a sliding window")
                 _bound(g.sliding_window, 1, 256, f"groups[{i}].sliding_window")
-                if self.allocator != ENGINE or self.enable_prefix_caching \
-                        or self.dcp_world_size != 1:
+                if self.allocator != ENGINE or self.dcp_world_size != 1:
                     raise ConfigError(f"groups[{i}].sliding_window", "needs allocator 'engine' "
-                                      "(its KV-cache manager frees blocks leaving the window), "
-                                      "no prefix caching and dcp_world_size 1 (not modelled yet)")
+                                      "(its KV-cache manager frees blocks leaving the window) "
+                                      "and dcp_world_size 1 (not modelled yet)")
+                if self.enable_prefix_caching and (self.num_speculative_tokens
+                                                   or self.mamba_groups):
+                    raise ConfigError(f"groups[{i}].sliding_window", "with prefix caching "
+                                      "needs no drafter and no Mamba group (not modelled yet)")
             if g.slot_buffer and g.kind != ATTENTION:
                 raise ConfigError(f"groups[{i}].slot_buffer", "only an attention backend keeps "
                                   "a slot buffer (a mamba group has no slot mapping)")

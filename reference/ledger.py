@@ -149,18 +149,30 @@ class Ledger:
         coordinator: the longest length every group hits), less one unit with
         a drafter (vLLM drops the last matched block for EAGLE/MTP).  A Mamba
         group's hit blocks are null blocks up to the state block at the hit's
-        end (vLLM's ``MambaManager.find_longest_cache_hit``)."""
+        end (vLLM's ``MambaManager.find_longest_cache_hit``).  A sliding-window
+        group needs only the blocks inside the window of the first new token
+        (from position ``hit - W + 1``); its entries before are null blocks
+        (vLLM's ``SlidingWindowManager.find_longest_cache_hit``: the rightmost
+        run of ``cdiv(W - 1, block_size)`` cached blocks)."""
         cfg = self.config
         if not cfg.enable_prefix_caching:
             return 0, [[] for _ in cfg.groups]
         unit = cfg.prefix_unit
         best = (len(tokens) - 1) // unit * unit
-        for g in cfg.attention_groups:
+        windowed = [g for g in cfg.attention_groups if cfg.groups[g].sliding_window]
+        for g in cfg.attention_groups:  # full attention: every block of the prefix
+            if g in windowed:
+                continue
             bs = cfg.tokens_per_block(g)
             i = 0
             while (i + 1) * bs <= best and self.cached_block(g, self.block_key(g, tokens, i)) is not None:
                 i += 1
             best = min(best, i * bs // unit * unit)
+        for g in windowed:  # then the longest length whose window is cached
+            while best and any(self.cached_block(g, self.block_key(g, tokens, i)) is None
+                               for i in range(self.hit_first_block(g, best),
+                                              best // cfg.tokens_per_block(g))):
+                best -= unit
         if cfg.mamba_cache_mode == ALIGN:
             while best and any(self.cached_block(g, self.block_key(
                     g, tokens, best // cfg.tokens_per_block(g) - 1)) is None
@@ -174,8 +186,10 @@ class Ledger:
         blocks = [[] for _ in cfg.groups]
         for g in cfg.attention_groups:
             bs = cfg.tokens_per_block(g)
-            blocks[g] = [self.cached_block(g, self.block_key(g, tokens, i))
-                         for i in range(best // bs)]
+            skipped = self.hit_first_block(g, best)
+            blocks[g] = [NULL_BLOCK_ID] * skipped + [
+                self.cached_block(g, self.block_key(g, tokens, i))
+                for i in range(skipped, best // bs)]
         for g in cfg.mamba_groups:
             n = cfg.hit_columns(g, best)
             if n:
@@ -211,6 +225,16 @@ class Ledger:
         if spec.kind == MAMBA and self.config.mamba_cache_mode == ALIGN:
             return num_computed - 1
         return 0
+
+    def hit_first_block(self, group: int, hit: int) -> int:
+        """Sliding-window group: the first block a hit of ``hit`` tokens needs —
+        the block of the first position the next token attends to, and at
+        least the hit's last block (vLLM needs ``max(cdiv(W - 1, block_size),
+        1)`` cached blocks); those before are the null block.  Else 0."""
+        if not self.config.groups[group].sliding_window:
+            return 0
+        bs = self.config.tokens_per_block(group)
+        return min(max(self.num_skipped_tokens(group, hit), 0) // bs, max(hit // bs - 1, 0))
 
     def null_pads(self, group: int, have: int, num_tokens: int) -> int:
         """Align mode: null entries a Mamba group's list gets before the state

@@ -77,6 +77,8 @@ FEATURES: dict[str, str] = {
     "allocation-refused": "an admit or allocate the KV-cache manager refused (pool short)",
     "window-blocks-freed": "an allocate that freed blocks a request's sliding window left "
                            "(their entries nulled, the runner's row keeps the ids)",
+    "window-hit": "a prefix hit whose sliding-window group's blocks before the window of "
+                  "its first new token are the null block",
     "mamba-state-restored": "align mode: a request's first step starts from its prefix hit's "
                             "cached Mamba state, copied into its new state block",
     "mamba-state-carried": "align mode: a running request's state copied into a new state "
@@ -199,6 +201,9 @@ class Tracker:
             return out + ["allocation-refused"]
         if hit:
             out.append("prefix-hit")
+            if any(self.config.groups[g].sliding_window and ids and ids[0] == 0
+                   for g, ids in enumerate(blocks)):
+                out.append("window-hit")
         for g, ids in enumerate(blocks):
             n_hit = self.config.hit_columns(g, hit)
             if any(refs[g][b] == 0 for b in ids[:n_hit] if 0 < b < len(refs[g])):

@@ -52,8 +52,7 @@ def runner_configs(draw, runner: str | None = None,
     # DCP rank) — a Mamba group kept (three times in four) means vLLM's align
     # mode, drawn without a drafter, its state blocks mostly larger than the
     # attention blocks (as hybrid models' are: where a column computed in the
-    # wrong unit shows) — the others mostly with a sliding window on the first
-    # group.
+    # wrong unit shows) — and mostly a sliding window on the first group.
     allocator, caching, align = "trace", False, False
     if engine and draw(st.sampled_from([False, True])):
         allocator = "engine"
@@ -64,9 +63,12 @@ def runner_configs(draw, runner: str | None = None,
             align = any(g.kind == MAMBA for g in groups)
         if engine == "single":
             groups = groups[:1]
-        if not caching and draw(st.sampled_from([True, True, True, False])):
-            # Sliding-window attention on the first group: a window of about one
-            # or two blocks, so requests outgrow it within a few steps.
+        if not align and draw(st.sampled_from([True, True, True, False] if not caching
+                                              else [True, False])):
+            # Sliding-window attention on the first group (most configs without
+            # prefix caching, half of those with it; not with Mamba prefix
+            # caching): a window of about one or two blocks, so requests
+            # outgrow it within a few steps.
             g0 = groups[0]
             window = draw(st.sampled_from([g0.block_size, g0.block_size + 1,
                                            2 * g0.block_size, 3]))
@@ -99,7 +101,8 @@ def runner_configs(draw, runner: str | None = None,
     support = ALWAYS if not mamba and draw(st.sampled_from([False, True])) else UNIFORM_BATCH
     # Speculative decoding (a drafter proposing k tokens) in half the examples;
     # vLLM's Mamba builders then treat up to 1 + k tokens as a decode.
-    k = draw(st.sampled_from([0, 0, 0, 2, 1, 3])) if spec and not align else 0
+    k = draw(st.sampled_from([0, 0, 0, 2, 1, 3])) if spec and not align and not (
+        caching and groups[0].sliding_window) else 0
     if world > 1 and not spec_dcp:
         k = 0
     if reorder:

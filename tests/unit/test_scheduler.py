@@ -327,3 +327,58 @@ def test_the_shrinker_takes_a_manager_out_when_it_chose_nothing_a_trace_could_no
     assert plain.ops[0]["blocks"] == recorded.ops[0]["blocks"]
     hit = Trace(CFG, replay(Trace(CFG, SHARED), record=True).ops)
     assert as_trace_allocator(hit) is None  # a prefix hit: the manager's own doing
+
+
+def _engine_cfg(groups, runner="v1", **kw):
+    from reference import GroupSpec
+
+    return RunnerConfig(runner=runner, groups=tuple(GroupSpec(*g) for g in groups),
+                        num_blocks=16, max_num_reqs=4, max_num_blocks_per_req=8,
+                        max_num_batched_tokens=16, cudagraph_capture_sizes=(1, 2, 4, 8),
+                        allocator="engine", enable_prefix_caching=True, **kw)
+
+
+def test_sliding_window_hit_needs_only_the_window():
+    """vLLM's SlidingWindowManager: a hit needs the blocks inside the window of
+    its first new token; the ones before are the null block."""
+    cfg = _engine_cfg([("attention", 4, 4, False, 5)])
+    ops = [admit(0, 16, 16), {"op": "step", "scheduled": [[0, 16]], "cudagraph_mode": "NONE"},
+           admit(1, 20, 4, (0, 16)), {"op": "step", "scheduled": [[1, 4]], "cudagraph_mode": "NONE"}]
+    verdict = replay(Trace(cfg, ops), record=True)
+    assert verdict.violation is None, verdict.violation.line()
+    assert verdict.ops[2]["num_cached_tokens"] == 16
+    assert verdict.ops[2]["blocks"][0][:3] == [0, 0, 0] and verdict.ops[2]["blocks"][0][3] != 0
+    # A manager that hands the null block inside the window is caught.
+    from harness.core.invariants.scheduler import malformed
+
+    session = Session(cfg, (), "reference", "cpu", record=True)
+    for op in ops[:2]:
+        session.apply(op)
+    bad = dict(verdict.ops[2], blocks=[[0, 0, 0, 0] + verdict.ops[2]["blocks"][0][4:]])
+    assert malformed(cfg, session.ledger, bad)[0] == "POOL_ACCOUNTING"
+    assert malformed(cfg, session.ledger, verdict.ops[2]) is None
+
+
+def test_align_mode_restores_the_hit_state_and_refuses_unaligned_chunks():
+    cfg = _engine_cfg([("attention", 4, 4), ("mamba", 8, 8)], runner="v2")
+    ops = [admit(0, 16, 16), {"op": "step", "scheduled": [[0, 16]], "cudagraph_mode": "NONE"},
+           {"op": "remove", "req": 0}, admit(1, 20, 4, (0, 16)),
+           {"op": "step", "scheduled": [[1, 4]], "cudagraph_mode": "NONE"}]
+    verdict = replay(Trace(cfg, ops), record=True)
+    assert verdict.violation is None, verdict.violation.line()
+    # The hit: the null block, then the state block registered at 16 tokens; then the new one.
+    mamba = verdict.ops[3]["blocks"][1]
+    assert mamba[0] == 0 and mamba[1] == verdict.ops[0]["blocks"][1][1] and len(mamba) == 3
+    assert replay(Trace(cfg, ops), ["mamba-align-seed-attention-block-size"]).violation \
+        .invariant == "MATCHES_REFERENCE"
+    # A prefill chunk that ends inside a state block before the prompt's last boundary.
+    with pytest.raises(TraceError, match=r"num_new_tokens.*Mamba block boundary"):
+        parse({"format": "blockfuzz-trace", "version": 1, "config": cfg.to_json(),
+               "ops": [admit(0, 20, 6)]})
+    # A decode of two tokens.
+    with pytest.raises(TraceError, match=r"scheduled\[0\]\[1\].*one token"):
+        parse({"format": "blockfuzz-trace", "version": 1, "config": cfg.to_json(),
+               "ops": [admit(0, 4, 4), {"op": "step", "scheduled": [[0, 4]],
+                                        "cudagraph_mode": "NONE"},
+                       {"op": "allocate", "req": 0, "num_new_tokens": 1},
+                       {"op": "step", "scheduled": [[0, 2]], "cudagraph_mode": "NONE"}]})

@@ -133,11 +133,13 @@ def _malformed_blocks(config, ledger, op: dict):
         # hit's end, then null pads up to the new state block.
         pads = ledger.null_pads(g, len(before) + n_hit, start + op["num_new_tokens"]) \
             if facts.needed[g] else 0
+        # A sliding-window hit: null blocks before the window of its first new token.
+        window_nulls = ledger.hit_first_block(g, hit) if op["op"] == "admit" else 0
         for k, b in enumerate(ids):
             if isinstance(b, bool) or not isinstance(b, int) or not 0 <= b < config.num_blocks:
                 return f"group {g}: block id {b!r} is not in the pool [0, {config.num_blocks})"
             pad = config.pads_with_null(g) and (k < n_hit - 1 or n_hit <= k < n_hit + pads)
-            if (b == NULL_BLOCK_ID) != pad:
+            if (b == NULL_BLOCK_ID) != pad and not (b == NULL_BLOCK_ID and k < window_nulls):
                 if b == NULL_BLOCK_ID:
                     return f"group {g}: the null block was handed out to request {op['req']}"
                 return (f"group {g}: request {op['req']}'s block list {ids} holds block {b} "
@@ -267,6 +269,8 @@ def check_prefix_content(ctx: CheckContext) -> list:
     for g in cfg.attention_groups:
         bs = cfg.tokens_per_block(g)
         for i, b in enumerate(f.chosen["blocks"][g][:hit // bs]):
+            if b == NULL_BLOCK_ID:  # before a sliding window (the structure was checked)
+                continue
             key = ctx.ledger.block_key(g, f.tokens, i)
             if before and before[g].get(b) != key:
                 return [ctx.violation(PREFIX_CONTENT, f"request {op['req']}'s prefix hit "
