@@ -310,9 +310,12 @@ class RunnerShell(abc.ABC):
         max_bs = min(self.config.max_num_reqs, max(sizes)) if sizes else 0
         ncol = self.config.mamba_columns
         first = torch.zeros((num_rows, 1), dtype=torch.int64, device=self.device)
-        if self.align:  # the last scheduled token's column (mamba_get_block_table_tensor)
-            first[:, 0] = torch.from_numpy(np.maximum(
-                (seq_lens.astype(np.int64) - 1) // self.mamba_block_size, 0)).to(self.device)
+        if self.align:  # the last scheduled token's column (mamba_get_block_table_tensor),
+            # within the row (a dummy row's seq_len may pass max_model_len)
+            width = self.kernel_table(self.mamba_groups[0]).shape[1]
+            first[:, 0] = torch.from_numpy(np.clip(
+                (seq_lens.astype(np.int64) - 1) // self.mamba_block_size, 0,
+                width - ncol)).to(self.device)
         take = first + torch.arange(ncol, device=self.device)
         for g in self.mamba_groups:
             table = self.kernel_table(g) if tables is None else tables[g]

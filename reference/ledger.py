@@ -357,7 +357,9 @@ class Ledger:
         ``_mamba_block_aligned_split``: only there is a state materialised to
         cache); a decode runs one token; and a step's last token lands in a
         column that holds a state block (``step``: vLLM's scheduler allocates
-        exactly what it schedules)."""
+        exactly what it schedules), and skips no column that holds a state
+        block (two allocations before one step would leave one unwritten, then
+        registered as if it held the state at its end)."""
         cfg = self.config
         if cfg.mamba_cache_mode != ALIGN:
             return None
@@ -381,6 +383,11 @@ class Ledger:
                 if col >= len(r.blocks[g]) or r.blocks[g][col] == NULL_BLOCK_ID:
                     return (f"request {r.req} holds no Mamba state block in column {col} "
                             f"(group {g}) for position {end - 1}: allocate those tokens first")
+                for c in range((start - 1) // bs + 1, col):
+                    if r.blocks[g][c] != NULL_BLOCK_ID:
+                        return (f"request {r.req}'s step would skip Mamba column {c} (group "
+                                f"{g}), which holds a state block it never writes: align "
+                                "mode allocates once per step, for the tokens it schedules")
         return None
 
     def check_step(self, scheduled) -> None:

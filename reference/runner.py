@@ -375,8 +375,11 @@ class ReferenceRunnerBase(abc.ABC):
             cols = self.write_indices[g]
             first = np.zeros(num_rows, np.int64)
             if cfg.mamba_cache_mode == "align":
-                first = np.maximum((self.seq_lens[:num_rows].astype(np.int64) - 1)
-                                   // cfg.tokens_per_block(g), 0)
+                # Clamped to the row: a dummy row's seq_len (its tokens) may pass
+                # max_model_len; its row holds null blocks whatever the column.
+                width = self.device_block_table[g].shape[1]
+                first = np.clip((self.seq_lens[:num_rows].astype(np.int64) - 1)
+                                // cfg.tokens_per_block(g), 0, width - cols.shape[1])
             take = first[:, None] + np.arange(cols.shape[1])
             cols[:num_rows] = np.take_along_axis(self.device_block_table[g][:num_rows], take,
                                                  axis=1)

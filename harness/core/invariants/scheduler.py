@@ -190,6 +190,19 @@ def check_pool(ctx: CheckContext) -> list:
                 out.append(ctx.violation(
                     POOL_ACCOUNTING, f"block {b} was freed from request {ctx.op['req']}'s "
                     f"{what} (blocks of {bs} tokens)", group=g, block=b))
+    if f is not None and f.window_blocks is not None:
+        freed = f.chosen.get("freed") or [[] for _ in ctx.config.groups]
+        for g, ids in enumerate(f.window_blocks):
+            for b in ids:
+                if b not in freed[g]:
+                    r = ctx.ledger.requests[ctx.op["req"]]
+                    out.append(ctx.violation(
+                        POOL_ACCOUNTING, f"block {b} of request {ctx.op['req']} is no longer "
+                        f"needed ({ctx.ledger.num_skipped_tokens(g, r.num_computed_tokens)} "
+                        f"leading tokens skipped at {r.num_computed_tokens} computed) but was "
+                        "not freed before allocating (vLLM's remove_skipped_blocks): held "
+                        "out of the pool", group=g, block=b))
+                    break
     pool = ctx.after.pool
     if pool is None:
         return out
