@@ -135,6 +135,12 @@ def _narrow_admit(op: dict):
     base = without_recorded(op)
     if op["prefix"]:
         yield dict(base, prefix=[])
+    hit = op.get("num_cached_tokens")
+    first = (hit if isinstance(hit, int) and not isinstance(hit, bool) else 0) \
+        + op["num_new_tokens"]
+    if first < op["prompt_len"]:  # the prompt ends with its first chunk: no more chunks
+        yield dict(base, prompt_len=first,
+                   prefix=[op["prefix"][0], min(op["prefix"][1], first)] if op["prefix"] else [])
     if op["num_new_tokens"] > 1:
         yield dict(base, num_new_tokens=1)
     if op["prompt_len"] > 1:
