@@ -206,9 +206,9 @@ class Ledger:
         align-mode ``allocate_new_blocks`` pads the columns between with the
         null block)."""
         cfg = self.config
+        if cfg.pads_with_null(group):
+            return int(-(-num_tokens // cfg.tokens_per_block(group)) > have)
         if cfg.groups[group].kind == MAMBA:
-            if cfg.mamba_cache_mode == ALIGN:
-                return int(-(-num_tokens // cfg.tokens_per_block(group)) > have)
             return cfg.mamba_columns if have == 0 else 0
         want = min(num_tokens + cfg.num_speculative_tokens, cfg.max_model_len)
         return max(-(-want // cfg.tokens_per_block(group)) - have, 0)
@@ -222,7 +222,7 @@ class Ledger:
         spec = self.config.groups[group]
         if spec.sliding_window:
             return num_computed - spec.sliding_window + 1
-        if spec.kind == MAMBA and self.config.mamba_cache_mode == ALIGN:
+        if self.config.pads_with_null(group):
             return num_computed - 1
         return 0
 
