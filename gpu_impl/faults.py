@@ -289,6 +289,18 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "last token of a fully cached prompt)",
           "PREFIX_CONTENT", family="scheduler",
           sites=("vllm/v1/core/kv_cache_manager.py",)),
+    Fault("sliding-window-eagle-drop-unextended", ("v1", "v2"),
+          "with a drafter, the sliding-window prefix-cache lookup drops the last matched "
+          "block (the drafter recomputes it) after finding a run of only cdiv(window - 1, "
+          "block_size) cached blocks, so the hit keeps one block less than its window "
+          "needs: the first block the next token attends to is the null block",
+          "vllm-project/vllm PR #17398 '[v1][Spec Decode] Make sliding window compatible "
+          "with eagle prefix caching' (vllm/v1/core/specialized_manager.py, now "
+          "single_type_kv_cache_manager.py SlidingWindowManager: window 4, block 2 needs 2 "
+          "blocks, [NULL, NULL, A, B] became [NULL, NULL, A]; the fix searches one more "
+          "contiguous block before dropping)",
+          "POOL_ACCOUNTING", ("PREFIX_CONTENT", "NO_FOREIGN_READ", "MATCHES_REFERENCE"),
+          family="scheduler", sites=("vllm/v1/core/single_type_kv_cache_manager.py",)),
     Fault("mamba-align-seed-attention-block-size", ("v2",),
           "with Mamba prefix caching (align mode) the V2 runner seeds a new request's "
           "running Mamba column as (num_computed_tokens - 1) // block_size with the least "

@@ -138,15 +138,17 @@ class KVCacheManager:
             while (i + 1) * bs <= hit and pool.get_cached_block(self._key(tokens, g, i)) is not None:
                 i += 1
             hit = min(hit, i * bs // self.unit * self.unit)
+        eagle = bool(cfg.num_speculative_tokens)
         for g in cfg.attention_groups:  # sliding windows, within the full-attention hit
             if cfg.groups[g].sliding_window:
-                hit, windows[g] = self._window_hit(g, tokens, hit)
+                hit, windows[g] = self._window_hit(g, tokens, hit, eagle)
+                eagle = False  # the window's search dropped the drafter's block
         mamba = [g for g in cfg.mamba_groups if self.align[g]]
         # A hybrid hit needs the Mamba state at its end: the longest such length.
         while hit and any(self.pools[g].get_cached_block(self._key(
                 tokens, g, hit // cfg.tokens_per_block(g) - 1)) is None for g in mamba):
             hit -= self.unit
-        if cfg.num_speculative_tokens and hit:  # EAGLE/MTP: recompute the last unit
+        if eagle and hit:  # EAGLE/MTP: recompute the last unit
             hit -= self.unit
         for g in cfg.attention_groups:
             bs = cfg.tokens_per_block(g)
@@ -162,15 +164,21 @@ class KVCacheManager:
                     self.pools[g].get_cached_block(self._key(tokens, g, n - 1))]
         return hit, blocks
 
-    def _window_hit(self, g: int, tokens: np.ndarray, max_len: int) -> tuple[int, list[int]]:
+    def _window_hit(self, g: int, tokens: np.ndarray, max_len: int,
+                    eagle: bool = False) -> tuple[int, list[int]]:
         """A sliding-window group's hit within ``max_len`` tokens (vLLM's
         ``SlidingWindowManager.find_longest_cache_hit``): scanning from the
         right, the first run of ``cdiv(window - 1, block_size)`` cached blocks
         whose right end is a multiple of the unit; the blocks before it are
         null.  No such run: the run of cached blocks from block 0, trimmed to
-        the unit.  Returns (hit tokens, blocks)."""
+        the unit.  With a drafter (``eagle``) the run is one block longer and
+        its last block is dropped (vLLM PR #17398).  Returns (hit tokens,
+        blocks)."""
         bs, pool = self.config.tokens_per_block(g), self.pools[g]
-        need = max(-(-(self.config.groups[g].sliding_window - 1) // bs), 1)
+        need = -(-(self.config.groups[g].sliding_window - 1) // bs)
+        if eagle and "sliding-window-eagle-drop-unextended" not in self.faults:
+            need += 1  # the fault's path: the drop below leaves a window short of a block
+        need = max(need, 1)
         n = max_len // bs
         blocks = [NULL_BLOCK_ID] * n
         run = 0
@@ -184,9 +192,13 @@ class KVCacheManager:
             blocks[i] = b
             run += 1
             if run >= need:
-                return (i + run) * bs, blocks[:i + run]
-        blocks = blocks[:run]
-        while len(blocks) * bs % self.unit:
+                blocks = blocks[:i + run]
+                break
+        else:
+            blocks = blocks[:run]
+            while len(blocks) * bs % self.unit:
+                blocks.pop()
+        if eagle and blocks:  # the drafter recomputes the last matched block
             blocks.pop()
         return len(blocks) * bs, blocks
 

@@ -396,10 +396,11 @@ class RunnerConfig:
                     raise ConfigError(f"groups[{i}].sliding_window", "needs allocator 'engine' "
                                       "(its KV-cache manager frees blocks leaving the window) "
                                       "and dcp_world_size 1 (not modelled yet)")
-                if self.enable_prefix_caching and (self.num_speculative_tokens
-                                                   or self.mamba_groups):
+                if self.enable_prefix_caching and (self.mamba_groups or (
+                        self.num_speculative_tokens and len(self.groups) > 1)):
                     raise ConfigError(f"groups[{i}].sliding_window", "with prefix caching "
-                                      "needs no drafter and no Mamba group (not modelled yet)")
+                                      "needs no Mamba group, and with a drafter no other "
+                                      "group (not modelled yet)")
             if g.slot_buffer and g.kind != ATTENTION:
                 raise ConfigError(f"groups[{i}].slot_buffer", "only an attention backend keeps "
                                   "a slot buffer (a mamba group has no slot mapping)")

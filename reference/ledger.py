@@ -168,25 +168,30 @@ class Ledger:
             while (i + 1) * bs <= best and self.cached_block(g, self.block_key(g, tokens, i)) is not None:
                 i += 1
             best = min(best, i * bs // unit * unit)
+        # A drafter (EAGLE/MTP) needs the hidden states of the tokens before the
+        # generation point: the last matched unit is computed again (vLLM's
+        # drop_eagle_block); a window then needs one cached block past the hit.
+        drop = unit if cfg.num_speculative_tokens else 0
         for g in windowed:  # then the longest length whose window is cached
-            while best and any(self.cached_block(g, self.block_key(g, tokens, i)) is None
-                               for i in range(self.hit_first_block(g, best),
-                                              best // cfg.tokens_per_block(g))):
+            bs = cfg.tokens_per_block(g)
+            best -= drop
+            while best > 0 and any(self.cached_block(g, self.block_key(g, tokens, i)) is None
+                                   for i in range(self.hit_first_block(g, best, bool(drop)),
+                                                  best // bs + (1 if drop else 0))):
                 best -= unit
+            best = max(best, 0)
+            drop = 0
         if cfg.mamba_cache_mode == ALIGN:
             while best and any(self.cached_block(g, self.block_key(
                     g, tokens, best // cfg.tokens_per_block(g) - 1)) is None
                     for g in cfg.mamba_groups):
                 best -= unit
-        if cfg.num_speculative_tokens and best:
-            # A drafter (EAGLE/MTP) needs the hidden states of the tokens before
-            # the generation point: the last matched unit is computed again
-            # (vLLM's drop_eagle_block).
+        if drop and best:
             best -= unit
         blocks = [[] for _ in cfg.groups]
         for g in cfg.attention_groups:
             bs = cfg.tokens_per_block(g)
-            skipped = self.hit_first_block(g, best)
+            skipped = self.hit_first_block(g, best, bool(cfg.num_speculative_tokens))
             blocks[g] = [NULL_BLOCK_ID] * skipped + [
                 self.cached_block(g, self.block_key(g, tokens, i))
                 for i in range(skipped, best // bs)]
@@ -226,15 +231,19 @@ class Ledger:
             return num_computed - 1
         return 0
 
-    def hit_first_block(self, group: int, hit: int) -> int:
-        """Sliding-window group: the first block a hit of ``hit`` tokens needs —
-        the block of the first position the next token attends to, and at
-        least the hit's last block (vLLM needs ``max(cdiv(W - 1, block_size),
-        1)`` cached blocks); those before are the null block.  Else 0."""
-        if not self.config.groups[group].sliding_window:
+    def hit_first_block(self, group: int, hit: int, drafter: bool = False) -> int:
+        """Sliding-window group: the first block a hit of ``hit`` tokens needs,
+        the block of the first position the next token attends to — the hit
+        ends a run of ``c = cdiv(W - 1, block_size)`` cached blocks, at least
+        one (vLLM's ``SlidingWindowManager``); with a drafter the run is
+        ``c + 1`` blocks ending one block past the hit, whose last vLLM then
+        drops (PR #17398).  Those before are the null block.  Else 0."""
+        window = self.config.groups[group].sliding_window
+        if not window:
             return 0
         bs = self.config.tokens_per_block(group)
-        return min(max(self.num_skipped_tokens(group, hit), 0) // bs, max(hit // bs - 1, 0))
+        c = -(-(window - 1) // bs)
+        return max(hit // bs - (c if drafter else max(c, 1)), 0)
 
     def null_pads(self, group: int, have: int, num_tokens: int) -> int:
         """Align mode: null entries a Mamba group's list gets before the state

@@ -102,7 +102,7 @@ def runner_configs(draw, runner: str | None = None,
     # Speculative decoding (a drafter proposing k tokens) in half the examples;
     # vLLM's Mamba builders then treat up to 1 + k tokens as a decode.
     k = draw(st.sampled_from([0, 0, 0, 2, 1, 3])) if spec and not align and not (
-        caching and groups[0].sliding_window) else 0
+        caching and groups[0].sliding_window and len(groups) > 1) else 0
     if world > 1 and not spec_dcp:
         k = 0
     if reorder:
