@@ -39,12 +39,20 @@ def _hand_written(fault_id):
 SEED_BUGS = {("vacated-row-not-cleared", "v1"), ("dummy-tables-not-zeroed", "v2"),
              ("dummy-slots-not-padded", "v1")}
 # Known misses (measured 2026-11-30 after the scheduler side's draws settled: engine
-# configs one in two, Mamba prefix caching, sliding windows with prefix caching). Seed 0
-# is one draw of a lottery #15 is about: each change of the draws moved one or two
-# marginal finds (this entry is the one left). Strict: the test fails once found.
-KNOWN_MISSES = {
-    ("hit-not-capped-below-prompt", "v1"): "#15: needs a prompt identical to a fully cached "
-                                           "one; found on v2 and with the runner drawn",
+# configs one in two, Mamba prefix caching, sliding windows with prefix caching and a
+# drafter): none. Seed 0 is one draw of a lottery #15 is about: each change of the draws
+# moved one or two marginal finds. An entry is strict: the test fails once found.
+KNOWN_MISSES: dict = {}
+# Findings whose shortest form in the geometry seed 0 drew is longer than the hand-written
+# trace's (+1): {(fault, runner): (ops allowed beyond the hand-written length, why)}.
+LONGER_SHRINKS = {
+    ("kernel-block-size-ignored", "v2"): (2, "found through a prefix hit in a config whose "
+                                             "batch budget is one token: the two-op form "
+                                             "needs a larger budget, which shrinking never "
+                                             "raises"),
+    ("decode-slots-sliced-prefill-first", "v2"): (2, "an align-mode config: its chunk rules "
+                                                     "split the prefilling request's prompt "
+                                                     "into two allocations"),
 }
 KILLS = [pytest.param(f, r, id=f"{f}-{r}",
                       marks=(() if (f, r) in SEED_BUGS else (pytest.mark.slow,)) + (
@@ -61,7 +69,8 @@ def test_fault_killed_from_seed_0(fault_id, runner):
     assert result.violation is not None, f"{fault_id} survived {EXAMPLES} examples"
     assert result.examples <= EXAMPLES
     assert fault.caught_by(result.violation.invariant), result.violation.line()
-    assert len(result.trace.ops) <= _hand_written(fault_id) + 1, result.trace.dumps()
+    extra = LONGER_SHRINKS.get((fault_id, runner), (1, ""))[0]
+    assert len(result.trace.ops) <= _hand_written(fault_id) + extra, result.trace.dumps()
     # The shrunk trace is a real reproducer: fails with the fault, passes without.
     assert replay(result.trace, [fault_id]).matches(result.trace.expect)
     assert replay(result.trace, []).violation is None
