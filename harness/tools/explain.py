@@ -81,10 +81,28 @@ def explain(trace: Trace, faults=(), device: str | None = None, target: str = "g
     for i, op in enumerate(trace.ops):
         found = session.apply(op)
         records.append({"op_index": i, "op": op, "rows": _rows(session),
-                        "writes": _writes(session), "violations": [v.to_json() for v in found]})
+                        "writes": _writes(session), "copies": _copies(session, op),
+                        "violations": [v.to_json() for v in found]})
         if found and stop_at_first:
             break
     return records
+
+
+def _copies(session: Session, op: dict) -> list[dict]:
+    """Align mode: the running-state copies the reference's step made before its
+    forward (which column, which block, to which), what the target's should be."""
+    from harness.core.ops import spec_of
+
+    ref = session.reference
+    if not spec_of(op).forward or ref.config.mamba_cache_mode != "align":
+        return []
+    out = []
+    for req, src, dst, first in getattr(ref, "mamba_copies", ()):
+        for g in ref.config.mamba_groups:
+            ids = ref.runner_blocks[req][g]
+            out.append({"req": req, "group": g, "from_column": src, "from_block": ids[src],
+                        "to_column": dst, "to_block": ids[dst], "restored": first})
+    return out
 
 
 def _op_text(op: dict) -> str:
@@ -109,12 +127,16 @@ def _rows_text(rows: list[dict] | None) -> str:
     return "\n".join(parts) or "(empty batch)"
 
 
-def _writes_text(writes: list[dict] | None) -> str:
+def _writes_text(writes: list[dict] | None, copies=()) -> str:
     if writes is None:
         return "(not observed)"
-    return "\n".join(
+    lines = [f"reference: req {c['req']} g{c['group']} state "
+             f"{'restored from its hit' if c['restored'] else 'carried'}: column "
+             f"{c['from_column']} (block {c['from_block']}) -> column {c['to_column']} "
+             f"(block {c['to_block']})" for c in copies]
+    return "\n".join(lines + [
         f"{'!! ' if w['offending'] else ''}g{w['group']} block {w['block']} {w['cells']} "
-        f"{w['value']} ({w['owner']})" for w in writes) or "-"
+        f"{w['value']} ({w['owner']})" for w in writes]) or "-"
 
 
 def _verdict_text(rec: dict) -> str:
@@ -133,7 +155,7 @@ def render(records: list[dict], fmt: str, console=None) -> str | None:
         lines = ["| # | op | rows after | writes | verdict |", "|---|---|---|---|---|"]
         for rec in records:
             cells = [str(rec["op_index"]), f"`{_op_text(rec['op'])}`", _rows_text(rec["rows"]),
-                     _writes_text(rec["writes"]), _verdict_text(rec)]
+                     _writes_text(rec["writes"], rec.get("copies", ())), _verdict_text(rec)]
             lines.append("| " + " | ".join(c.replace("\n", "<br>").replace("|", "\\|")
                                            for c in cells) + " |")
         return "\n".join(lines)
@@ -151,7 +173,7 @@ def render(records: list[dict], fmt: str, console=None) -> str | None:
     for rec in records:
         bad = bool(rec["violations"])
         table.add_row(str(rec["op_index"]), _op_text(rec["op"]), _rows_text(rec["rows"]),
-                      _writes_text(rec["writes"]), _verdict_text(rec),
+                      _writes_text(rec["writes"], rec.get("copies", ())), _verdict_text(rec),
                       style="bold red" if bad and not plain else None)
     console.print(table)
     return None

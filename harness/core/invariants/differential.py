@@ -123,14 +123,16 @@ def check_matches_reference(impl: Observation, ref: Observation, op_index: int,
 
 def _effect_pairs(impl: Observation, ref: Observation) -> list:
     """What the kernels left: caches (the Mamba null block is scratch) and outputs."""
-    pairs = [(f"kv_cache[{g}]", impl.kv_cache[g], v) for g, v in ref.kv_cache.items()]
-    pairs += [(f"draft_kv_cache[{g}]", (impl.draft_kv_cache or {}).get(g, np.zeros(0)), v)
+    kv = ("block", "offset", "element")
+    pairs = [(f"kv_cache[{g}]", impl.kv_cache[g], v, kv) for g, v in ref.kv_cache.items()]
+    pairs += [(f"draft_kv_cache[{g}]", (impl.draft_kv_cache or {}).get(g, np.zeros(0)), v, kv)
               for g, v in (ref.draft_kv_cache or {}).items()]
-    pairs += [(f"attn_out[{g}]", impl.attn_out[g], v) for g, v in ref.attn_out.items()]
+    pairs += [(f"attn_out[{g}]", impl.attn_out[g], v, ("row", "element"))
+              for g, v in ref.attn_out.items()]
     for g, v in ref.mamba_state.items():
         a, b = impl.mamba_state[g].copy(), v.copy()
-        a[0] = b[0] = 0.0  # index = block id
-        pairs.append((f"mamba_state[{g}] (null block excluded)", a, b))
+        a[0] = b[0] = 0.0  # the null block is scratch; index = block id
+        pairs.append((f"mamba_state[{g}]", a, b, ("block", "element")))
     return pairs
 
 
@@ -144,7 +146,7 @@ def effects_differ(impl: Observation, ref: Observation, op_index: int,
 
 
 def _first_difference(pairs: list, op_index: int, op: str) -> list[Violation]:
-    for name, a, b in pairs:
+    for name, a, b, *axes in pairs:
         if a.shape != b.shape:
             return [Violation("MATCHES_REFERENCE", op_index, op,
                               f"{name}: shape {a.shape} vs reference {b.shape}")]
@@ -152,8 +154,10 @@ def _first_difference(pairs: list, op_index: int, op: str) -> list[Violation]:
                                                    if a.dtype.kind == "f" else a == b)
         if not np.all(same):
             idx = tuple(int(i) for i in np.argwhere(~np.asarray(same, bool))[0])
+            at = (" " + ", ".join(f"{ax} {i}" for ax, i in zip(axes[0], idx))
+                  if axes and len(axes[0]) == len(idx) else f"{list(idx)}")
             return [Violation("MATCHES_REFERENCE", op_index, op,
-                              f"{name}{list(idx)} is {_item(a[idx])}, reference has "
+                              f"{name}{at} is {_item(a[idx])}, reference has "
                               f"{_item(b[idx])}")]
     return []
 
