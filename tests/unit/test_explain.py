@@ -56,3 +56,20 @@ def test_replay_skip_applies_at_startup(monkeypatch):
     assert verdict.violation.op_index == -1 and verdict.violation.op == "start"
     assert "start-up" in verdict.violation.line()
     assert replay(trace, (), skip={real.id}).violation is None
+
+
+def test_explain_shows_align_mode_state_copies():
+    """Align mode: the reference's running-state copy (hit column -> new column)
+    is in the record, beside the write the target made."""
+    from pathlib import Path
+
+    from harness.core.trace import load
+    from harness.tools.explain import explain
+
+    seeds = Path(__file__).resolve().parents[2] / "corpora" / "seeds"
+    trace = load(seeds / "mamba-align-seed-attention-block-size.json")
+    records = explain(trace, faults=["mamba-align-seed-attention-block-size"], device="cpu")
+    last = records[-1]
+    assert last["violations"][0]["invariant"] == "MATCHES_REFERENCE"
+    assert last["copies"] == [{"req": 1, "group": 1, "from_column": 1, "from_block": 1,
+                               "to_column": 2, "to_block": 2, "restored": True}]
