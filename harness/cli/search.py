@@ -85,7 +85,7 @@ def cmd_fuzz(args) -> int:
         print(f"chunk seeds run: {', '.join(map(str, result.chunk_seeds))}")
     if getattr(args, "coverage", False):
         print_coverage(result.coverage, result.coverage_examples,
-                       f"behaviour coverage: seed {args.seed}, search only", runner)
+                       f"behaviour coverage: seed {args.seed}, search only", runner, config)
     if result.violation is None:
         print(f"PASS: {_examples_text(result)}, {_rate_text(result)}; no invariant violated")
         return EXIT_OK
@@ -107,12 +107,13 @@ def cmd_fuzz(args) -> int:
 
 
 def print_coverage(counts: dict, examples: dict | None, title: str,
-                   runner: str | None = None) -> None:
-    """The coverage table: every feature with its hits (ops, examples), unhit first."""
+                   runner: str | None = None, config=None) -> None:
+    """The coverage table: every feature with its hits (ops, examples), unhit first;
+    the summary counts the features this runner / config pinning can reach."""
     from rich.console import Console
     from rich.table import Table
 
-    from harness.search.coverage import table_rows, unhit
+    from harness.search.coverage import reachable, table_rows, unhit
 
     table = Table(title=title, title_justify="left")
     for col in ("feature", "ops", "examples", "meaning"):
@@ -121,8 +122,8 @@ def print_coverage(counts: dict, examples: dict | None, title: str,
     for feature, ops, ex, meaning in rows:
         table.add_row(feature, str(ops), "-" if ex is None else str(ex), meaning)
     Console(width=150, soft_wrap=False).print(table)
-    missing = unhit(counts, runner)
-    print(f"coverage: {len(rows) - len(missing)}/{len(rows)} features hit"
+    missing, total = unhit(counts, runner, config), len(reachable(runner, config))
+    print(f"coverage: {total - len(missing)}/{total} reachable features hit"
           + (f"; unhit: {', '.join(missing)}" if missing else ""))
 
 
@@ -297,10 +298,10 @@ def _print_campaign(c, progress, args) -> None:
         for key in ("replay", "rerun"):
             if f.get(key):
                 print(f"  {key}: {f[key]}")
-    from harness.search.coverage import FEATURES, unhit
+    from harness.search.coverage import reachable, unhit
 
-    missing = unhit(progress.coverage, c.runner)
-    print(f"coverage: {len(FEATURES) - len(missing)}/{len(FEATURES)} features hit"
+    missing, total = unhit(progress.coverage, c.runner), len(reachable(c.runner))
+    print(f"coverage: {total - len(missing)}/{total} reachable features hit"
           + (f"; unhit: {', '.join(missing)}" if missing else "")
           + f"; learned: {c.out / 'learned'} (the next campaign's --seed-corpus)")
     print(f"report: {c.out / 'report.json'}  junit: {c.out / 'junit.xml'}")

@@ -195,7 +195,8 @@ class Tracker:
         refs, registered, uncomputed = self._sched_before
         blocks, hit = op.get("blocks"), op.get("num_cached_tokens") or 0
         out = ["prefix-of-uncomputed-blocks"] if uncomputed else []
-        if any(op.get("freed") or []):
+        if any(ids and self.config.groups[g].sliding_window
+               for g, ids in enumerate(op.get("freed") or [])):
             out.append("window-blocks-freed")
         if blocks is None:
             return out + ["allocation-refused"]
@@ -290,15 +291,57 @@ V1_ONLY = ("dummy-after-condense", "dummy-after-swap", "padding-over-prefilling-
 """Features only the V1 persistent batch has (condense and swap are V1 ops)."""
 
 
-def possible(feature: str, runner: str | None) -> bool:
-    """Can ``feature`` be hit with the runner pinned to ``runner`` (None: drawn)?"""
+def _engine(c) -> bool:
+    return c.allocator == "engine"
+
+
+def _window(c) -> bool:
+    return any(g.sliding_window for g in c.groups)
+
+
+NEEDS = {
+    "spec-tokens-rejected": lambda c: c.num_speculative_tokens > 0,
+    "mamba-running-column": lambda c: c.num_speculative_tokens > 0 and bool(c.mamba_groups),
+    "draft-full-padded": lambda c: c.num_speculative_tokens > 1,
+    "spec-row-moved": lambda c: c.num_speculative_tokens > 0,
+    "mamba-decodes-with-prefills": lambda c: bool(c.mamba_groups),
+    "full-replay-mixed-batch": lambda c: c.cudagraph_support == "ALWAYS",
+    "backend-slots-padded": lambda c: any(g.slot_buffer for g in c.groups),
+    "loaded-next-to-padded": lambda c: c.mamba_cache_mode != "align",
+    "prefix-hit": lambda c: c.enable_prefix_caching,
+    "hit-on-freed-cached-block": lambda c: c.enable_prefix_caching,
+    "cached-block-evicted": lambda c: c.enable_prefix_caching,
+    "prefix-of-uncomputed-blocks": lambda c: c.enable_prefix_caching,
+    "allocation-refused": _engine,
+    "window-blocks-freed": _window,
+    "window-hit": lambda c: _window(c) and c.enable_prefix_caching,
+    "mamba-state-restored": lambda c: c.mamba_cache_mode == "align",
+    "mamba-state-carried": lambda c: c.mamba_cache_mode == "align",
+}
+"""What a pinned config needs for a feature to be reachable at all."""
+
+
+def possible(feature: str, runner: str | None, config=None) -> bool:
+    """Can ``feature`` be hit with the runner pinned to ``runner`` (None: drawn)
+    and, when pinned, ``config`` (None: drawn per example)?"""
     if runner == "v2" and feature in V1_ONLY:
         return False
     other = {"v1": "v2", "v2": "v1"}.get(runner or "")
-    return not (other and feature.startswith("forward:") and f":{other}:" in feature)
+    if other and feature.startswith("forward:") and f":{other}:" in feature:
+        return False
+    if config is None:
+        return True
+    if feature.startswith("forward:"):
+        return feature.rsplit(":", 1)[1] in {g.kind for g in config.groups}
+    return NEEDS.get(feature, lambda c: True)(config)
 
 
-def unhit(counts: dict, runner: str | None = None) -> list[str]:
-    """Feature ids with no hit; with ``runner`` pinned, features that runner
-    cannot hit are not counted as missed."""
-    return [f for f in FEATURES if not counts.get(f) and possible(f, runner)]
+def reachable(runner: str | None = None, config=None) -> list[str]:
+    """Feature ids a run with this runner / config pinning can hit."""
+    return [f for f in FEATURES if possible(f, runner, config)]
+
+
+def unhit(counts: dict, runner: str | None = None, config=None) -> list[str]:
+    """Reachable feature ids with no hit (features the pinned runner or config
+    cannot hit are not counted as missed)."""
+    return [f for f in reachable(runner, config) if not counts.get(f)]

@@ -166,7 +166,25 @@ def test_fuzz_coverage_flag_prints_every_feature(capsys):
     assert "behaviour coverage: seed 0" in out
     for f in ("loaded-next-to-padded", "forward:FULL:v2:mamba"):
         assert f in out
-    assert "features hit" in out and f"/{len(FEATURES)} features hit" in out
+    from harness.search.coverage import reachable
+
+    total = len(reachable("v2"))
+    assert total < len(FEATURES)  # V1-only features and V1 forwards are not counted
+    assert f"/{total} reachable features hit" in out
+
+
+def test_coverage_counts_only_what_a_pinned_config_can_reach():
+    from harness.search.coverage import reachable
+    from reference import RunnerConfig
+
+    plain = set(reachable("v1", RunnerConfig()))
+    assert "forward:FULL:v1:mamba" in plain and "prefix-hit" not in plain
+    assert "spec-tokens-rejected" not in plain and "mamba-state-restored" not in plain
+    align = set(reachable("v2", RunnerConfig(runner="v2", allocator="engine",
+                                             enable_prefix_caching=True)))
+    assert {"prefix-hit", "mamba-state-restored", "allocation-refused"} <= align
+    assert "window-hit" not in align and "loaded-next-to-padded" not in align
+    assert set(reachable()) == set(FEATURES)  # geometry drawn: everything is reachable
 
 
 @pytest.mark.parametrize("make", ["missing", "empty", "bad"])
