@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .block_table import EMPTY_ROW, PersistentBatchRows
-from .config import ALWAYS, CUDAGRAPH_MODES, FULL, NONE, PIECEWISE, RunnerConfig
+from .config import ALIGN, ALWAYS, CUDAGRAPH_MODES, FULL, NONE, PIECEWISE, RunnerConfig
 from .dcp import global_position, local_slots
 from .ledger import Ledger, OpError
 from .kv_cache_manager import choose_admit, choose_allocate, choose_skipped
@@ -349,7 +349,7 @@ class ReferenceRunnerBase(abc.ABC):
         (vLLM's ``preprocess_mamba`` / ``collect_mamba_copy_meta``)."""
         cfg = self.config
         self.mamba_copies = []
-        if cfg.mamba_cache_mode != "align":
+        if cfg.mamba_cache_mode != ALIGN:
             return
         bs = cfg.tokens_per_block(cfg.mamba_groups[0])  # one block size (validated)
         for req, n, _ in batch:
@@ -374,7 +374,7 @@ class ReferenceRunnerBase(abc.ABC):
         for g in cfg.mamba_groups:
             cols = self.write_indices[g]
             first = np.zeros(num_rows, np.int64)
-            if cfg.mamba_cache_mode == "align":
+            if cfg.mamba_cache_mode == ALIGN:
                 # Clamped to the row: a dummy row's seq_len (its tokens) may pass
                 # max_model_len; its row holds null blocks whatever the column.
                 width = self.device_block_table[g].shape[1]
