@@ -87,6 +87,11 @@ class CachedRequestState:
         return out
 
 
+# Tests set this to run the CUDA-only start-up warm-up forward under the
+# interpreter too (it only costs launches there).
+_WARMUP_FORWARD_ON_CPU = False
+
+
 class RunnerShell(abc.ABC):
     """Shared runner. config: a ``reference.RunnerConfig``-shaped object (read for
     its fields only); device: torch.device.
@@ -101,6 +106,9 @@ class RunnerShell(abc.ABC):
     def __init__(self, config, device: torch.device):
         self.config = cfg = config
         self.device = device
+        # Start-up warm-ups run the forward eagerly before capture (to compile
+        # the kernels): on CUDA only, unless a test asks for it on the CPU.
+        self.warmup_forward = device.type == "cuda" or _WARMUP_FORWARD_ON_CPU
         groups = cfg.groups
         self.attn_groups = [g for g, s in enumerate(groups) if s.kind == "attention"]
         self.mamba_groups = [g for g, s in enumerate(groups) if s.kind == "mamba"]
@@ -644,11 +652,13 @@ class RunnerShell(abc.ABC):
                 # FULL graph over the padded rows, no request in them.
                 self.draft_hidden.np[:num_rows] = np.nan
                 self._run_draft_pass(0, num_rows, FULL)
-        elif self.device.type == "cuda":
-            # Start-up warm-up compiles the kernels before capture.  Under the
-            # interpreter there is nothing to compile, and a warm-up's only
-            # effect would be garbage in the mamba null block (scratch).
-            self._forward(num_rows, tokens_padded, tables)
+        elif self.warmup_forward:
+            # Start-up warm-up compiles the kernels before capture, eagerly, with
+            # the metadata this dummy run built (none: KV writes alone, through
+            # the PAD-filled slot mappings).  Under the interpreter there is
+            # nothing to compile, and a warm-up's only effect would be garbage
+            # in the mamba null block (scratch).
+            self._forward(num_rows, tokens_padded, tables, None, metadata, self.attn_inputs)
         self.dummy_read = tables
         self.last_forward = ForwardInfo(True, mode, num_reqs, reqs_padded, num_tokens,
                                         tokens_padded, metadata=metadata)
