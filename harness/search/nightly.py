@@ -198,10 +198,12 @@ class CampaignMismatch(ValueError):
 
 class _Worker:
     """One worker subprocess, in its own session: a terminal's Ctrl-C reaches only
-    the parent, which kills its workers (no tracebacks in workers.log)."""
+    the parent, which kills its workers (no tracebacks in their logs)."""
 
     def __init__(self, command: tuple[str, ...], spec: dict, stderr_path: Path,
                  env: dict | None = None):
+        self.stderr_path = stderr_path  # this worker's own: a crash's traceback is its tail
+        stderr_path.parent.mkdir(parents=True, exist_ok=True)
         with stderr_path.open("a", encoding="utf-8") as err:  # crash output lands here
             self.proc = subprocess.Popen(
                 [*command, json.dumps(spec)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -214,6 +216,14 @@ class _Worker:
         self.seed, self.started = seed, time.monotonic()
         self.proc.stdin.write(json.dumps({"seed": seed}) + "\n")
         self.proc.stdin.flush()
+
+    def stderr_tail(self, lines: int = 20) -> list[str]:
+        """The last ``lines`` non-empty lines this worker wrote to stderr."""
+        try:
+            text = self.stderr_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return []
+        return [x for x in text.splitlines() if x.strip()][-lines:]
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -249,7 +259,8 @@ def _record_finding(c: Campaign, progress: Progress, record: dict) -> None:
     if sig in progress.findings:
         progress.findings[sig]["seeds"].append(record["seed"])
         return
-    finding = {k: record[k] for k in ("signature", "violation") if k in record}
+    finding = {k: record[k] for k in ("signature", "violation", "stderr_tail", "worker_log")
+               if k in record}
     finding["seeds"] = [record["seed"]]
     finding["rerun"] = c.run_settings().fuzz(record["seed"])
     written = c.out / "findings" / f"{sig}.json"
@@ -368,6 +379,7 @@ class _Pool:
         self.sel = selectors.DefaultSelector()
         self.workers: list[_Worker] = []
         self.handed = 0  # seeds handed out in this run
+        self.spawned = 0  # workers started in this run (each logs to workers/worker-N.log)
         self.start = time.monotonic()
         self.before = progress.elapsed  # wall time of earlier runs
 
@@ -385,8 +397,9 @@ class _Pool:
         w.give(next(self.schedule))
 
     def spawn(self) -> None:
-        w = _Worker(self.c.worker_command, self.spec, self.c.out / "workers.log",
-                    self.c.worker_env)
+        self.spawned += 1
+        w = _Worker(self.c.worker_command, self.spec,
+                    self.c.out / "workers" / f"worker-{self.spawned}.log", self.c.worker_env)
         self.give(w)
         self.sel.register(w.proc.stdout, selectors.EVENT_READ, w)
         self.workers.append(w)
@@ -406,8 +419,11 @@ class _Pool:
 
     def crash(self, w: _Worker, why: str) -> None:
         self.retire(w)
+        tail = w.stderr_tail()
+        last = f": {tail[-1].strip()}" if tail else ""
         self.finish({"seed": w.seed, "verdict": "crash", "signature": f"CRASH-seed{w.seed}",
-                     "violation": f"worker {why} on seed {w.seed}"})
+                     "violation": f"worker {why} on seed {w.seed}{last}",
+                     "stderr_tail": tail, "worker_log": str(w.stderr_path)})
         if self.more():
             self.spawn()
 

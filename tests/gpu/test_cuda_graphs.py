@@ -19,7 +19,19 @@ def test_corpora_on_cuda(path):
     trace = load(path)
     assert replay(trace, (), device="cuda").violation is None
     if trace.faults:
-        assert replay(trace, trace.faults, device="cuda").matches(trace.expect)
+        assert_faulted_verdict(replay(trace, trace.faults, device="cuda"), trace)
+
+
+def assert_faulted_verdict(verdict, trace):
+    """A faulted trace fails as recorded (with the CPU emulation), or earlier:
+    at start-up, where CUDA's warm-up forwards (which the emulation skips: they
+    only compile kernels) already run the faulty kernel — what a real engine's
+    capture would do.  tests/unit/test_cuda_graph.py checks the same rule under
+    the interpreter with the warm-up switched on."""
+    if verdict.matches(trace.expect):
+        return
+    v = verdict.violation
+    assert v is not None and v.op == "start", (v, trace.expect)
 
 
 def test_full_graphs_are_real_cuda_graphs():

@@ -26,6 +26,8 @@ def main() -> int:
         if call["seed"] == crash_seed:
             with open(call_path, "w", encoding="utf-8") as f:
                 json.dump(call, f, sort_keys=True)
+            print("RuntimeError: CUDA error: an illegal memory access was encountered",
+                  file=sys.stderr, flush=True)  # what a crashed CUDA worker prints last
             os.abort()
         return real(*args, **kw)
 

@@ -74,7 +74,7 @@ def test_graph_addresses_come_from_recorded_launches(device):
 
 
 @pytest.mark.parametrize("path", sorted(CORPORA.rglob("*.json")), ids=lambda p: p.name)
-def test_startup_warmup_forward_keeps_the_corpora_clean(monkeypatch, path, device):
+def test_startup_warmup_forward_on_the_corpora(monkeypatch, path, device):
     """CUDA start-up runs each capture size's warm-up forward eagerly (to compile
     the kernels); a warm-up whose dummy run built no metadata must not write
     through a backend's own slot buffer, which holds no slots yet (zeros: the
@@ -87,6 +87,11 @@ def test_startup_warmup_forward_keeps_the_corpora_clean(monkeypatch, path, devic
     from harness.core.session import replay
     from harness.core.trace import load
 
+    from tests.gpu.test_cuda_graphs import assert_faulted_verdict
+
     monkeypatch.setattr(shell, "_WARMUP_FORWARD_ON_CPU", True)
-    verdict = replay(load(path), (), device="cpu")
+    trace = load(path)
+    verdict = replay(trace, (), device="cpu")
     assert verdict.violation is None, verdict.violation
+    if trace.faults:
+        assert_faulted_verdict(replay(trace, trace.faults, device="cpu"), trace)

@@ -65,6 +65,10 @@ def test_findings_and_crash_print_commands_that_reproduce_them(tmp_path, capsys,
     by_sig = {f["signature"]: f for f in report["findings"]}
     crash = by_sig.pop("CRASH-seed1")
     assert "exited with code" in crash["violation"]
+    # The worker's last words are in the finding (and its log is named).
+    assert crash["violation"].endswith("CUDA error: an illegal memory access was encountered")
+    assert crash["stderr_tail"][-1].startswith("RuntimeError: CUDA error")
+    assert Path(crash["worker_log"]).parent == out / "workers"
     found = [f for s, f in by_sig.items() if s.startswith("VACATED_ROWS_ZERO")]
     assert found and set(by_sig) == {f["signature"] for f in found}
     junit = ET.tostring(ET.parse(out / "junit.xml").getroot(), encoding="unicode")
@@ -119,7 +123,8 @@ def test_interrupt_keeps_reports_and_says_how_to_resume(tmp_path, capsys, monkey
     assert report["interrupted"] and len(report["seeds_run"]) >= 1
     assert ET.parse(out / "junit.xml").getroot().get("tests") == "1"
     resume = next(x for x in text.splitlines() if x.startswith("resume: "))
-    assert "Traceback" not in (out / "workers.log").read_text()
+    logs = list((out / "workers").glob("worker-*.log"))
+    assert logs and not any("Traceback" in log.read_text() for log in logs)
     monkeypatch.undo()
     done = len(report["seeds_run"])
     assert main(shlex.split(resume)[2:] + ["--max-seeds", "1"]) == 0  # as printed
