@@ -18,6 +18,7 @@ launch reads with the tensor the runner would launch with now
 from __future__ import annotations
 
 import contextlib
+import gc
 from typing import NamedTuple
 
 import torch
@@ -84,8 +85,18 @@ class Graph:
     def capture(self):
         """Capture launches made in the ``with`` body (recorded on every device)."""
         if self._cuda_graph is not None:
-            with torch.cuda.graph(self._cuda_graph), _recording_into(self._launches, True):
-                yield self
+            # No garbage collection while capturing: a collection that frees an
+            # earlier runner's graph mid-capture invalidates this one (seen on an
+            # H200 in a nightly worker's later seeds: cudaErrorStreamCaptureInvalidated).
+            # vLLM's capture freezes the collector the same way.
+            enabled = gc.isenabled()
+            gc.disable()
+            try:
+                with torch.cuda.graph(self._cuda_graph), _recording_into(self._launches, True):
+                    yield self
+            finally:
+                if enabled:
+                    gc.enable()
             return
         with _recording_into(self._launches, False):
             yield self
