@@ -10,6 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+# Catalogue groupings (Fault.family), one place: docs and tests iterate this.
+FAMILIES = ("core", "metadata", "spec-decode", "scheduler", "layout")
+
+
 @dataclass(frozen=True)
 class Fault:
     """One fault: id, runners it applies to, what it does, where it came from,
@@ -17,7 +21,9 @@ class Fault:
     some traces — e.g. a wrong slot that lands in a cell the owner may write is
     only visible as a value the reference does not have); ``family`` groups the
     catalogue (``core``: the block-table / dummy-run / graph bugs; ``metadata``:
-    the metadata-build phase between block tables and kernels); ``sites``:
+    the metadata-build phase between block tables and kernels; ``layout``: how
+    the caches lie in memory — a pool shared by groups, pages aliased across
+    layers); ``sites``:
     the upstream files the bug lived in, as vLLM paths — a target that drives
     the engine's own code says which of them it runs (the vllm target's
     ``ENGINE_SITES``), so a trace's verdict there is real or ``n/a``."""
@@ -28,8 +34,11 @@ class Fault:
     source: str
     invariant: str
     also: tuple[str, ...] = ()  # invariants that catch it first on some traces
-    family: str = "core"  # catalogue grouping: core, metadata, spec-decode, scheduler
+    family: str = "core"  # catalogue grouping: core, metadata, spec-decode, scheduler, layout
     sites: tuple[str, ...] = ()  # the upstream files the bug lived in (vLLM paths)
+
+    def __post_init__(self):
+        assert self.family in FAMILIES, (self.id, self.family)
 
     def to_json(self) -> dict:
         return {"id": self.id, "family": self.family, "runners": list(self.runners),
@@ -316,6 +325,38 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "issue #53142 (wrong Mamba state restored on hits in hybrid models)",
           "MATCHES_REFERENCE", ("NO_FOREIGN_READ", "NULL_BLOCK_FINITE"), family="scheduler",
           sites=("vllm/v1/worker/gpu/model_states/mamba_hybrid.py",)),
+    Fault("mamba-state-view-unpadded-stride", ("v1", "v2"),
+          "with KV-cache tensors shared by attention and Mamba layers (kv_sharing), the Mamba "
+          "state tensor is laid over the shared buffer with the state's own size as its block "
+          "stride instead of the page size: block b's state lands b * state_size elements "
+          "into the buffer — inside another block's page, which an attention group (or the "
+          "null block) holds",
+          "vllm-project/vllm-ascend PR #15408 (an attention block size that no longer matched "
+          "the page: its KV scatter overwrote the Mamba state sharing the allocation) and PR "
+          "#15152 (equal padded page sizes, different block strides: one group's write "
+          "overlapped a live block of another group); vLLM PR #45207 (the hybrid allocator's "
+          "page-size unification: the Mamba state-tensor "
+          "builder in gpu_model_runner derives the page stride from page_size_bytes, padded "
+          "to the shared page, and lays the state components inside each page by offset; "
+          "issue #43626) and vllm-project/vllm-ascend PR #14543 (a state slot sized against "
+          "a K-only page while the padding used the K+V page) — the class of bug where a "
+          "state view's block stride disagrees with the page the groups share",
+          "NO_STALE_WRITE", ("MATCHES_REFERENCE", "NULL_BLOCK_FINITE", "NO_FOREIGN_READ"),
+          family="layout", sites=("vllm/v1/worker/gpu_model_runner.py",)),
+    Fault("mamba-writes-shared-null-block", ("v1", "v2"),
+          "with pages shared by attention and Mamba layers (kv_sharing), the Mamba kernel "
+          "still treats block 0 as scratch, as it may with a Mamba pool of its own: dummy "
+          "rows (zeroed tables) and rows padded with the null block write their (garbage) "
+          "state into the null page — which is also the attention null block that masked "
+          "reads gather (0 * NaN = NaN)",
+          "vllm-project/vllm issue #57156 / PR #57158 (dummy capture batches with all-zero "
+          "block tables poison the null KV block; kernels that gather block 0 for masked "
+          "entries then turn every row NaN; the fix re-zeroes block 0 after capture) and PR "
+          "#36939 (the same mitigation); PR #39810 (hybrid Mamba + attention models under FULL "
+          "CUDA graphs: capture-time NaN in KV-cache blocks) — the class where block 0's page "
+          "is scratch for one layer and read by another",
+          "NULL_BLOCK_FINITE", ("NO_STALE_WRITE", "MATCHES_REFERENCE", "ATTENTION_FINITE"),
+          family="layout", sites=("vllm/model_executor/layers/mamba/ops/mamba_ssm.py",)),
 )}
 
 

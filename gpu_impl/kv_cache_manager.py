@@ -100,7 +100,8 @@ class BlockPool:
 
 
 class KVCacheManager:
-    """Per-request blocks over one :class:`BlockPool` per group.
+    """Per-request blocks over one :class:`BlockPool` per group (one for all
+    groups with ``kv_sharing``).
 
     config: ``reference.RunnerConfig`` (read only); faults: a ``FaultSet``.
     Token ids per request are what the scheduler knows (the prompt's, then the
@@ -110,7 +111,9 @@ class KVCacheManager:
     def __init__(self, config, faults):
         self.config = config
         self.faults = faults
-        self.pools = [BlockPool(config.num_blocks, faults) for _ in config.groups]
+        # kv_sharing: one BlockPool serves every group (vLLM's hybrid allocator).
+        shared = BlockPool(config.num_blocks, faults) if config.kv_sharing else None
+        self.pools = [shared or BlockPool(config.num_blocks, faults) for _ in config.groups]
         self.req_blocks: dict[int, list[list[int]]] = {}
         self.req_tokens: dict[int, np.ndarray] = {}
         self.num_computed: dict[int, int] = {}
@@ -217,11 +220,13 @@ class KVCacheManager:
         hit, hit_blocks = self.get_computed_blocks(tokens)
         groups = range(len(self.config.groups))
         needed = [self._needed(g, len(hit_blocks[g]), hit + num_new_tokens) for g in groups]
+        want = {}  # per pool object: what every group drawing from it needs at once
         for g in groups:
             evictable = sum(1 for b in hit_blocks[g]
                             if b != NULL_BLOCK_ID and self.pools[g].ref_cnt[b] == 0)
-            if needed[g] + evictable > self.pools[g].num_free():
-                return None, hit
+            want[id(self.pools[g])] = want.get(id(self.pools[g]), 0) + needed[g] + evictable
+        if any(want[id(self.pools[g])] > self.pools[g].num_free() for g in groups):
+            return None, hit
         blocks = []
         for g in groups:
             self.pools[g].touch([b for b in hit_blocks[g] if b != NULL_BLOCK_ID])
@@ -278,7 +283,10 @@ class KVCacheManager:
         have = self.req_blocks[req]
         total = self.num_computed[req] + num_new_tokens
         needed = [self._needed(g, len(have[g]), total) for g in groups]
-        if any(needed[g] > self.pools[g].num_free() for g in groups):
+        want = {}
+        for g in groups:
+            want[id(self.pools[g])] = want.get(id(self.pools[g]), 0) + needed[g]
+        if any(want[id(self.pools[g])] > self.pools[g].num_free() for g in groups):
             return None, freed
         new = [self._pads(g, len(have[g]), total, needed[g]) + self.pools[g].get_new_blocks(
             needed[g]) for g in groups]

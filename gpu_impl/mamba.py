@@ -32,13 +32,15 @@ def mamba_state_update(hidden: torch.Tensor, query_start_loc: torch.Tensor,
                        num_accepted: torch.Tensor | None = None,
                        spec_rows: torch.Tensor | None = None,
                        read_out: torch.Tensor | None = None,
-                       column_unbounded: bool = False) -> None:
+                       column_unbounded: bool = False, skip_null: bool = False) -> None:
     """In-place update of rows [0, num_rows).
 
     hidden: float32 (max_num_batched_tokens, head_size); query_start_loc: int32
     (max_num_reqs + 1,); state_indices: int32 (max_num_reqs,) or (max_num_reqs,
     num_columns), contiguous rows; has_initial_state: int32 (max_num_reqs,);
-    state: float32 (num_blocks, head_size).  num_accepted / spec_rows: int32
+    state: float32 (num_blocks, head_size), rows at any stride (a view over
+    shared pages: ``kv_sharing``).  ``skip_null``: a write into block 0 (the
+    null block) is dropped, as PAD_SLOT_ID is (its page is shared).  num_accepted / spec_rows: int32
     (max_num_reqs,) — the running column is ``max(num_accepted - 1, 0)``
     (``column_unbounded``: ``num_accepted - 1``, a fault's path: 0 reads the
     previous row's last column) and spec rows write every token's state;
@@ -60,7 +62,8 @@ def mamba_state_update(hidden: torch.Tensor, query_start_loc: torch.Tensor,
            HEAD=hidden.shape[1], NCOL=ncol,
            BLOCK_R=triton.next_power_of_2(rows),
            BLOCK_T=triton.next_power_of_2(hidden.shape[0]), NUM_TOKENS=hidden.shape[0],
-           NUM_SLOTS=state.shape[0], COLUMN_UNBOUNDED=column_unbounded)
+           NUM_SLOTS=state.shape[0], COLUMN_UNBOUNDED=column_unbounded,
+           STATE_STRIDE=state.stride(0), SKIP_NULL=skip_null)
 
 
 @triton.jit
@@ -81,6 +84,8 @@ def _mamba_state_update_kernel(
     NUM_TOKENS: tl.constexpr,
     NUM_SLOTS: tl.constexpr,  # num_blocks: an index past it is dropped (a GPU would fault)
     COLUMN_UNBOUNDED: tl.constexpr,  # fault switch (accepted-column-unbounded)
+    STATE_STRIDE: tl.constexpr,  # elements between two blocks' states (the page size when shared)
+    SKIP_NULL: tl.constexpr,  # shared pages: never write the null block
 ):
     r = tl.arange(0, BLOCK_R)
     t = tl.arange(0, BLOCK_T)
@@ -97,7 +102,7 @@ def _mamba_state_update_kernel(
     src = tl.load(state_indices_ptr + flat, mask=row_ok & (flat >= 0), other=0)
     tl.store(read_out_ptr + r, src, mask=row_ok)
     src_ok = row_ok & (src >= 0) & (src < NUM_SLOTS)
-    old = tl.load(state_ptr + src[:, None] * HEAD + d[None, :],
+    old = tl.load(state_ptr + src[:, None] * STATE_STRIDE + d[None, :],
                   mask=src_ok[:, None] & (init[:, None] != 0), other=0.0)
     tok_ok = t < NUM_TOKENS
     x = tl.load(hidden_ptr + t[:, None] * HEAD + d[None, :],
@@ -112,5 +117,7 @@ def _mamba_state_update_kernel(
         write = row_ok & (dst >= 0) & (dst < NUM_SLOTS) & (src >= 0)
         if c > 0:
             write = write & (spec != 0) & (lo + c < hi)
-        tl.store(state_ptr + dst[:, None] * HEAD + d[None, :], old + xs,
+        if SKIP_NULL:
+            write = write & (dst != 0)
+        tl.store(state_ptr + dst[:, None] * STATE_STRIDE + d[None, :], old + xs,
                  mask=write[:, None] & (d[None, :] < HEAD))

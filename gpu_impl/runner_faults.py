@@ -10,7 +10,8 @@ Faults consulted here: ``full-replay-not-restaged``, ``captured-buffer-rebound``
 ``backend-slot-tail-stale``, ``pad-slot-wraps-to-last-slot``,
 ``decode-slots-sliced-prefill-first``, ``draft-slots-tail-stale``,
 ``accepted-column-unbounded``, ``draft-slots-allocation-block-size``,
-``mamba-align-seed-attention-block-size``.
+``mamba-align-seed-attention-block-size``, ``mamba-state-view-unpadded-stride``,
+``mamba-writes-shared-null-block``.
 """
 
 from __future__ import annotations
@@ -34,6 +35,19 @@ class RunnerFaults:
         if mode == FULL and not warmup and "full-replay-not-restaged" in self.faults:
             return  # the historical bug: the replay reads the last real batch's indices
         super()._stage_dummy_state_indices(tables, num_reqs, reqs_padded, mode, warmup)
+
+    def _mamba_skips_null(self, g: int) -> bool:
+        if "mamba-writes-shared-null-block" in self.faults:
+            return False  # the historical bug: block 0 treated as scratch, as unshared
+        return super()._mamba_skips_null(g)
+
+    def _state_view(self, kv_cache: torch.Tensor) -> torch.Tensor:
+        if "mamba-state-view-unpadded-stride" in self.faults:
+            # The historical bug class: the state tensor laid over the shared
+            # buffer at the state's own size as its block stride, not the page's.
+            flat = kv_cache.view(-1)
+            return flat[:kv_cache.shape[0] * self.config.head_size].view(kv_cache.shape[0], -1)
+        return super()._state_view(kv_cache)
 
     def _mamba_seed_block_size(self) -> int:
         if "mamba-align-seed-attention-block-size" in self.faults:

@@ -123,14 +123,32 @@ class RunnerShell(abc.ABC):
         for g in self.attn_groups:
             self.kv_caches[g] = self._cache((cfg.num_blocks, groups[g].block_size,
                                              cfg.head_size))
+        pages = {m: a for a, m in cfg.shared_pages().items()}
         for g in self.mamba_groups:
-            self.mamba_states[g] = self._cache((cfg.num_blocks, cfg.head_size))
+            if g in pages:  # kv_sharing: the state view of the attention group's pages
+                self.mamba_states[g] = self._state_view(self.kv_caches[pages[g]])
+            else:
+                self.mamba_states[g] = self._cache((cfg.num_blocks, cfg.head_size))
         self._init_buffers()
         self.graphs: dict[int, Graph] = {}
         self.last_forward: ForwardInfo | None = None
         self.dummy_read: list[torch.Tensor] | None = None
         self._init_tables()
         self._capture_model()
+
+    def _mamba_skips_null(self, g: int) -> bool:
+        """Does Mamba group ``g``'s kernel drop state writes into the null block?
+        Where its pages are shared (``kv_sharing``): the null page is also the
+        attention null block, which masked reads gather."""
+        return self.config.page_partner(g) is not None
+
+    def _state_view(self, kv_cache: torch.Tensor) -> torch.Tensor:
+        """The Mamba state tensor over a shared KV tensor (vLLM's state-tensor
+        builder in ``gpu_model_runner``): (num_blocks, head_size) float32, one
+        state at the start of each page, the page size as its block stride."""
+        pages = kv_cache.view(kv_cache.shape[0], -1)
+        return torch.as_strided(pages, (pages.shape[0], self.config.head_size),
+                                (pages.stride(0), 1))
 
     def _cache(self, shape) -> torch.Tensor:
         cache = torch.full(shape, SENTINEL, dtype=torch.float32, device=self.device)
@@ -746,7 +764,7 @@ class RunnerShell(abc.ABC):
             mamba_state_update(self.hidden.gpu, self.query_start_loc.gpu, indices,
                                self.has_initial_state.gpu, self.mamba_states[g], num_rows,
                                self.num_accepted.gpu, self.spec_rows.gpu, self.mamba_read[g],
-                               self._column_unbounded())
+                               self._column_unbounded(), skip_null=self._mamba_skips_null(g))
         for g in self.attn_groups:
             _, table, seq_lens = inputs[g]
             paged_attention_read(table, seq_lens, self._kv_view(g), self.attn_out[g],

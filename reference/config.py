@@ -100,7 +100,8 @@ class GroupSpec:
 class RunnerConfig:
     """Geometry and limits of one model runner.
 
-    num_blocks: blocks per KV-cache group, including the null block 0.
+    num_blocks: blocks per KV-cache group, including the null block 0 (with
+      ``kv_sharing``: blocks of the one pool all groups share).
     max_num_blocks_per_req: block-table width (columns) of attention groups.
     cudagraph_capture_sizes: token counts graphs are captured for, ascending;
       FULL graphs exist only for sizes <= ``max_num_reqs`` (uniform decode).
@@ -147,6 +148,22 @@ class RunnerConfig:
       With Mamba groups this is vLLM's ``mamba_cache_mode="align"``
       (:attr:`mamba_cache_mode`; needs ``num_speculative_tokens`` 0).  Needs
       DCP off.  Serialised only when true.
+    kv_sharing: vLLM's hybrid KV-cache layout (its hybrid allocator with
+      ``KVCacheTensor.shared_by``).  One block pool for every group: a block
+      id is held by at most one (request, group) at a time and freeing returns
+      it to that one pool (``num_blocks`` is the pool's size).  The i-th
+      attention group's KV tensor is shared with the i-th Mamba group's state
+      tensor (:meth:`shared_pages`): block ``b`` is one page of
+      ``block_size * head_size`` floats; the attention view is the whole page,
+      the Mamba view its first ``head_size`` floats (the state laid out from
+      the page's start, at the page's stride — the engine's state-tensor
+      builder derives that stride from the page size).  So a Mamba write
+      through a block id that an attention group now holds lands in that
+      request's KV (token 0 of the block).  The shared null page stays clean:
+      Mamba kernels drop a state write into the null block as they drop
+      ``PAD_SLOT_ID`` (its attention view is read, weighted 0, by every row
+      with null entries).  Needs an attention and a Mamba group and no
+      drafter; not with prefix caching yet.  Serialised only when true.
     """
 
     runner: str = "v1"
@@ -170,6 +187,7 @@ class RunnerConfig:
     num_speculative_tokens: int = 0
     allocator: str = TRACE
     enable_prefix_caching: bool = False
+    kv_sharing: bool = False
 
     def __post_init__(self):
         self.validate()
@@ -244,6 +262,20 @@ class RunnerConfig:
         layer's KV cache has that group's shape), or None without speculation."""
         return self.attention_groups[0] if self.num_speculative_tokens else None
 
+    def shared_pages(self) -> dict[int, int]:
+        """With ``kv_sharing``: {attention group: Mamba group} whose tensors are
+        one (the i-th attention group with the i-th Mamba group, as vLLM's
+        hybrid allocator pairs layers across groups); else {}."""
+        if not self.kv_sharing:
+            return {}
+        return dict(zip(self.attention_groups, self.mamba_groups))
+
+    def page_partner(self, group: int) -> int | None:
+        """The group whose view shares ``group``'s pages, or None."""
+        pairs = self.shared_pages()
+        back = {m: a for a, m in pairs.items()}
+        return pairs.get(group, back.get(group))
+
     @property
     def prefix_unit(self) -> int:
         """Prefix-cache hits are multiples of this many tokens: the least common
@@ -306,7 +338,8 @@ class RunnerConfig:
           | ({"num_speculative_tokens": self.num_speculative_tokens}
              if self.num_speculative_tokens else {}) \
           | ({"allocator": self.allocator} if self.allocator != TRACE else {}) \
-          | ({"enable_prefix_caching": True} if self.enable_prefix_caching else {})
+          | ({"enable_prefix_caching": True} if self.enable_prefix_caching else {}) \
+          | ({"kv_sharing": True} if self.kv_sharing else {})
 
     @classmethod
     def from_json(cls, obj) -> "RunnerConfig":
@@ -318,24 +351,24 @@ class RunnerConfig:
                  "cudagraph_capture_sizes", "head_size", "dcp_world_size", "dcp_rank",
                  "cp_kv_cache_interleave_size", "reorder_batch_threshold",
                  "cudagraph_support", "num_speculative_tokens", "allocator",
-                 "enable_prefix_caching"}
+                 "enable_prefix_caching", "kv_sharing"}
         for key in sorted(obj):
             if key not in known:
                 raise ConfigError(key, "unknown field")
         kwargs = {}
         for key in sorted(known - {"runner", "groups", "cudagraph_capture_sizes",
                                    "cudagraph_support", "allocator",
-                                   "enable_prefix_caching"}):
+                                   "enable_prefix_caching", "kv_sharing"}):
             if key in obj:
                 kwargs[key] = _int(obj[key], key)
         for key in ("runner", "cudagraph_support", "allocator"):
             if key in obj:
                 kwargs[key] = obj[key]
-        if "enable_prefix_caching" in obj:
-            if not isinstance(obj["enable_prefix_caching"], bool):
-                raise ConfigError("enable_prefix_caching", "must be true or false, got "
-                                  f"{obj['enable_prefix_caching']!r}")
-            kwargs["enable_prefix_caching"] = obj["enable_prefix_caching"]
+        for key in ("enable_prefix_caching", "kv_sharing"):
+            if key in obj:
+                if not isinstance(obj[key], bool):
+                    raise ConfigError(key, f"must be true or false, got {obj[key]!r}")
+                kwargs[key] = obj[key]
         if "groups" in obj:
             groups = obj["groups"]
             if not isinstance(groups, list):
@@ -465,6 +498,16 @@ class RunnerConfig:
             if self.dcp_world_size != 1:
                 raise ConfigError("enable_prefix_caching", "needs dcp_world_size 1 (prefix "
                                   "caching under DCP is not modelled)")
+        if self.kv_sharing:
+            if not self.mamba_groups:
+                raise ConfigError("kv_sharing", "needs a Mamba group (attention and Mamba "
+                                  "layers share pages)")
+            if self.num_speculative_tokens:
+                raise ConfigError("kv_sharing", "needs num_speculative_tokens 0 (the draft "
+                                  "layer's tensor in the shared layout is not modelled yet)")
+            if self.enable_prefix_caching:
+                raise ConfigError("kv_sharing", "not with prefix caching yet (shared-pool "
+                                  "evictions across groups are not modelled)")
         for g in self.attention_groups:
             if self.groups[g].block_size * self.max_num_blocks_per_req > 256:
                 raise ConfigError(f"groups[{g}].block_size",

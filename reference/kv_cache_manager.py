@@ -33,10 +33,15 @@ def choose_admit(ledger: Ledger, tokens: np.ndarray, num_new_tokens: int):
               for g in range(len(cfg.groups))]
     if not ledger.fits(needed, hit_blocks):
         return None, hit
-    return [hit_blocks[g] + [NULL_BLOCK_ID] * ledger.null_pads(g, len(hit_blocks[g]),
-                                                               hit + num_new_tokens)
-            + _pick(ledger, g, needed[g], set(hit_blocks[g]))
-            for g in range(len(cfg.groups))], hit
+    taken = set()  # kv_sharing: the groups draw from one pool, none twice
+    out = []
+    for g in range(len(cfg.groups)):
+        new = _pick(ledger, g, needed[g], set(hit_blocks[g]) | taken)
+        taken |= set(new) if cfg.kv_sharing else set()
+        out.append(hit_blocks[g] + [NULL_BLOCK_ID] * ledger.null_pads(g, len(hit_blocks[g]),
+                                                                      hit + num_new_tokens)
+                   + new)
+    return out, hit
 
 
 def choose_skipped(ledger: Ledger, req: int) -> list[list[int]]:
@@ -55,5 +60,10 @@ def choose_allocate(ledger: Ledger, req: int, num_new_tokens: int):
     if not ledger.fits(needed, [[] for _ in cfg.groups]):
         return None
     total = r.num_computed_tokens + num_new_tokens
-    return [[NULL_BLOCK_ID] * (ledger.null_pads(g, len(r.blocks[g]), total) if needed[g] else 0)
-            + _pick(ledger, g, needed[g]) for g in range(len(cfg.groups))]
+    taken, out = set(), []
+    for g in range(len(cfg.groups)):
+        new = _pick(ledger, g, needed[g], taken)
+        taken |= set(new) if cfg.kv_sharing else set()
+        out.append([NULL_BLOCK_ID] * (ledger.null_pads(g, len(r.blocks[g]), total)
+                                      if needed[g] else 0) + new)
+    return out

@@ -82,18 +82,36 @@ class Ledger:
     prompts: dict[int, np.ndarray] = field(default_factory=dict)
 
     def __post_init__(self):
-        self.owner = []
-        for _ in self.config.groups:
-            o = np.full(self.config.num_blocks, FREE, dtype=np.int64)
+        # One pool per group, or (kv_sharing) one pool for all: then every
+        # group's owner / ref_count entry is the same array, so a block held in
+        # one group is taken in all (vLLM's hybrid allocator).
+        n, pools = self.config.num_blocks, self.pool_count
+        owners = []
+        for _ in range(pools):
+            o = np.full(n, FREE, dtype=np.int64)
             o[NULL_BLOCK_ID] = RESERVED
-            self.owner.append(o)
+            owners.append(o)
+        self.owner = [owners[self.pool_of(g)] for g in range(len(self.config.groups))]
         # allocator "engine": holders per block, prefix-cache registrations
         # (block -> hash key, the token ids up to its end), and what the latest
         # admit / allocate took that was not free ((group, block, holders)).
-        n = self.config.num_blocks
-        self.ref_count = [np.zeros(n, np.int64) for _ in self.config.groups]
+        counts = [np.zeros(n, np.int64) for _ in range(pools)]
+        self.ref_count = [counts[self.pool_of(g)] for g in range(len(self.config.groups))]
         self.registered: list[dict[int, tuple]] = [{} for _ in self.config.groups]
         self.last_taken_busy: list[tuple[int, int, tuple]] = []
+
+    @property
+    def pool_count(self) -> int:
+        """Block pools: one per group, or one for all with ``kv_sharing``."""
+        return 1 if self.config.kv_sharing else len(self.config.groups)
+
+    def pool_of(self, group: int) -> int:
+        """The pool ``group`` draws its block ids from."""
+        return 0 if self.config.kv_sharing else group
+
+    def pool_groups(self, group: int) -> list[int]:
+        """The groups drawing from ``group``'s pool (itself included)."""
+        return [g for g in range(len(self.config.groups)) if self.pool_of(g) == self.pool_of(group)]
 
     # -- tokens ------------------------------------------------------------
     def token_ids(self, req: int, positions) -> np.ndarray:
@@ -274,11 +292,12 @@ class Ledger:
     def fits(self, needed: list[int], hit_blocks: list[list[int]]) -> bool:
         """Can every group hand out ``needed`` new blocks, after the hit's
         evictable blocks leave the free pool (vLLM's ``get_num_blocks_to_allocate``)?"""
+        want = [0] * self.pool_count  # a shared pool serves every group's need at once
         for g in range(len(self.config.groups)):
             evictable = sum(1 for b in hit_blocks[g] if b and self.ref_count[g][b] == 0)
-            if needed[g] + evictable > self.num_free(g):
-                return False
-        return True
+            want[self.pool_of(g)] += needed[g] + evictable
+        return all(want[self.pool_of(g)] <= self.num_free(g)
+                   for g in range(len(self.config.groups)))
 
     def holders(self, group: int, block: int) -> list[int]:
         """Live requests holding ``block`` of ``group``."""
@@ -450,13 +469,14 @@ class Ledger:
         cfg = self.config
         if not isinstance(blocks, list) or len(blocks) != len(cfg.groups):
             raise OpError("blocks", f"must be a list of {len(cfg.groups)} lists (one per group)")
+        seen_in_pool: dict[int, set] = {}  # kv_sharing: one id once across the groups
         for g, ids in enumerate(blocks):
             if not isinstance(ids, list):
                 raise OpError(f"blocks[{g}]", "must be a list of block ids")
             if cfg.groups[g].kind != MAMBA and len(ids) > cfg.max_num_blocks_per_req:
                 raise OpError(f"blocks[{g}]", f"more than max_num_blocks_per_req="
                               f"{cfg.max_num_blocks_per_req}")
-            seen = set()
+            seen = seen_in_pool.setdefault(self.pool_of(g), set())
             for k, b in enumerate(ids):
                 path = f"blocks[{g}][{k}]"
                 if isinstance(b, bool) or not isinstance(b, int):
@@ -466,7 +486,8 @@ class Ledger:
                 if b == NULL_BLOCK_ID:
                     raise OpError(path, "block 0 is the null block; it is never allocated")
                 if b in seen or self.owner[g][b] != FREE:
-                    raise OpError(path, f"block {b} is not free")
+                    raise OpError(path, f"block {b} is not free" + (
+                        " (kv_sharing: one pool for every group)" if cfg.kv_sharing else ""))
                 seen.add(b)
 
     # -- mutations (call the matching check first) -------------------------
@@ -527,7 +548,7 @@ class Ledger:
                 self.last_taken_busy.append((group, b, ()))
                 continue
             if self.ref_count[group][b]:
-                held = [h for h in self.holders(group, b) if h != req]
+                held = [h for g in self.pool_groups(group) for h in self.holders(g, b) if h != req]
                 self.last_taken_busy.append((group, b, tuple(held)))
             self.registered[group].pop(b, None)
             self.ref_count[group][b] += 1

@@ -124,9 +124,13 @@ class ReferenceRunnerBase(abc.ABC):
             self.kv_cache[g][NULL_BLOCK_ID] = 0.0
             self.slot_mapping[g] = np.zeros(tokens, np.int64)
             self.attn_out[g] = np.zeros((rows, heads), np.float32)
+        pages = {m: a for a, m in cfg.shared_pages().items()}
         for g in cfg.mamba_groups:
-            self.mamba_state[g] = np.full((cfg.num_blocks, heads), SENTINEL, np.float32)
-            self.mamba_state[g][NULL_BLOCK_ID] = 0.0
+            if g in pages:  # kv_sharing: the first head_size floats of each page
+                self.mamba_state[g] = self.kv_cache[pages[g]].reshape(cfg.num_blocks, -1)[:, :heads]
+            else:
+                self.mamba_state[g] = np.full((cfg.num_blocks, heads), SENTINEL, np.float32)
+                self.mamba_state[g][NULL_BLOCK_ID] = 0.0
             self.state_indices[g] = np.zeros(rows, np.int32)
         self.hidden = np.zeros((tokens, heads), np.float32)
         self.query_start_loc = np.zeros(rows + 1, np.int32)
@@ -556,6 +560,8 @@ class ReferenceRunnerBase(abc.ABC):
         after each of its tokens to columns 0, 1, ... (vLLM's spec-decode
         ``ssm_state_indices`` / ``num_accepted_tokens`` kernels), any other row
         its final state to column 0."""
+        # kv_sharing: a write into the null block is dropped (its page is shared).
+        keep_null = self.config.page_partner(g) is None
         for b in range(num_rows):
             idx = int(self.state_indices[g][b])
             if idx == PAD_SLOT_ID:
@@ -566,8 +572,9 @@ class ReferenceRunnerBase(abc.ABC):
             if self.spec_rows[b]:
                 for t in range(hi - lo):
                     x = self.hidden[lo:lo + t + 1].sum(axis=0, dtype=np.float32)
-                    self.mamba_state[g][cols[t]] = old + x
-            else:
+                    if keep_null or cols[t] != NULL_BLOCK_ID:
+                        self.mamba_state[g][cols[t]] = old + x
+            elif keep_null or cols[0] != NULL_BLOCK_ID:
                 self.mamba_state[g][cols[0]] = old + self.hidden[lo:hi].sum(axis=0,
                                                                            dtype=np.float32)
 

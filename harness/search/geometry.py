@@ -5,7 +5,8 @@ kernel block size may split its allocation blocks, an optional Mamba group, an
 optional second attention group with its own block size), pool size, batch
 limits, CUDA-graph capture sizes, the attention backends' capabilities (a
 backend's own slot buffer; FULL graphs for mixed batches) and speculative
-decoding (``num_speculative_tokens``), within bounds a 2-core CPU running the
+decoding (``num_speculative_tokens``) and the hybrid layout (``kv_sharing``),
+within bounds a 2-core CPU running the
 Triton interpreter can afford.  The simplest draw (what shrinking moves
 towards) is the default hybrid config: one attention group, one Mamba group.
 """
@@ -22,7 +23,7 @@ from reference.config import ALWAYS, UNIFORM_BATCH
 def runner_configs(draw, runner: str | None = None,
                    kernel_split: dict | None = None, dcp: dict | None = None,
                    spec: bool = True, spec_dcp: bool = True,
-                   engine: bool | str = True) -> RunnerConfig:
+                   engine: bool | str = True, sharing_ok: bool = True) -> RunnerConfig:
     """A valid :class:`RunnerConfig`; ``runner`` pins ``v1`` / ``v2``.
 
     kernel_split: {runner: bool} — False keeps ``kernel_block_size == block_size``
@@ -32,7 +33,8 @@ def runner_configs(draw, runner: str | None = None,
     spec_dcp: False keeps it 0 when ``dcp_world_size`` > 1; engine: False keeps
     ``allocator`` ``trace`` (a target without its own KV-cache manager);
     ``"single"`` draws ``engine`` configs with one attention group only (a
-    target whose manager's groups share one pool, as vLLM's do).
+    target whose manager's groups share one pool, as vLLM's do); sharing_ok:
+    False keeps ``kv_sharing`` off.
     """
     runner = runner or draw(st.sampled_from(["v1", "v2"]))
     # Repeated entries weight the draw: most examples keep a Mamba group and
@@ -107,7 +109,13 @@ def runner_configs(draw, runner: str | None = None,
         k = 0
     if reorder:
         reorder = 1 + k
+    # The hybrid layout (kv_sharing: one block pool, attention and Mamba pages
+    # aliased) in one hybrid config in three, where it is modelled (no drafter,
+    # no prefix caching), unless the target cannot run it.
+    sharing = mamba and sharing_ok and not caching and not k \
+        and draw(st.sampled_from([False, False, True]))
     return RunnerConfig(
+        kv_sharing=sharing,
         allocator=allocator,
         enable_prefix_caching=caching,
         num_speculative_tokens=k,

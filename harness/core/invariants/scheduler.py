@@ -84,7 +84,12 @@ def facts_before(config, ledger, op: dict, recorded_choice) -> ChoiceFacts:
         op["req"]))]
     # What the pool holds once the window's blocks are back (a refusal is judged after).
     free_after = [sum(1 for b in window[g] if ledger.ref_count[g][b] == 1) for g in groups]
-    fits = all(needed[g] <= ledger.num_free(g) + free_after[g] for g in groups)
+    # Per pool (kv_sharing: one pool serves every group's need at once).
+    pools = {ledger.pool_of(g) for g in groups}
+    fits = all(sum(needed[g] for g in groups if ledger.pool_of(g) == p)
+               <= ledger.num_free(next(g for g in groups if ledger.pool_of(g) == p))
+               + sum(free_after[g] for g in groups if ledger.pool_of(g) == p)
+               for p in pools)
     return ChoiceFacts(compare, chosen, None, None, needed, fits, window)
 
 
@@ -171,7 +176,8 @@ def check_pool(ctx: CheckContext) -> list:
         out.append(ctx.violation(POOL_ACCOUNTING, f"request {ctx.op['req']} was refused, but "
                                  f"the pool has the {f.needed} new block(s) per group it needs "
                                  f"(free: {[ctx.ledger.num_free(g) for g in range(len(ctx.config.groups))]} "
-                                 "before the op)"))
+                                 "before the op" + ("; one pool shared by every group"
+                                                    if ctx.config.kv_sharing else "") + ")"))
     if f is not None and f.window_blocks is not None:
         freed = f.chosen.get("freed") or []
         for g, ids in enumerate(freed):
@@ -253,6 +259,20 @@ def check_one_owner(ctx: CheckContext) -> list:
                                              f"block of a prefix they share (request {req} "
                                              f"holds it as its block {i})", group=g, block=b))
                     break
+    if cfg.kv_sharing:  # one pool: a block id belongs to one group at a time
+        groups_of: dict[int, list] = {}
+        for req, r in sorted(ledger.requests.items()):
+            for g, ids in enumerate(r.blocks):
+                for b in ids:
+                    if b != NULL_BLOCK_ID and (g, req) not in groups_of.get(b, []):
+                        groups_of.setdefault(b, []).append((g, req))
+        for b, at in sorted(groups_of.items()):
+            if len({g for g, _ in at}) > 1:
+                held = ", ".join(f"group {g} of request {req}" for g, req in at)
+                out.append(ctx.violation(ONE_OWNER_PER_BLOCK, f"block {b} of the shared pool "
+                                         f"(kv_sharing) is held by {held} at once",
+                                         group=at[1][0], block=b))
+                break
     return out[:1] if out else out
 
 

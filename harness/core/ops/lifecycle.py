@@ -29,26 +29,38 @@ def _rename(op: dict, req, block) -> dict:
 
 
 # -- add -------------------------------------------------------------------------------
+def _least(cfg, g: int) -> int:
+    """Fewest blocks a new request takes in group ``g``."""
+    return cfg.mamba_columns if cfg.groups[g].kind == "mamba" else 1
+
+
 def _can_add(m) -> bool:
     cfg = m.cfg
+    if cfg.kv_sharing:  # one pool: every group's blocks at once
+        enough = len(m.free(0)) >= sum(_least(cfg, g) for g in range(len(cfg.groups)))
+    else:
+        enough = all(len(m.free(g)) >= _least(cfg, g) for g in range(len(cfg.groups)))
     return (cfg.allocator == "trace" and len(m.ledger.requests) < cfg.max_num_reqs
-            and m.next_req <= REQ_ID_MAX
-            and all(len(m.free(g)) >= (cfg.mamba_columns if s.kind == "mamba" else 1)
-                    for g, s in enumerate(cfg.groups)))
+            and m.next_req <= REQ_ID_MAX and enough)
 
 
 def _draw_add(m, data) -> dict:
     from hypothesis import strategies as st  # search only: reproducers import no Hypothesis
 
     cfg = m.cfg
-    blocks = []
+    blocks, taken = [], set()
     for g, spec in enumerate(cfg.groups):
-        free = m.free(g)
+        free = [b for b in m.free(g) if b not in taken]
+        # kv_sharing: leave the later groups their fewest blocks of the one pool.
+        spare = len(free) - (sum(_least(cfg, h) for h in range(g + 1, len(cfg.groups)))
+                             if cfg.kv_sharing else 0)
         # A Mamba group: one state block per column (1 + num_speculative_tokens).
         size = cfg.mamba_columns if spec.kind == "mamba" else None
         blocks.append(data.draw(st.lists(
             st.sampled_from(free), min_size=size or 1,
-            max_size=size or min(cfg.max_num_blocks_per_req, len(free)), unique=True)))
+            max_size=size or min(cfg.max_num_blocks_per_req, spare), unique=True)))
+        if cfg.kv_sharing:
+            taken |= set(blocks[-1])
     # What the ledger admits: this rank's blocks cover block_size * dcp_world_size positions.
     capacity = min(min(len(blocks[g]) * cfg.tokens_per_block(g) for g in cfg.attention_groups),
                    POSITION_MAX + 1)
@@ -94,7 +106,8 @@ register(OpSpec(
 # -- append ----------------------------------------------------------------------------
 def _appendable(m) -> list[int]:
     cfg = m.cfg
-    if cfg.allocator != "trace" or not all(m.free(g) for g in cfg.attention_groups):
+    need = len(cfg.attention_groups) if cfg.kv_sharing else 1
+    if cfg.allocator != "trace" or not all(len(m.free(g)) >= need for g in cfg.attention_groups):
         return []
     return [r for r, s in sorted(m.ledger.requests.items())
             if all(len(s.blocks[g]) < cfg.max_num_blocks_per_req for g in cfg.attention_groups)]
@@ -104,9 +117,11 @@ def _draw_append(m, data) -> dict:
     from hypothesis import strategies as st  # search only: reproducers import no Hypothesis
 
     req = data.draw(st.sampled_from(_appendable(m)))
-    blocks = [[] for _ in m.cfg.groups]
+    blocks, taken = [[] for _ in m.cfg.groups], set()
     for g in m.cfg.attention_groups:
-        blocks[g] = [data.draw(st.sampled_from(m.free(g)))]
+        blocks[g] = [data.draw(st.sampled_from([b for b in m.free(g) if b not in taken]))]
+        if m.cfg.kv_sharing:  # one pool: no id twice in one append
+            taken.add(blocks[g][0])
     return {"op": "append", "req": req, "blocks": blocks}
 
 
