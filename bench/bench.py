@@ -190,6 +190,9 @@ def main() -> None:
     drawn_rate = None
     for label, config in (("v1 default hybrid", RunnerConfig()),
                           ("v2 default hybrid", RunnerConfig(runner="v2")),
+                          # the hybrid layout: one pool, attention and Mamba pages aliased
+                          ("v1 kv_sharing hybrid", RunnerConfig(kv_sharing=True)),
+                          ("v2 kv_sharing hybrid", RunnerConfig(runner="v2", kv_sharing=True)),
                           ("v1 geometry drawn", None), ("v2 geometry drawn", None)):
         if config is None:
             r = fuzz(None, args.seed, args.examples, (), "gpu_impl", device, profile="dev",
