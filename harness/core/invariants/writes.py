@@ -32,10 +32,15 @@ class WritePermit:
     owners: list
     runs: frozenset = frozenset()
     registered: tuple = ()  # per group: {block: hash key} in the prefix cache before the op
+    held_in: dict | None = None  # kv_sharing: {block: the group its owner holds it in}
 
     def describe(self, group: int, block: int) -> str:
         o = int(self.owners[group][block])
-        return {FREE: "a free block", RESERVED: "the null block"}.get(o, f"owned by req {o}")
+        text = {FREE: "a free block", RESERVED: "the null block"}.get(o, f"owned by req {o}")
+        held = (self.held_in or {}).get(block)
+        if o >= 0 and held is not None and held != group:  # a shared page, seen through another view
+            text += f" as its group {held} block"
+        return text
 
 
 def owner_text(ledger: Ledger, group: int, block: int) -> str:
@@ -55,8 +60,10 @@ def permit_for(config: RunnerConfig, ledger: Ledger, op: dict) -> WritePermit:
         for g, blocks in granted.items():
             cells.setdefault(g, {}).update(blocks)
     _share_pages(config, cells)
+    held_in = {b: g for r in ledger.requests.values() for g, ids in enumerate(r.blocks)
+               for b in ids} if config.kv_sharing else None
     return WritePermit(cells, [o.copy() for o in ledger.owner], runs,
-                       tuple(dict(r) for r in ledger.registered))
+                       tuple(dict(r) for r in ledger.registered), held_in)
 
 
 def _share_pages(config: RunnerConfig, cells: dict) -> None:
