@@ -357,6 +357,20 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "is scratch for one layer and read by another",
           "NULL_BLOCK_FINITE", ("NO_STALE_WRITE", "MATCHES_REFERENCE", "ATTENTION_FINITE"),
           family="layout", sites=("vllm/model_executor/layers/mamba/ops/mamba_ssm.py",)),
+    Fault("row-width-first-group-block-size", ("v1", "v2"),
+          "with a max_model_len and attention groups of different block sizes, every "
+          "attention group's block-table row is sized cdiv(max_model_len, block_size) with "
+          "the first group's block size: a group of smaller blocks gets a row too narrow for "
+          "the blocks a long request holds (the append overflows the row), a group of larger "
+          "blocks one wider than the engine's",
+          "vllm-project/vllm-ascend PR #11466 / #11659 ('Resolve block table overflow': a "
+          "hybrid model's per-request block count was computed before the Mamba groups' "
+          "speculative blocks were accounted, so the table was too narrow) — the class of a "
+          "row width computed from the wrong group's quantities; vLLM's InputBatch and V2 "
+          "BlockTables size each KV-cache group's row from max_model_len and that group's own "
+          "block size",
+          "MATCHES_REFERENCE", ("IMPL_CRASH",), family="layout",
+          sites=("vllm/v1/worker/gpu_input_batch.py", "vllm/v1/worker/gpu/block_table.py")),
 )}
 
 

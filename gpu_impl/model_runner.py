@@ -25,8 +25,7 @@ class GPUModelRunnerV1(RunnerFaults, RunnerShellV1):
     def _make_input_batch(self) -> InputBatch:
         cfg = self.config
         groups = cfg.groups
-        widths = [cfg.blocks_per_req_max(g) for g in range(len(groups))]
-        return InputBatch(cfg.max_num_reqs, widths, [s.block_size for s in groups],
+        return InputBatch(cfg.max_num_reqs, self._row_widths(), [s.block_size for s in groups],
                           [s.kernel_block_size for s in groups], self.device,
                           self.faults, [self.dcp(g) for g in range(len(groups))])
 

@@ -19,7 +19,7 @@ class GPUModelRunnerV2(RunnerFaults, RunnerShellV2):
     def _make_block_tables(self) -> BlockTables:
         cfg = self.config
         groups = cfg.groups
-        max_blocks = [cfg.blocks_per_req_max(g) for g in range(len(groups))]
+        max_blocks = self._row_widths()
         return BlockTables([s.block_size for s in groups], [s.kernel_block_size for s in groups],
                            max_blocks, cfg.max_num_reqs, self.device, self.faults,
                            [self.dcp(g) for g in range(len(groups))])

@@ -11,7 +11,7 @@ Faults consulted here: ``full-replay-not-restaged``, ``captured-buffer-rebound``
 ``decode-slots-sliced-prefill-first``, ``draft-slots-tail-stale``,
 ``accepted-column-unbounded``, ``draft-slots-allocation-block-size``,
 ``mamba-align-seed-attention-block-size``, ``mamba-state-view-unpadded-stride``,
-``mamba-writes-shared-null-block``.
+``mamba-writes-shared-null-block``, ``row-width-first-group-block-size``.
 """
 
 from __future__ import annotations
@@ -35,6 +35,17 @@ class RunnerFaults:
         if mode == FULL and not warmup and "full-replay-not-restaged" in self.faults:
             return  # the historical bug: the replay reads the last real batch's indices
         super()._stage_dummy_state_indices(tables, num_reqs, reqs_padded, mode, warmup)
+
+    def _row_widths(self) -> list[int]:
+        widths = super()._row_widths()
+        cfg = self.config
+        if "row-width-first-group-block-size" in self.faults and cfg.model_len:
+            # The historical bug class: one block size (the first group's) sizes
+            # every attention group's row.
+            first = cfg.tokens_per_block(cfg.attention_groups[0])
+            for g in cfg.attention_groups:
+                widths[g] = -(-cfg.model_len // first)
+        return widths
 
     def _mamba_skips_null(self, g: int) -> bool:
         if "mamba-writes-shared-null-block" in self.faults:

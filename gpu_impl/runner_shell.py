@@ -136,6 +136,12 @@ class RunnerShell(abc.ABC):
         self._init_tables()
         self._capture_model()
 
+    def _row_widths(self) -> list[int]:
+        """Block-table columns per group, as the engine sizes its tables (vLLM's
+        ``InputBatch`` / ``BlockTables``: an attention group's row holds
+        ``cdiv(max_model_len, block_size)`` blocks of its own block size)."""
+        return [self.config.blocks_per_req_max(g) for g in range(len(self.config.groups))]
+
     def _mamba_skips_null(self, g: int) -> bool:
         """Does Mamba group ``g``'s kernel drop state writes into the null block?
         Where its pages are shared (``kv_sharing``): the null page is also the

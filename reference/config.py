@@ -102,7 +102,15 @@ class RunnerConfig:
 
     num_blocks: blocks per KV-cache group, including the null block 0 (with
       ``kv_sharing``: blocks of the one pool all groups share).
-    max_num_blocks_per_req: block-table width (columns) of attention groups.
+    max_num_blocks_per_req: block-table width (columns) of attention groups —
+      with ``model_len``, of the widest one.
+    model_len: ``max_model_len`` in tokens (JSON ``"max_model_len"``); 0 = derived
+      from one width for every attention group (``max_num_blocks_per_req``
+      blocks each).  Set, each attention group's row is
+      ``cdiv(max_model_len, block_size * dcp_world_size)`` columns wide, as
+      vLLM's ``InputBatch`` / ``BlockTables`` size each group's table, so groups
+      with different block sizes get different widths; ``max_num_blocks_per_req``
+      must then be the widest.  Serialised only when set.
     cudagraph_capture_sizes: token counts graphs are captured for, ascending;
       FULL graphs exist only for sizes <= ``max_num_reqs`` (uniform decode).
     head_size: floats per KV cell / state slot.
@@ -188,6 +196,7 @@ class RunnerConfig:
     allocator: str = TRACE
     enable_prefix_caching: bool = False
     kv_sharing: bool = False
+    model_len: int = 0
 
     def __post_init__(self):
         self.validate()
@@ -210,6 +219,8 @@ class RunnerConfig:
             if self.mamba_cache_mode == ALIGN:
                 return -(-self.max_model_len // self.groups[group].block_size)
             return self.mamba_columns
+        if self.model_len:  # per group, as the engine sizes each group's table
+            return -(-self.model_len // self.tokens_per_block(group))
         return self.max_num_blocks_per_req
 
     @property
@@ -246,8 +257,11 @@ class RunnerConfig:
 
     @property
     def max_model_len(self) -> int:
-        """Longest request in tokens: what the narrowest attention row holds on this
-        rank's view, at most 256 (the payload's position bound)."""
+        """Longest request in tokens: ``model_len`` when set, else what the
+        narrowest attention row holds on this rank's view, at most 256 (the
+        payload's position bound)."""
+        if self.model_len:
+            return self.model_len
         return min(min(self.max_num_blocks_per_req * self.tokens_per_block(g)
                        for g in self.attention_groups), 256)
 
@@ -339,7 +353,8 @@ class RunnerConfig:
              if self.num_speculative_tokens else {}) \
           | ({"allocator": self.allocator} if self.allocator != TRACE else {}) \
           | ({"enable_prefix_caching": True} if self.enable_prefix_caching else {}) \
-          | ({"kv_sharing": True} if self.kv_sharing else {})
+          | ({"kv_sharing": True} if self.kv_sharing else {}) \
+          | ({"max_model_len": self.model_len} if self.model_len else {})
 
     @classmethod
     def from_json(cls, obj) -> "RunnerConfig":
@@ -351,16 +366,18 @@ class RunnerConfig:
                  "cudagraph_capture_sizes", "head_size", "dcp_world_size", "dcp_rank",
                  "cp_kv_cache_interleave_size", "reorder_batch_threshold",
                  "cudagraph_support", "num_speculative_tokens", "allocator",
-                 "enable_prefix_caching", "kv_sharing"}
+                 "enable_prefix_caching", "kv_sharing", "max_model_len"}
         for key in sorted(obj):
             if key not in known:
                 raise ConfigError(key, "unknown field")
         kwargs = {}
         for key in sorted(known - {"runner", "groups", "cudagraph_capture_sizes",
                                    "cudagraph_support", "allocator",
-                                   "enable_prefix_caching", "kv_sharing"}):
+                                   "enable_prefix_caching", "kv_sharing", "max_model_len"}):
             if key in obj:
                 kwargs[key] = _int(obj[key], key)
+        if "max_model_len" in obj:
+            kwargs["model_len"] = _int(obj["max_model_len"], "max_model_len")
         for key in ("runner", "cudagraph_support", "allocator"):
             if key in obj:
                 kwargs[key] = obj[key]
@@ -508,10 +525,19 @@ class RunnerConfig:
             if self.enable_prefix_caching:
                 raise ConfigError("kv_sharing", "not with prefix caching yet (shared-pool "
                                   "evictions across groups are not modelled)")
+        if self.model_len:
+            _bound(self.model_len, 1, 256, "max_model_len")
+            widest = max(self.blocks_per_req_max(g) for g in self.attention_groups)
+            if self.max_num_blocks_per_req != widest:
+                raise ConfigError("max_num_blocks_per_req", f"with max_model_len "
+                                  f"{self.model_len} must be the widest attention row, "
+                                  f"{widest} (cdiv(max_model_len, block_size * "
+                                  "dcp_world_size) per group)")
         for g in self.attention_groups:
-            if self.groups[g].block_size * self.max_num_blocks_per_req > 256:
+            if self.groups[g].block_size * self.blocks_per_req_max(g) > 256:
                 raise ConfigError(f"groups[{g}].block_size",
-                                  "block_size * max_num_blocks_per_req must be <= 256")
+                                  "block_size * the row's width (max_num_blocks_per_req) "
+                                  "must be <= 256")
 
 
 def _int(value, field_path: str) -> int:

@@ -359,9 +359,10 @@ class Ledger:
             if blocks[g]:
                 raise OpError(f"blocks[{g}]", "a mamba group's block is fixed at add")
         for g in self.config.attention_groups:
-            if len(r.blocks[g]) + len(blocks[g]) > self.config.max_num_blocks_per_req:
-                raise OpError(f"blocks[{g}]", "request would exceed max_num_blocks_per_req "
-                              f"({self.config.max_num_blocks_per_req})")
+            width = self.config.blocks_per_req_max(g)
+            if len(r.blocks[g]) + len(blocks[g]) > width:
+                raise OpError(f"blocks[{g}]", f"request would exceed its row's {width} columns "
+                              "(max_num_blocks_per_req, or cdiv(max_model_len, block_size))")
         if not any(blocks):
             raise OpError("blocks", "append needs at least one block")
 
@@ -473,9 +474,10 @@ class Ledger:
         for g, ids in enumerate(blocks):
             if not isinstance(ids, list):
                 raise OpError(f"blocks[{g}]", "must be a list of block ids")
-            if cfg.groups[g].kind != MAMBA and len(ids) > cfg.max_num_blocks_per_req:
-                raise OpError(f"blocks[{g}]", f"more than max_num_blocks_per_req="
-                              f"{cfg.max_num_blocks_per_req}")
+            if cfg.groups[g].kind != MAMBA and len(ids) > cfg.blocks_per_req_max(g):
+                raise OpError(f"blocks[{g}]", f"more than the row's {cfg.blocks_per_req_max(g)} "
+                              "columns (max_num_blocks_per_req, or cdiv(max_model_len, "
+                              "block_size))")
             seen = seen_in_pool.setdefault(self.pool_of(g), set())
             for k, b in enumerate(ids):
                 path = f"blocks[{g}][{k}]"

@@ -5,7 +5,7 @@ kernel block size may split its allocation blocks, an optional Mamba group, an
 optional second attention group with its own block size), pool size, batch
 limits, CUDA-graph capture sizes, the attention backends' capabilities (a
 backend's own slot buffer; FULL graphs for mixed batches) and speculative
-decoding (``num_speculative_tokens``) and the hybrid layout (``kv_sharing``),
+decoding (``num_speculative_tokens``) the hybrid layout (``kv_sharing``) and per-group row widths (``max_model_len``),
 within bounds a 2-core CPU running the
 Triton interpreter can afford.  The simplest draw (what shrinking moves
 towards) is the default hybrid config: one attention group, one Mamba group.
@@ -114,7 +114,19 @@ def runner_configs(draw, runner: str | None = None,
     # no prefix caching), unless the target cannot run it.
     sharing = mamba and sharing_ok and not caching and not k \
         and draw(st.sampled_from([False, False, True]))
+    # Attention groups of different block sizes: in one config in two each row is
+    # sized from max_model_len and the group's own block size (vLLM's InputBatch),
+    # so the larger blocks get narrower rows; else one width for every group.
+    widths = draw(st.sampled_from([4, 2] if allocator == "trace" else [4])) \
+        * (2 if align and block_size <= 8 else 1)
+    per_block = {g.block_size * (world if g.kind == ATTENTION else 1)
+                 for g in groups if g.kind == ATTENTION}
+    model_len = min(widths * min(per_block), 256) \
+        if len(per_block) > 1 and draw(st.booleans()) else 0
+    if model_len:
+        widths = max(-(-model_len // b) for b in per_block)
     return RunnerConfig(
+        model_len=model_len,
         kv_sharing=sharing,
         allocator=allocator,
         enable_prefix_caching=caching,
@@ -130,8 +142,7 @@ def runner_configs(draw, runner: str | None = None,
         max_num_reqs=draw(st.sampled_from([4, 4, 2, 3])),
         # align mode: longer rows (8 attention blocks) so that prompts span
         # several state blocks.
-        max_num_blocks_per_req=draw(st.sampled_from([4, 2] if allocator == "trace" else [4]))
-        * (2 if align and block_size <= 8 else 1),
+        max_num_blocks_per_req=widths,
         max_num_batched_tokens=max_num_batched_tokens,
         cudagraph_capture_sizes=tuple(s for s in sizes if s <= max_num_batched_tokens),
     )

@@ -84,6 +84,8 @@ def _smaller_configs(config):
             groups = copy.deepcopy(fields["groups"])
             groups[g]["kernel_block_size"] = spec["block_size"]
             yield dict(fields, groups=groups)
+    if "max_model_len" in fields:  # one width for every attention group (the widest)
+        yield {k: v for k, v in fields.items() if k != "max_model_len"}
     yield dict(fields, num_blocks=2)  # the smallest pool first, then one at a time
     for name in ("num_blocks", "max_num_reqs", "max_num_blocks_per_req",
                  "max_num_batched_tokens"):

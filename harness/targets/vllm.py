@@ -217,6 +217,8 @@ def _shim_uva_buffer(cls) -> None:
 def max_model_len(config) -> int:
     """Longest request the config admits, in tokens (Mamba groups' block size in vLLM:
     one block holds a whole request's state)."""
+    if config.model_len:  # vLLM sizes each group's row from it, as the model does
+        return config.model_len
     return max(config.max_num_blocks_per_req * config.tokens_per_block(g)
                for g in config.attention_groups)
 

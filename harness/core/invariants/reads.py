@@ -24,7 +24,7 @@ def oracle_read(config: RunnerConfig, blocks: list[int], seq_len: int, kv: np.nd
     """The read a request should see: its own blocks (this rank's DCP share of each),
     null block past them; with a sliding window, only its last positions."""
     bs = config.groups[group].block_size
-    row = np.zeros(config.max_num_blocks_per_req, np.int64)
+    row = np.zeros(config.blocks_per_req_max(group), np.int64)
     row[:len(blocks)] = blocks
     j = np.arange(row.size * bs)
     held = global_position(j // bs, j % bs, bs, config.dcp_world_size, config.dcp_rank,

@@ -58,7 +58,7 @@ def _draw_add(m, data) -> dict:
         size = cfg.mamba_columns if spec.kind == "mamba" else None
         blocks.append(data.draw(st.lists(
             st.sampled_from(free), min_size=size or 1,
-            max_size=size or min(cfg.max_num_blocks_per_req, spare), unique=True)))
+            max_size=size or min(cfg.blocks_per_req_max(g), spare), unique=True)))
         if cfg.kv_sharing:
             taken |= set(blocks[-1])
     # What the ledger admits: this rank's blocks cover block_size * dcp_world_size positions.
@@ -110,7 +110,7 @@ def _appendable(m) -> list[int]:
     if cfg.allocator != "trace" or not all(len(m.free(g)) >= need for g in cfg.attention_groups):
         return []
     return [r for r, s in sorted(m.ledger.requests.items())
-            if all(len(s.blocks[g]) < cfg.max_num_blocks_per_req for g in cfg.attention_groups)]
+            if all(len(s.blocks[g]) < cfg.blocks_per_req_max(g) for g in cfg.attention_groups)]
 
 
 def _draw_append(m, data) -> dict:
