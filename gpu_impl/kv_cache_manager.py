@@ -2,7 +2,7 @@
 
 Written as vLLM's is (``vllm/v1/core/block_pool.py``, ``kv_cache_manager.py``,
 ``single_type_kv_cache_manager.py``), one :class:`BlockPool` per KV-cache
-group here (a pool shared by all groups is issue #12's):
+group, or one for all groups with ``kv_sharing`` (vLLM's hybrid allocator):
 
 - a free queue of blocks, the null block (id 0) taken out first and never
   handed out; ``get_new_blocks`` pops from its head, evicting a popped block's

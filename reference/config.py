@@ -378,6 +378,7 @@ class RunnerConfig:
                 kwargs[key] = _int(obj[key], key)
         if "max_model_len" in obj:
             kwargs["model_len"] = _int(obj["max_model_len"], "max_model_len")
+            _bound(kwargs["model_len"], 1, 256, "max_model_len")
         for key in ("runner", "cudagraph_support", "allocator"):
             if key in obj:
                 kwargs[key] = obj[key]
@@ -525,6 +526,11 @@ class RunnerConfig:
             if self.enable_prefix_caching:
                 raise ConfigError("kv_sharing", "not with prefix caching yet (shared-pool "
                                   "evictions across groups are not modelled)")
+            least = len(self.attention_groups) + self.mamba_columns * len(self.mamba_groups)
+            if self.num_blocks < 1 + least:
+                raise ConfigError("num_blocks", f"{self.num_blocks} with kv_sharing: one pool "
+                                  f"must hold the null block and a request's {least} blocks "
+                                  "(one per attention group, one per Mamba column)")
         if self.model_len:
             _bound(self.model_len, 1, 256, "max_model_len")
             widest = max(self.blocks_per_req_max(g) for g in self.attention_groups)

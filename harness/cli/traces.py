@@ -60,7 +60,7 @@ def cmd_shrink(args) -> int:
 def cmd_explain(args) -> int:
     """Op-by-op table; the recorded-faults note goes to stderr (stdout is the document)."""
     from harness.core.trace import load
-    from harness.tools.explain import explain, render
+    from harness.tools.explain import explain, layout_note, render
 
     trace = load(args.trace)
     faults = _trace_faults(args, trace, args.trace, note=None)
@@ -68,7 +68,7 @@ def cmd_explain(args) -> int:
     _check_target(trace.config, args.target, args.trace)
     _trace_faults(args, trace, args.trace, note="stderr")
     records = explain(trace, faults, device, args.target, stop_at_first=not args.all)
-    text = render(records, args.format)
+    text = render(records, args.format, caption=layout_note(trace.config))
     if text is not None:
         print(text)
     return EXIT_VIOLATION if any(r["violations"] for r in records) else EXIT_OK

@@ -46,6 +46,9 @@ FEATURES: dict[str, str] = {
     "dummy-after-remove": "a dummy run right after a remove",
     "freed-block-reused": f"a block freed by a remove handed out again within "
                           f"{REUSE_WINDOW} ops (same KV-cache group)",
+    "page-reused-across-groups": f"kv_sharing: a block freed from one KV-cache group handed "
+                                 f"to another group within {REUSE_WINDOW} ops (a Mamba state "
+                                 "page now holding attention KV, or the reverse)",
     "row-vacated-reused": "a persistent row (V1 batch row / V2 state index) vacated by a "
                           "remove and later taken by another request",
     "loaded-next-to-padded": "a forward over a request whose KV was loaded (kv_load) "
@@ -160,6 +163,11 @@ class Tracker:
                        for b in ids):
                     hit.append("freed-block-reused")
                     break
+            taken = {(g, b) for g, ids in enumerate(op.get("blocks") or []) for b in ids if b}
+            if any(h != g and (h, b) in self.freed
+                   and self.op_index - self.freed[(h, b)] <= REUSE_WINDOW
+                   for g, b in taken for h in range(len(op.get("blocks") or []))):
+                hit.append("page-reused-across-groups")
         if kind == "dummy_run" and self.prev_op in ("condense", "swap", "remove"):
             hit.append(f"dummy-after-{self.prev_op}")
         from harness.core.ops import REGISTRY as OPS
@@ -317,6 +325,7 @@ NEEDS = {
     "window-hit": lambda c: _window(c) and c.enable_prefix_caching,
     "mamba-state-restored": lambda c: c.mamba_cache_mode == "align",
     "mamba-state-carried": lambda c: c.mamba_cache_mode == "align",
+    "page-reused-across-groups": lambda c: c.kv_sharing,
 }
 """What a pinned config needs for a feature to be reachable at all."""
 

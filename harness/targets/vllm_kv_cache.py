@@ -23,8 +23,8 @@ Driver rules (ours, stated where vLLM's scheduler would differ):
   hit rule does the same.
 
 Configs this adapter refuses (``refusal``): more than one KV-cache group
-(vLLM's groups share one block pool; per-group pools are the model's until
-issue #12) and DCP.
+(vLLM's coordinator over several groups is not driven yet; the model's one
+shared pool, ``kv_sharing``, is issue #12's first part) and DCP.
 """
 
 from __future__ import annotations
@@ -57,9 +57,9 @@ def _kw(fn, **kw):
 def refusal(config) -> str | None:
     """Why vLLM's KV-cache manager cannot back ``config`` here, or None."""
     if len(config.groups) != 1:
-        return ("vLLM's KV-cache groups share one block pool; the model keeps one pool per "
-                "group (issue #12), so the vllm target drives vLLM's KVCacheManager for "
-                "configs with one attention group only")
+        return ("the vllm target drives vLLM's KVCacheManager for configs with one "
+                "attention group only (its hybrid coordinator over several groups, one "
+                "shared pool, is not driven yet: issue #12)")
     if config.dcp_world_size != 1:
         return "the vllm target drives vLLM's KVCacheManager with dcp_world_size 1 only"
     return None

@@ -147,12 +147,26 @@ def _verdict_text(rec: dict) -> str:
                      + f": {v['detail']}" for v in rec["violations"])
 
 
-def render(records: list[dict], fmt: str, console=None) -> str | None:
-    """``fmt``: text (rich table, ASCII when not a terminal), json or md."""
+def layout_note(config) -> str | None:
+    """One line on how the caches alias (``kv_sharing``), or None: read before
+    the writes column, where one physical write shows in both views."""
+    pairs = config.shared_pages()
+    if not pairs:
+        return None
+    shared = ", ".join(f"group {a} (attention) and group {m} (Mamba)" for a, m in pairs.items())
+    return (f"layout: kv_sharing — one block pool for every group; {shared} share pages: "
+            "block b's Mamba state is token 0 of block b's attention view, so one write "
+            "into it is listed in both views")
+
+
+def render(records: list[dict], fmt: str, console=None, caption: str | None = None) -> str | None:
+    """``fmt``: text (rich table, ASCII when not a terminal), json or md;
+    ``caption``: a line printed above the table (text, md)."""
     if fmt == "json":
         return json.dumps(records, indent=1, sort_keys=True)
     if fmt == "md":
-        lines = ["| # | op | rows after | writes | verdict |", "|---|---|---|---|---|"]
+        lines = ([caption, ""] if caption else []) + \
+            ["| # | op | rows after | writes | verdict |", "|---|---|---|---|---|"]
         for rec in records:
             cells = [str(rec["op_index"]), f"`{_op_text(rec['op'])}`", _rows_text(rec["rows"]),
                      _writes_text(rec["writes"], rec.get("copies", ())), _verdict_text(rec)]
@@ -167,7 +181,7 @@ def render(records: list[dict], fmt: str, console=None) -> str | None:
     plain = not console.is_terminal
     if plain:
         console = Console(width=160, no_color=True, highlight=False)
-    table = Table(box=box.ASCII if plain else box.SQUARE, show_lines=True)
+    table = Table(box=box.ASCII if plain else box.SQUARE, show_lines=True, title=caption)
     for col in ("#", "op", "rows after", "writes", "verdict"):
         table.add_column(col, overflow="fold")
     for rec in records:

@@ -180,3 +180,32 @@ def test_gather_block_tables_kernel(device, seed, num_reqs, data):
             want[b, :n] = staged.np[idx[b], :n]
         want[num_reqs:padded] = 0
         assert tables.input_block_tables[g].cpu().numpy().tolist() == want.tolist()
+
+
+@KERNEL_EXAMPLES
+@given(seed=st.integers(0, 2**32 - 1), num_rows=st.integers(1, 4))
+def test_mamba_update_through_a_shared_page_view(device, seed, num_rows):
+    """kv_sharing: the state view is a strided view of the attention pages (the
+    page size as its block stride, the state at the page's start); the kernel
+    writes through that stride — token 0 of the page — drops a write into the
+    null block and leaves the rest of every page alone."""
+    rng = np.random.default_rng(seed)
+    rows, tokens, head, bs, blocks = 4, 8, 4, 4, 8
+    lens = rng.integers(1, 3, rows)
+    qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    idx = rng.permutation(np.arange(0, blocks))[:rows].astype(np.int32)  # block 0 may come up
+    init = rng.integers(0, 2, rows).astype(np.int32)
+    hidden = rng.integers(1, 100, (tokens, head)).astype(np.float32)
+    pages = rng.integers(-9, 9, (blocks, bs, head)).astype(np.float32)
+    kv_t = _t(pages, device)
+    flat = kv_t.view(blocks, -1)
+    view = torch.as_strided(flat, (blocks, head), (flat.stride(0), 1))
+    mamba_state_update(_t(hidden, device), _t(qsl, device), _t(idx, device), _t(init, device),
+                       view, num_rows, skip_null=True)
+    want = pages.copy()
+    for r in range(num_rows):
+        if idx[r] == 0:
+            continue  # the null page is never written
+        old = pages[idx[r], 0] if init[r] else 0.0
+        want[idx[r], 0] = old + hidden[qsl[r]:qsl[r + 1]].sum(axis=0)
+    assert np.array_equal(kv_t.cpu().numpy(), want)

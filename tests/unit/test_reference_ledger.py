@@ -71,3 +71,41 @@ def test_request_ids_are_not_reused(ledger):
     ledger.remove(0)
     with pytest.raises(OpError, match="already used"):
         ledger.add(0, [[1], [2]], 1)
+
+
+def test_kv_sharing_is_one_pool_for_every_group():
+    """kv_sharing: a block id is held by one (request, group) at a time; an id
+    taken in one group is taken in all, and freeing gives it back to all."""
+    from reference import GroupSpec
+
+    cfg = RunnerConfig(kv_sharing=True, groups=(GroupSpec("attention", 4, 4),
+                                                GroupSpec("mamba", 16, 16)))
+    ledger = Ledger(cfg)
+    with pytest.raises(OpError) as e:  # one id in two groups of one request
+        ledger.add(0, [[1], [1]], 3)
+    assert e.value.field == "blocks[1][0]" and "one pool" in str(e.value)
+    ledger.add(0, [[1], [2]], 3)
+    with pytest.raises(OpError):  # another request's Mamba block as attention
+        ledger.add(1, [[2], [3]], 3)
+    assert ledger.num_free(0) == ledger.num_free(1) == cfg.num_blocks - 3
+    ledger.remove(0)
+    ledger.add(1, [[2], [1]], 3)  # the freed Mamba block now holds attention KV
+    assert ledger.owner[0][2] == ledger.owner[1][2] == 1
+
+
+@pytest.mark.parametrize("fields, field", [
+    ({"kv_sharing": True, "groups": [{"kind": "attention", "block_size": 4}]}, "kv_sharing"),
+    ({"kv_sharing": True, "num_speculative_tokens": 1}, "kv_sharing"),
+    ({"kv_sharing": True, "num_blocks": 2}, "num_blocks"),
+    ({"kv_sharing": "true"}, "kv_sharing"),
+    ({"max_model_len": 16, "max_num_blocks_per_req": 8,
+      "groups": [{"kind": "attention", "block_size": 8}, {"kind": "attention", "block_size": 4}]},
+     "max_num_blocks_per_req"),
+    ({"max_model_len": 0}, "max_model_len"),
+])
+def test_layout_config_errors_name_the_field(fields, field):
+    from reference.config import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        RunnerConfig.from_json(fields)
+    assert e.value.field == field, str(e.value)
