@@ -114,7 +114,7 @@ def runner_configs(draw, runner: str | None = None,
     # no prefix caching), unless the target cannot run it.
     sharing = mamba and sharing_ok and not caching and not k \
         and draw(st.sampled_from([False, True]))
-    # Attention groups of different block sizes: in one config in two each row is
+    # Attention groups of different block sizes: in two configs in three each row is
     # sized from max_model_len and the group's own block size (vLLM's InputBatch),
     # so the larger blocks get narrower rows; else one width for every group.
     widths = draw(st.sampled_from([4, 2] if allocator == "trace" else [4])) \
@@ -122,7 +122,7 @@ def runner_configs(draw, runner: str | None = None,
     per_block = {g.block_size * (world if g.kind == ATTENTION else 1)
                  for g in groups if g.kind == ATTENTION}
     model_len = min(widths * min(per_block), 256) \
-        if len(per_block) > 1 and draw(st.sampled_from([True, False])) else 0
+        if len(per_block) > 1 and draw(st.sampled_from([False, True, True])) else 0
     if model_len:
         widths = max(-(-model_len // b) for b in per_block)
     return RunnerConfig(
