@@ -341,7 +341,7 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "issue #43626) and vllm-project/vllm-ascend PR #14543 (a state slot sized against "
           "a K-only page while the padding used the K+V page) — the class of bug where a "
           "state view's block stride disagrees with the page the groups share",
-          "NO_STALE_WRITE", ("MATCHES_REFERENCE", "NULL_BLOCK_FINITE", "NO_FOREIGN_READ"),
+          "MATCHES_REFERENCE", ("NO_STALE_WRITE", "NULL_BLOCK_FINITE", "NO_FOREIGN_READ"),
           family="layout", sites=("vllm/v1/worker/gpu_model_runner.py",)),
     Fault("mamba-writes-shared-null-block", ("v1", "v2"),
           "with pages shared by attention and Mamba layers (kv_sharing), the Mamba kernel "

@@ -379,6 +379,11 @@ class RunnerConfig:
         if "max_model_len" in obj:
             kwargs["model_len"] = _int(obj["max_model_len"], "max_model_len")
             _bound(kwargs["model_len"], 1, 256, "max_model_len")
+            if "max_num_blocks_per_req" not in obj:  # the widest row, as derived
+                probe = cls(**{k: v for k, v in kwargs.items() if k != "model_len"})
+                kwargs["max_num_blocks_per_req"] = max(
+                    -(-kwargs["model_len"] // probe.tokens_per_block(g))
+                    for g in probe.attention_groups)
         for key in ("runner", "cudagraph_support", "allocator"):
             if key in obj:
                 kwargs[key] = obj[key]

@@ -109,3 +109,18 @@ def test_layout_config_errors_name_the_field(fields, field):
     with pytest.raises(ConfigError) as e:
         RunnerConfig.from_json(fields)
     assert e.value.field == field, str(e.value)
+
+
+def test_max_model_len_sizes_each_attention_row_by_its_block_size():
+    """vLLM's InputBatch: cdiv(max_model_len, block_size) columns per group; the
+    widest row is max_num_blocks_per_req, filled in when a trace leaves it out."""
+    cfg = RunnerConfig.from_json({"max_model_len": 16, "groups": [
+        {"kind": "attention", "block_size": 8}, {"kind": "mamba", "block_size": 16},
+        {"kind": "attention", "block_size": 4}]})
+    assert [cfg.blocks_per_req_max(g) for g in (0, 2)] == [2, 4]
+    assert cfg.max_num_blocks_per_req == 4 and cfg.max_model_len == 16
+    assert RunnerConfig.from_json(cfg.to_json()) == cfg
+    ledger = Ledger(cfg)
+    with pytest.raises(OpError) as e:  # three 8-token blocks: past group 0's 2 columns
+        ledger.add(0, [[1, 2, 3], [4], [5]], 3)
+    assert e.value.field == "blocks[0]"
