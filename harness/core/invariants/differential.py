@@ -148,8 +148,13 @@ def effects_differ(impl: Observation, ref: Observation, op_index: int,
 def _first_difference(pairs: list, op_index: int, op: str) -> list[Violation]:
     for name, a, b, *axes in pairs:
         if a.shape != b.shape:
+            what = ""
+            if "block_table" in name and a.ndim == 2 and a.shape[0] == b.shape[0]:
+                what = (f" — rows of {a.shape[1]} columns, the reference's have "
+                        f"{b.shape[1]} (a group's row width: its blocks per max_model_len, "
+                        "in kernel blocks)")
             return [Violation("MATCHES_REFERENCE", op_index, op,
-                              f"{name}: shape {a.shape} vs reference {b.shape}")]
+                              f"{name}: shape {a.shape} vs reference {b.shape}{what}")]
         same = (a == b) if a.dtype == object else ((a == b) | (np.isnan(a) & np.isnan(b))
                                                    if a.dtype.kind == "f" else a == b)
         if not np.all(same):
