@@ -289,13 +289,15 @@ class Ledger:
         free[NULL_BLOCK_ID] = False
         return int(free.sum())
 
-    def fits(self, needed: list[int], hit_blocks: list[list[int]]) -> bool:
+    def fits(self, needed: list[int], hit_blocks: list[list[int]],
+             returned: list[int] | None = None) -> bool:
         """Can every group hand out ``needed`` new blocks, after the hit's
-        evictable blocks leave the free pool (vLLM's ``get_num_blocks_to_allocate``)?"""
+        evictable blocks leave the free pool (vLLM's ``get_num_blocks_to_allocate``)
+        and ``returned[g]`` blocks (a window's, freed first) come back to it?"""
         want = [0] * self.pool_count  # a shared pool serves every group's need at once
         for g in range(len(self.config.groups)):
             evictable = sum(1 for b in hit_blocks[g] if b and self.ref_count[g][b] == 0)
-            want[self.pool_of(g)] += needed[g] + evictable
+            want[self.pool_of(g)] += needed[g] + evictable - (returned[g] if returned else 0)
         return all(want[self.pool_of(g)] <= self.num_free(g)
                    for g in range(len(self.config.groups)))
 

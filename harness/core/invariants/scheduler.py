@@ -84,12 +84,7 @@ def facts_before(config, ledger, op: dict, recorded_choice) -> ChoiceFacts:
         op["req"]))]
     # What the pool holds once the window's blocks are back (a refusal is judged after).
     free_after = [sum(1 for b in window[g] if ledger.ref_count[g][b] == 1) for g in groups]
-    # Per pool (kv_sharing: one pool serves every group's need at once).
-    pools = {ledger.pool_of(g) for g in groups}
-    fits = all(sum(needed[g] for g in groups if ledger.pool_of(g) == p)
-               <= ledger.num_free(next(g for g in groups if ledger.pool_of(g) == p))
-               + sum(free_after[g] for g in groups if ledger.pool_of(g) == p)
-               for p in pools)
+    fits = ledger.fits(needed, [[] for _ in groups], free_after)
     return ChoiceFacts(compare, chosen, None, None, needed, fits, window)
 
 
