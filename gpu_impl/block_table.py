@@ -57,14 +57,17 @@ class BlockTable:
 
     def __init__(self, block_size: int, kernel_block_size: int, max_num_reqs: int,
                  max_num_blocks_per_req: int, device: torch.device, faults: FaultSet,
-                 dcp: tuple[int, int, int] = (1, 0, 1)):
+                 dcp: tuple[int, int, int] = (1, 0, 1), empty: int = 0):
         self.block_size = block_size
+        self.empty = empty  # an empty entry: the null block, or PAD_SLOT_ID (no null block)
         self.dcp = dcp  # (world size, rank, interleave) for attention groups
         self.kernel_block_size = kernel_block_size
         self.blocks_per_kv_block = block_size // kernel_block_size
         self.faults = faults
         width = max_num_blocks_per_req * self.blocks_per_kv_block
         self.block_table = CpuGpuBuffer((max_num_reqs, width), torch.int32, device)
+        self.block_table.np[:] = empty
+        self.block_table.copy_to_gpu()
         self.num_blocks_per_row = np.zeros(max_num_reqs, dtype=np.int32)
 
     def map_to_kernel_blocks(self, block_ids: list[int]) -> np.ndarray:
@@ -89,8 +92,8 @@ class BlockTable:
         self.append_row(block_ids, row_idx)
 
     def clear_row(self, row_idx: int) -> None:
-        """Point the row at the null block: ids and count to zero."""
-        self.block_table.np[row_idx] = 0
+        """Point the row at the null block (its empty entry): ids to it, count to zero."""
+        self.block_table.np[row_idx] = self.empty
         self.num_blocks_per_row[row_idx] = 0
 
     def move_row(self, src: int, tgt: int) -> None:
@@ -159,11 +162,13 @@ class MultiGroupBlockTable:
 
     def __init__(self, widths: list[int], block_sizes: list[int], kernel_block_sizes: list[int],
                  max_num_reqs: int, device: torch.device, faults: FaultSet,
-                 dcps: list[tuple[int, int, int]] | None = None):
+                 dcps: list[tuple[int, int, int]] | None = None,
+                 empties: list[int] | None = None):
         dcps = dcps or [(1, 0, 1)] * len(widths)
-        self.block_tables = [BlockTable(bs, kbs, max_num_reqs, w, device, faults, dcp)
-                             for w, bs, kbs, dcp in zip(widths, block_sizes, kernel_block_sizes,
-                                                        dcps)]
+        empties = empties or [0] * len(widths)
+        self.block_tables = [BlockTable(bs, kbs, max_num_reqs, w, device, faults, dcp, e)
+                             for w, bs, kbs, dcp, e in zip(widths, block_sizes,
+                                                           kernel_block_sizes, dcps, empties)]
 
     def __getitem__(self, group: int) -> BlockTable:
         return self.block_tables[group]

@@ -35,8 +35,11 @@ class BlockTables:
 
     def __init__(self, block_sizes: list[int], kernel_block_sizes: list[int],
                  max_blocks: list[int], max_num_reqs: int, device: torch.device,
-                 faults: FaultSet, dcps: list[tuple[int, int, int]]):
+                 faults: FaultSet, dcps: list[tuple[int, int, int]],
+                 empties: list[int] | None = None):
         self.block_sizes = block_sizes
+        # An empty entry per group: the null block, or PAD_SLOT_ID (no null block).
+        self.empties = empties or [0] * len(block_sizes)
         self.dcps = dcps
         self.kernel_block_sizes = kernel_block_sizes
         self.ks = [bs // kbs for bs, kbs in zip(block_sizes, kernel_block_sizes)]
@@ -45,9 +48,12 @@ class BlockTables:
                              for w, k in zip(max_blocks, self.ks)]
         self.num_blocks = [CpuGpuBuffer((max_num_reqs,), torch.int32, device)
                            for _ in block_sizes]
-        self.input_block_tables = [torch.zeros((max_num_reqs, w * k), dtype=torch.int32,
-                                               device=device)
-                                   for w, k in zip(max_blocks, self.ks)]
+        self.input_block_tables = [torch.full((max_num_reqs, w * k), e, dtype=torch.int32,
+                                              device=device)
+                                   for w, k, e in zip(max_blocks, self.ks, self.empties)]
+        for buf, e in zip(self.block_tables, self.empties):
+            buf.np[:] = e
+            buf.copy_to_gpu()
 
     def append_block_ids(self, req_index: int, new_block_ids: list[list[int]],
                          overwrite: bool) -> None:
@@ -62,7 +68,7 @@ class BlockTables:
 
     def clear(self, req_index: int) -> None:
         for g in range(len(self.block_tables)):
-            self.block_tables[g].np[req_index] = 0
+            self.block_tables[g].np[req_index] = self.empties[g]
             self.num_blocks[g].np[req_index] = 0
 
     def apply_staged_writes(self) -> None:
@@ -72,19 +78,21 @@ class BlockTables:
     def gather_block_tables(self, idx_mapping: torch.Tensor, num_reqs: int,
                             num_reqs_padded: int) -> None:
         """input[b] = staged[idx_mapping[b]] (num_blocks entries) for b < num_reqs;
-        rows [num_reqs, num_reqs_padded) zeroed (padding routes to the null block)."""
+        rows [num_reqs, num_reqs_padded) set to the group's empty entry (padding
+        routes to the null block, or to ``PAD_SLOT_ID`` where there is none)."""
         for g, inputs in enumerate(self.input_block_tables):
             width = inputs.shape[1]
             launch(_gather_block_tables_kernel, (1,), idx_mapping, self.num_blocks[g].gpu,
                    self.block_tables[g].gpu, inputs, num_reqs, num_reqs_padded, WIDTH=width,
                    BLOCK_R=triton.next_power_of_2(inputs.shape[0]),
-                   BLOCK_W=triton.next_power_of_2(width))
+                   BLOCK_W=triton.next_power_of_2(width), EMPTY=self.empties[g])
 
     def get_dummy_block_tables(self, num_reqs: int) -> list[torch.Tensor]:
-        """Zeroed views of the input tables' first ``num_reqs`` rows (same storage)."""
+        """Views of the input tables' first ``num_reqs`` rows (same storage), reset
+        to each group's empty entry (zero: the null block)."""
         if "dummy-tables-not-zeroed" not in self.faults:
-            for inputs in self.input_block_tables:
-                inputs[:num_reqs].zero_()
+            for inputs, empty in zip(self.input_block_tables, self.empties):
+                inputs[:num_reqs].fill_(empty)
         return [inputs[:num_reqs] for inputs in self.input_block_tables]
 
     def get_dummy_slot_mappings(self, slot_mappings: list[torch.Tensor],
@@ -113,10 +121,11 @@ def _gather_block_tables_kernel(
     block_tables_ptr,  # int32 [max_num_reqs, WIDTH]: staged rows, by state index
     input_block_tables_ptr,  # int32 [max_num_reqs, WIDTH]: persistent output, by batch row
     num_reqs,  # batch rows to gather
-    num_reqs_padded,  # rows [num_reqs, num_reqs_padded) are zeroed
+    num_reqs_padded,  # rows [num_reqs, num_reqs_padded) get EMPTY
     WIDTH: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_W: tl.constexpr,
+    EMPTY: tl.constexpr,  # an empty entry: 0 (the null block) or PAD_SLOT_ID
 ):
     b = tl.arange(0, BLOCK_R)
     c = tl.arange(0, BLOCK_W)
@@ -128,5 +137,5 @@ def _gather_block_tables_kernel(
     vals = tl.load(block_tables_ptr + row[:, None] * WIDTH + c[None, :], mask=copy, other=0)
     out = input_block_tables_ptr + b[:, None] * WIDTH + c[None, :]
     tl.store(out, vals, mask=copy)
-    tl.store(out, tl.zeros([BLOCK_R, BLOCK_W], dtype=tl.int32),
+    tl.store(out, tl.full([BLOCK_R, BLOCK_W], EMPTY, dtype=tl.int32),
              mask=pad[:, None] & (c[None, :] < WIDTH))

@@ -371,6 +371,31 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "block size",
           "MATCHES_REFERENCE", ("IMPL_CRASH",), family="layout",
           sites=("vllm/v1/worker/gpu_input_batch.py", "vllm/v1/worker/gpu/block_table.py")),
+    Fault("mamba-pad-index-clamped-to-zero", ("v1", "v2"),
+          "the Mamba kernel's wrapper clamps the state indices to >= 0 before the kernel "
+          "(a gather that cannot take -1), so every PAD_SLOT_ID row (rows padded to a capture "
+          "size, empty dummy rows) reads and writes block 0: harmless where block 0 is a "
+          "reserved null block, a live request's state where it is not (mamba_padding "
+          "pad_slot_no_null)",
+          "lightseekorg/tokenspeed PR #700 (MTP CUDA-graph padding: -1 state indices were "
+          "clamped to 0, and Mamba slot 0 is allocatable in the radix cache, so padded rows "
+          "overwrote a live request's SSM state; the fix keeps -1 and lets the kernel skip "
+          "it); NVIDIA/Megatron-LM PR #6499 (a read-side clamp of -1 batch indices, writes "
+          "masked) — the class of a PAD_SLOT_ID sentinel turned into a real index",
+          "NO_STALE_WRITE", ("MATCHES_REFERENCE", "NO_FOREIGN_READ", "NULL_BLOCK_FINITE"),
+          family="layout", sites=("vllm/model_executor/layers/mamba/ops/mamba_ssm.py",)),
+    Fault("mamba-pad-index-to-last-slot", ("v1", "v2"),
+          "the Mamba kernel's wrapper redirects PAD_SLOT_ID rows to the pool's last block "
+          "(num_blocks - 1), taken for a trailing sentinel; with PAD_SLOT_ID padding that "
+          "block is an ordinary one, so padded and empty dummy rows write their state into "
+          "whichever request holds it",
+          "sgl-project/sglang PR #38997 (the NVIDIA KDA wrapper remapped cache_indices == -1 "
+          "to ssm_states.shape[0] - 1, described as the pool's trailing sentinel, but the "
+          "Mamba pool reserves slot 0 and hands out the last slot, so a padded row could "
+          "overwrite a live request's or a radix checkpoint's SSM state) — the class of a "
+          "sentinel mapped to the wrong reserved slot",
+          "NO_STALE_WRITE", ("MATCHES_REFERENCE", "NO_FOREIGN_READ"),
+          family="layout", sites=("vllm/model_executor/layers/mamba/ops/mamba_ssm.py",)),
 )}
 
 

@@ -25,10 +25,12 @@ class InputBatch(PersistentBatch):
 
     def __init__(self, max_num_reqs: int, widths: list[int], block_sizes: list[int],
                  kernel_block_sizes: list[int], device: torch.device, faults: FaultSet,
-                 dcps: list[tuple[int, int, int]] | None = None):
+                 dcps: list[tuple[int, int, int]] | None = None,
+                 empties: list[int] | None = None):
         self.faults = faults
         super().__init__(max_num_reqs, MultiGroupBlockTable(
-            widths, block_sizes, kernel_block_sizes, max_num_reqs, device, faults, dcps))
+            widths, block_sizes, kernel_block_sizes, max_num_reqs, device, faults, dcps,
+            empties))
 
     def _clear_removed_row(self, row: int) -> None:
         if "removed-row-not-cleared" not in self.faults:

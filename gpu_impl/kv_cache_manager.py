@@ -40,13 +40,14 @@ class BlockPool:
     """Blocks of one KV-cache group: ``ref_cnt`` int64 (num_blocks,), the free
     queue, and the prefix cache (hash key -> registered blocks)."""
 
-    def __init__(self, num_blocks: int, faults):
+    def __init__(self, num_blocks: int, faults, null_block: bool = True):
         self.faults = faults
         self.ref_cnt = np.zeros(num_blocks, np.int64)
         self.block_hash: list[tuple | None] = [None] * num_blocks
         self.cached: dict[tuple, dict[int, None]] = {}
         self.free_queue = deque(range(num_blocks))
-        assert self.free_queue.popleft() == NULL_BLOCK_ID  # the null block: never handed out
+        if null_block:  # not a Mamba pool under mamba_padding pad_slot_no_null
+            assert self.free_queue.popleft() == NULL_BLOCK_ID  # never handed out
 
     def num_free(self) -> int:
         return len(self.free_queue)
@@ -113,7 +114,8 @@ class KVCacheManager:
         self.faults = faults
         # kv_sharing: one BlockPool serves every group (vLLM's hybrid allocator).
         shared = BlockPool(config.num_blocks, faults) if config.kv_sharing else None
-        self.pools = [shared or BlockPool(config.num_blocks, faults) for _ in config.groups]
+        self.pools = [shared or BlockPool(config.num_blocks, faults, config.has_null_block(g))
+                      for g in range(len(config.groups))]
         self.req_blocks: dict[int, list[list[int]]] = {}
         self.req_tokens: dict[int, np.ndarray] = {}
         self.num_computed: dict[int, int] = {}
@@ -337,7 +339,8 @@ class KVCacheManager:
         out = []
         for g, ids in enumerate(blocks):
             pool = self.pools[g]
-            ids = [b for b in ids if b != NULL_BLOCK_ID]  # entries a window freed
+            if self.config.has_null_block(g):  # not a Mamba pool without one
+                ids = [b for b in ids if b != NULL_BLOCK_ID]  # entries a window freed
             pool.free_blocks(list(reversed(ids)))
             out.append([b for b in ids if pool.ref_cnt[b] == 0 and pool.block_hash[b] is None])
         return out

@@ -32,7 +32,8 @@ def mamba_state_update(hidden: torch.Tensor, query_start_loc: torch.Tensor,
                        num_accepted: torch.Tensor | None = None,
                        spec_rows: torch.Tensor | None = None,
                        read_out: torch.Tensor | None = None,
-                       column_unbounded: bool = False, skip_null: bool = False) -> None:
+                       column_unbounded: bool = False, skip_null: bool = False,
+                       pad_target: int | None = None) -> None:
     """In-place update of rows [0, num_rows).
 
     hidden: float32 (max_num_batched_tokens, head_size); query_start_loc: int32
@@ -40,7 +41,9 @@ def mamba_state_update(hidden: torch.Tensor, query_start_loc: torch.Tensor,
     num_columns), contiguous rows; has_initial_state: int32 (max_num_reqs,);
     state: float32 (num_blocks, head_size), rows at any stride (a view over
     shared pages: ``kv_sharing``).  ``skip_null``: a write into block 0 (the
-    null block) is dropped, as PAD_SLOT_ID is (its page is shared).  num_accepted / spec_rows: int32
+    null block) is dropped, as PAD_SLOT_ID is (its page is shared).
+    ``pad_target``: None skips a negative index (``PAD_SLOT_ID``); a block id
+    reads and writes it instead (a fault's path: the sentinel remapped).  num_accepted / spec_rows: int32
     (max_num_reqs,) — the running column is ``max(num_accepted - 1, 0)``
     (``column_unbounded``: ``num_accepted - 1``, a fault's path: 0 reads the
     previous row's last column) and spec rows write every token's state;
@@ -63,7 +66,8 @@ def mamba_state_update(hidden: torch.Tensor, query_start_loc: torch.Tensor,
            BLOCK_R=triton.next_power_of_2(rows),
            BLOCK_T=triton.next_power_of_2(hidden.shape[0]), NUM_TOKENS=hidden.shape[0],
            NUM_SLOTS=state.shape[0], COLUMN_UNBOUNDED=column_unbounded,
-           STATE_STRIDE=state.stride(0), SKIP_NULL=skip_null)
+           STATE_STRIDE=state.stride(0), SKIP_NULL=skip_null,
+           PAD_TO=-1 if pad_target is None else pad_target)
 
 
 @triton.jit
@@ -86,6 +90,7 @@ def _mamba_state_update_kernel(
     COLUMN_UNBOUNDED: tl.constexpr,  # fault switch (accepted-column-unbounded)
     STATE_STRIDE: tl.constexpr,  # elements between two blocks' states (the page size when shared)
     SKIP_NULL: tl.constexpr,  # shared pages: never write the null block
+    PAD_TO: tl.constexpr,  # -1: skip PAD_SLOT_ID rows; a block id: remap them there (fault)
 ):
     r = tl.arange(0, BLOCK_R)
     t = tl.arange(0, BLOCK_T)
@@ -100,6 +105,8 @@ def _mamba_state_update_kernel(
         column = tl.maximum(column, 0)
     flat = r * NCOL + column  # -1 past row 0's start: a GPU reads what lies before
     src = tl.load(state_indices_ptr + flat, mask=row_ok & (flat >= 0), other=0)
+    if PAD_TO >= 0:
+        src = tl.where(src < 0, PAD_TO, src)
     tl.store(read_out_ptr + r, src, mask=row_ok)
     src_ok = row_ok & (src >= 0) & (src < NUM_SLOTS)
     old = tl.load(state_ptr + src[:, None] * STATE_STRIDE + d[None, :],
@@ -114,6 +121,8 @@ def _mamba_state_update_kernel(
         member = (t[None, :] >= lo[:, None]) & (t[None, :] < end[:, None]) & tok_ok[None, :]
         xs = tl.sum(tl.where(member[:, :, None], x[None, :, :], 0.0), axis=1)
         dst = tl.load(state_indices_ptr + r * NCOL + c, mask=row_ok, other=-1)
+        if PAD_TO >= 0:
+            dst = tl.where(dst < 0, PAD_TO, dst)
         write = row_ok & (dst >= 0) & (dst < NUM_SLOTS) & (src >= 0)
         if c > 0:
             write = write & (spec != 0) & (lo + c < hi)

@@ -27,7 +27,8 @@ class GPUModelRunnerV1(RunnerFaults, RunnerShellV1):
         groups = cfg.groups
         return InputBatch(cfg.max_num_reqs, self._row_widths(), [s.block_size for s in groups],
                           [s.kernel_block_size for s in groups], self.device,
-                          self.faults, [self.dcp(g) for g in range(len(groups))])
+                          self.faults, [self.dcp(g) for g in range(len(groups))],
+                          [cfg.empty_entry(g) for g in range(len(groups))])
 
     def _commit_rows(self, num_rows: int) -> None:
         self.input_batch.block_table.commit(num_rows)

@@ -22,7 +22,8 @@ class GPUModelRunnerV2(RunnerFaults, RunnerShellV2):
         max_blocks = self._row_widths()
         return BlockTables([s.block_size for s in groups], [s.kernel_block_size for s in groups],
                            max_blocks, cfg.max_num_reqs, self.device, self.faults,
-                           [self.dcp(g) for g in range(len(groups))])
+                           [self.dcp(g) for g in range(len(groups))],
+                           [cfg.empty_entry(g) for g in range(len(groups))])
 
     def kernel_block_size(self, group: int) -> int:
         return self.block_tables.kernel_block_sizes[group]

@@ -11,7 +11,8 @@ Faults consulted here: ``full-replay-not-restaged``, ``captured-buffer-rebound``
 ``decode-slots-sliced-prefill-first``, ``draft-slots-tail-stale``,
 ``accepted-column-unbounded``, ``draft-slots-allocation-block-size``,
 ``mamba-align-seed-attention-block-size``, ``mamba-state-view-unpadded-stride``,
-``mamba-writes-shared-null-block``, ``row-width-first-group-block-size``.
+``mamba-writes-shared-null-block``, ``row-width-first-group-block-size``,
+``mamba-pad-index-clamped-to-zero``, ``mamba-pad-index-to-last-slot``.
 """
 
 from __future__ import annotations
@@ -51,6 +52,13 @@ class RunnerFaults:
         if "mamba-writes-shared-null-block" in self.faults:
             return False  # the historical bug: block 0 treated as scratch, as unshared
         return super()._mamba_skips_null(g)
+
+    def _mamba_pad_target(self, g: int) -> int | None:
+        if "mamba-pad-index-clamped-to-zero" in self.faults:
+            return 0  # the historical bug: indices clamped to >= 0, -1 becomes block 0
+        if "mamba-pad-index-to-last-slot" in self.faults:
+            return self.config.num_blocks - 1  # the pool's last row, taken for a sentinel
+        return super()._mamba_pad_target(g)
 
     def _state_view(self, kv_cache: torch.Tensor) -> torch.Tensor:
         if "mamba-state-view-unpadded-stride" in self.faults:

@@ -142,6 +142,19 @@ class RunnerShell(abc.ABC):
         ``cdiv(max_model_len, block_size)`` blocks of its own block size)."""
         return [self.config.blocks_per_req_max(g) for g in range(len(self.config.groups))]
 
+    def _mamba_pad_index(self) -> int:
+        """The state index of a Mamba row padded to a capture size: the null
+        block or ``PAD_SLOT_ID`` (``config.mamba_padding``)."""
+        return self.config.mamba_pad_index
+
+    def _mamba_pad_target(self, g: int) -> int | None:
+        """Where group ``g``'s Mamba kernel sends a ``PAD_SLOT_ID`` state index:
+        None, nowhere — the row is skipped (vLLM's ``selective_state_update``
+        with ``pad_slot_id``); a block id, read and written as that block (a
+        fault's path: a wrapper that remaps the sentinel before a kernel that
+        cannot take it)."""
+        return None
+
     def _mamba_skips_null(self, g: int) -> bool:
         """Does Mamba group ``g``'s kernel drop state writes into the null block?
         Where its pages are shared (``kv_sharing``): the null page is also the
@@ -322,12 +335,12 @@ class RunnerShell(abc.ABC):
         Rows [0, num_rows) are classified: a one-token row with prior state is a
         decode even while prefilling; decodes come first, the first non-decode
         row starts the prefills.  State indices are column 0 of the rows
-        (``tables[g]``, default the kernel table), rows past ``num_reqs`` the
-        null block; with speculative decoding every state column of the rows
+        (``tables[g]``, default the kernel table), rows past ``num_reqs``
+        :meth:`_mamba_pad_index` (the null block or ``PAD_SLOT_ID``); with speculative decoding every state column of the rows
         (``block_table[:, :1 + k]``).  Only an all-decode batch of at most ``min(max_num_reqs,
         largest capture size)`` rows (vLLM's ``decode_cudagraph_max_bs``)
         refreshes the persistent decode buffer ``state_indices[g]`` that FULL
-        graphs read — padded to ``num_rows`` with the null block — and reads it;
+        graphs read — padded to ``num_rows`` likewise — and reads it;
         any other batch's kernels read a fresh tensor.
         """
         qsl = self.query_start_loc.np
@@ -352,7 +365,7 @@ class RunnerShell(abc.ABC):
         for g in self.mamba_groups:
             table = self.kernel_table(g) if tables is None else tables[g]
             fresh = torch.gather(table[:num_rows], 1, take)
-            fresh[num_reqs:] = NULL_BLOCK_ID
+            fresh[num_reqs:] = self._mamba_pad_index()
             if num_decodes == num_rows and 0 < num_decodes <= max_bs:
                 self.state_indices[g][:num_rows] = fresh
                 self.read_state_indices[g] = self.state_indices[g][:num_rows]
@@ -411,14 +424,16 @@ class RunnerShell(abc.ABC):
 
     def dummy_tables_read(self) -> list | None:
         """Per group (the rows [0, num_reqs_padded) the last dummy run's metadata build
-        and kernels were handed are all zero, that tensor is a view of the persistent
+        and kernels were handed hold only the group's empty entry — zero, the
+        null block, or ``PAD_SLOT_ID`` where block 0 is ordinary —, that tensor is a view of the persistent
         kernel table — what a FULL graph reads); None unless the last forward was a
         dummy run that built metadata (a V1 dummy run without it reads no table)."""
         last = self.last_forward
         if last is None or not last.dummy or not last.metadata or self.dummy_read is None:
             return None
         rows = last.num_reqs_padded
-        return [(not bool(t[:rows].any()), t.data_ptr() == self.kernel_table(g).data_ptr())
+        return [(not bool((t[:rows] != self.config.empty_entry(g)).any()),
+                 t.data_ptr() == self.kernel_table(g).data_ptr())
                 for g, t in enumerate(self.dummy_read)]
 
     def dcp(self, group: int) -> tuple[int, int, int]:
@@ -770,7 +785,8 @@ class RunnerShell(abc.ABC):
             mamba_state_update(self.hidden.gpu, self.query_start_loc.gpu, indices,
                                self.has_initial_state.gpu, self.mamba_states[g], num_rows,
                                self.num_accepted.gpu, self.spec_rows.gpu, self.mamba_read[g],
-                               self._column_unbounded(), skip_null=self._mamba_skips_null(g))
+                               self._column_unbounded(), skip_null=self._mamba_skips_null(g),
+                               pad_target=self._mamba_pad_target(g))
         for g in self.attn_groups:
             _, table, seq_lens = inputs[g]
             paged_attention_read(table, seq_lens, self._kv_view(g), self.attn_out[g],

@@ -40,7 +40,11 @@ class PersistentBatchRows:
         rows = config.max_num_reqs
         # Rows hold kernel blocks: allocation block b -> b*k .. b*k + k - 1.
         self.ks = [g.block_size // g.kernel_block_size for g in config.groups]
-        self.block_table = [np.zeros((rows, config.blocks_per_req_max(g) * self.ks[g]), np.int32)
+        # Empty entries: the null block, or PAD_SLOT_ID where block 0 is an
+        # ordinary block (config.empty_entry).
+        self.empty = [config.empty_entry(g) for g in range(len(config.groups))]
+        self.block_table = [np.full((rows, config.blocks_per_req_max(g) * self.ks[g]),
+                                    self.empty[g], np.int32)
                             for g in range(len(config.groups))]
         self.num_blocks_per_row = [np.zeros(rows, np.int32) for _ in config.groups]
         self.req_ids = np.full(rows, EMPTY_ROW, np.int64)
@@ -82,12 +86,12 @@ class PersistentBatchRows:
         self.num_blocks_per_row[group][row] = end
 
     def clear_row(self, row: int) -> None:
-        """Remove the request at ``row``: ids and counts to zero (null block)."""
+        """Remove the request at ``row``: ids to the empty entry (null block), counts to zero."""
         self.req_ids[row] = EMPTY_ROW
         self.num_computed_tokens[row] = 0
         self.num_prompt_tokens[row] = 0
         for g in range(len(self.block_table)):
-            self.block_table[g][row] = 0
+            self.block_table[g][row] = self.empty[g]
             self.num_blocks_per_row[g][row] = 0
 
     def move_row(self, src: int, tgt: int) -> None:

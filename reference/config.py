@@ -37,6 +37,11 @@ ALLOCATORS = (TRACE, ENGINE)
 # vLLM's mamba_cache_mode with prefix caching on a hybrid model (derived, see
 # RunnerConfig.mamba_cache_mode).
 ALIGN = "align"
+# What a Mamba group's metadata puts in batch rows padded to a capture size,
+# and whether block 0 is its null block (see RunnerConfig.mamba_padding).
+NULL_PAD, PAD_SLOT, PAD_SLOT_NO_NULL = "null", "pad_slot", "pad_slot_no_null"
+MAMBA_PADDINGS = (NULL_PAD, PAD_SLOT, PAD_SLOT_NO_NULL)
+PAD_INDEX = -1  # PAD_SLOT_ID (payload.py keeps the same value)
 
 # Bounds that keep a fuzz step affordable on a 2-core CPU under the Triton
 # interpreter, and keep payload sums exact in float32 (see payload.py).
@@ -172,6 +177,22 @@ class RunnerConfig:
       ``PAD_SLOT_ID`` (its attention view is read, weighted 0, by every row
       with null entries).  Needs an attention and a Mamba group and no
       drafter; not with prefix caching yet.  Serialised only when true.
+    mamba_padding: the padding convention of the Mamba groups' state indices
+      (rows padded to a capture size in a FULL replay or dummy run, and the
+      empty entries of their block-table rows):
+      ``"null"`` — padded rows index block 0, the reserved null block, which
+      Mamba kernels may treat as scratch (the default; not serialised);
+      ``"pad_slot"`` — padded rows hold ``PAD_SLOT_ID`` (-1), which the
+      kernels skip; block 0 is still reserved (vLLM's Mamba builders pad
+      ``state_indices_tensor`` with ``PAD_SLOT_ID``; SGLang's Mamba pool keeps
+      slot 0 as the dummy target);
+      ``"pad_slot_no_null"`` — ``PAD_SLOT_ID`` padding and no null block:
+      block 0 is a state block like any other, and an empty block-table entry
+      holds ``PAD_SLOT_ID`` (a radix-cache Mamba pool whose slot 0 is
+      allocatable, as tokenspeed's is).  Needs a Mamba group;
+      ``pad_slot_no_null`` needs prefix caching off (align mode pads a row
+      with the null block) and ``kv_sharing`` off (block 0 is the attention
+      null page).
     """
 
     runner: str = "v1"
@@ -197,6 +218,7 @@ class RunnerConfig:
     enable_prefix_caching: bool = False
     kv_sharing: bool = False
     model_len: int = 0
+    mamba_padding: str = NULL_PAD
 
     def __post_init__(self):
         self.validate()
@@ -239,6 +261,23 @@ class RunnerConfig:
         end on block boundaries up to the prompt's last one (vLLM's
         ``_mamba_block_aligned_split``); a decode runs one token."""
         return ALIGN if self.enable_prefix_caching and self.mamba_groups else "none"
+
+    def has_null_block(self, group: int) -> bool:
+        """Is block 0 of ``group`` the reserved null block?  Always, except a
+        Mamba group under ``mamba_padding`` ``pad_slot_no_null``."""
+        return not (self.groups[group].kind == MAMBA
+                    and self.mamba_padding == PAD_SLOT_NO_NULL)
+
+    def empty_entry(self, group: int) -> int:
+        """What an empty block-table entry of ``group`` holds: the null block
+        (0), or ``PAD_SLOT_ID`` where block 0 is an ordinary block."""
+        return 0 if self.has_null_block(group) else PAD_INDEX
+
+    @property
+    def mamba_pad_index(self) -> int:
+        """The state index of a Mamba row padded to a capture size: the null
+        block (``null``) or ``PAD_SLOT_ID`` (``pad_slot``, ``pad_slot_no_null``)."""
+        return 0 if self.mamba_padding == NULL_PAD else PAD_INDEX
 
     def pads_with_null(self, group: int) -> bool:
         """Align mode's Mamba groups: a request's block list holds the null block
@@ -354,7 +393,8 @@ class RunnerConfig:
           | ({"allocator": self.allocator} if self.allocator != TRACE else {}) \
           | ({"enable_prefix_caching": True} if self.enable_prefix_caching else {}) \
           | ({"kv_sharing": True} if self.kv_sharing else {}) \
-          | ({"max_model_len": self.model_len} if self.model_len else {})
+          | ({"max_model_len": self.model_len} if self.model_len else {}) \
+          | ({"mamba_padding": self.mamba_padding} if self.mamba_padding != NULL_PAD else {})
 
     @classmethod
     def from_json(cls, obj) -> "RunnerConfig":
@@ -366,14 +406,15 @@ class RunnerConfig:
                  "cudagraph_capture_sizes", "head_size", "dcp_world_size", "dcp_rank",
                  "cp_kv_cache_interleave_size", "reorder_batch_threshold",
                  "cudagraph_support", "num_speculative_tokens", "allocator",
-                 "enable_prefix_caching", "kv_sharing", "max_model_len"}
+                 "enable_prefix_caching", "kv_sharing", "max_model_len", "mamba_padding"}
         for key in sorted(obj):
             if key not in known:
                 raise ConfigError(key, "unknown field")
         kwargs = {}
         for key in sorted(known - {"runner", "groups", "cudagraph_capture_sizes",
                                    "cudagraph_support", "allocator",
-                                   "enable_prefix_caching", "kv_sharing", "max_model_len"}):
+                                   "enable_prefix_caching", "kv_sharing", "max_model_len",
+                                   "mamba_padding"}):
             if key in obj:
                 kwargs[key] = _int(obj[key], key)
         if "max_model_len" in obj:
@@ -384,7 +425,7 @@ class RunnerConfig:
                 kwargs["max_num_blocks_per_req"] = max(
                     -(-kwargs["model_len"] // probe.tokens_per_block(g))
                     for g in probe.attention_groups)
-        for key in ("runner", "cudagraph_support", "allocator"):
+        for key in ("runner", "cudagraph_support", "allocator", "mamba_padding"):
             if key in obj:
                 kwargs[key] = obj[key]
         for key in ("enable_prefix_caching", "kv_sharing"):
@@ -536,6 +577,19 @@ class RunnerConfig:
                 raise ConfigError("num_blocks", f"{self.num_blocks} with kv_sharing: one pool "
                                   f"must hold the null block and a request's {least} blocks "
                                   "(one per attention group, one per Mamba column)")
+        if self.mamba_padding not in MAMBA_PADDINGS:
+            raise ConfigError("mamba_padding", f"{self.mamba_padding!r} not one of "
+                              f"{list(MAMBA_PADDINGS)}")
+        if self.mamba_padding != NULL_PAD and not self.mamba_groups:
+            raise ConfigError("mamba_padding", "needs a Mamba group (it is the Mamba state "
+                              "indices' padding convention)")
+        if self.mamba_padding == PAD_SLOT_NO_NULL:
+            if self.enable_prefix_caching:
+                raise ConfigError("mamba_padding", "pad_slot_no_null needs prefix caching off "
+                                  "(align mode pads a Mamba row with the null block)")
+            if self.kv_sharing:
+                raise ConfigError("mamba_padding", "pad_slot_no_null needs kv_sharing off "
+                                  "(block 0 is the attention null page every group shares)")
         if self.model_len:
             _bound(self.model_len, 1, 256, "max_model_len")
             widest = max(self.blocks_per_req_max(g) for g in self.attention_groups)

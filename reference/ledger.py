@@ -87,9 +87,10 @@ class Ledger:
         # one group is taken in all (vLLM's hybrid allocator).
         n, pools = self.config.num_blocks, self.pool_count
         owners = []
-        for _ in range(pools):
+        for p in range(pools):
             o = np.full(n, FREE, dtype=np.int64)
-            o[NULL_BLOCK_ID] = RESERVED
+            if any(self.config.has_null_block(g) for g in self.pool_groups_of(p)):
+                o[NULL_BLOCK_ID] = RESERVED  # not under mamba_padding pad_slot_no_null
             owners.append(o)
         self.owner = [owners[self.pool_of(g)] for g in range(len(self.config.groups))]
         # allocator "engine": holders per block, prefix-cache registrations
@@ -104,6 +105,15 @@ class Ledger:
     def pool_count(self) -> int:
         """Block pools: one per group, or one for all with ``kv_sharing``."""
         return 1 if self.config.kv_sharing else len(self.config.groups)
+
+    def is_block(self, group: int, b: int) -> bool:
+        """Is ``b`` a block of ``group``'s pool that a request can hold (not the
+        null block, where the group has one; not out of range)?"""
+        return int(self.config.has_null_block(group)) <= b < self.config.num_blocks
+
+    def pool_groups_of(self, pool: int) -> list[int]:
+        """The groups drawing from ``pool``."""
+        return [g for g in range(len(self.config.groups)) if self.pool_of(g) == pool]
 
     def pool_of(self, group: int) -> int:
         """The pool ``group`` draws its block ids from."""
@@ -286,7 +296,8 @@ class Ledger:
     def num_free(self, group: int) -> int:
         """Blocks of ``group`` no request holds (registered ones included: evictable)."""
         free = self.ref_count[group] == 0
-        free[NULL_BLOCK_ID] = False
+        if self.config.has_null_block(group):
+            free[NULL_BLOCK_ID] = False
         return int(free.sum())
 
     def fits(self, needed: list[int], hit_blocks: list[list[int]],
@@ -487,7 +498,7 @@ class Ledger:
                     raise OpError(path, f"must be an integer block id, got {b!r}")
                 if not 0 <= b < cfg.num_blocks:
                     raise OpError(path, f"block {b} out of range [0, {cfg.num_blocks})")
-                if b == NULL_BLOCK_ID:
+                if b == NULL_BLOCK_ID and cfg.has_null_block(g):
                     raise OpError(path, "block 0 is the null block; it is never allocated")
                 if b in seen or self.owner[g][b] != FREE:
                     raise OpError(path, f"block {b} is not free" + (
@@ -548,7 +559,7 @@ class Ledger:
         for b in ids:
             if b == NULL_BLOCK_ID and pad:
                 continue  # align mode: the null block pads a Mamba row's skipped columns
-            if not 0 < b < self.config.num_blocks:
+            if not self.is_block(group, b):
                 self.last_taken_busy.append((group, b, ()))
                 continue
             if self.ref_count[group][b]:
@@ -575,12 +586,12 @@ class Ledger:
         for g, ids in enumerate(blocks):
             n_hit = self.config.hit_columns(g, num_cached)
             for b in ids[:n_hit]:
-                if 0 < b < self.config.num_blocks:
+                if self.is_block(g, b):
                     self.ref_count[g][b] += 1
                     if self.owner[g][b] == FREE:
                         self.owner[g][b] = req
             self._take(req, g, ids[n_hit:])
-            new.append([b for b in ids[n_hit:] if 0 < b < self.config.num_blocks])
+            new.append([b for b in ids[n_hit:] if self.is_block(g, b)])
         return new
 
     def free_skipped(self, req: int, freed) -> list[list[int]]:
@@ -611,7 +622,7 @@ class Ledger:
         for g, ids in enumerate(blocks):
             r.blocks[g].extend(ids)
             self._take(req, g, ids)
-        return [[b for b in ids if 0 < b < self.config.num_blocks] for ids in blocks]
+        return [[b for b in ids if self.is_block(g, b)] for g, ids in enumerate(blocks)]
 
     def register_computed(self, req: int) -> None:
         """Prefix caching: register ``req``'s full blocks whose every token is
@@ -652,7 +663,7 @@ class Ledger:
         for g, ids in enumerate(r.blocks):
             out = []
             for b in ids:
-                if not 0 < b < self.config.num_blocks:
+                if not self.is_block(g, b):
                     continue
                 self.ref_count[g][b] = max(self.ref_count[g][b] - 1, 0)
                 if self.ref_count[g][b] == 0:

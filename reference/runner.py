@@ -113,7 +113,8 @@ class ReferenceRunnerBase(abc.ABC):
         self.ledger = Ledger(cfg)
         self.runner_blocks: dict[int, list[list[int]]] = {}  # ids as the runner was told
         self.rows = PersistentBatchRows(cfg)
-        self.device_block_table = [np.zeros_like(t) for t in self.rows.block_table]
+        self.device_block_table = [np.full_like(t, e) for t, e in zip(self.rows.block_table,
+                                                                       self.rows.empty)]
         self.kv_cache, self.mamba_state = {}, {}
         self.slot_mapping, self.state_indices, self.attn_out = {}, {}, {}
         self.backend_slot_mapping = {g: np.zeros(tokens, np.int64) for g in cfg.attention_groups
@@ -370,7 +371,8 @@ class ReferenceRunnerBase(abc.ABC):
 
     def _stage_state_indices(self, num_rows: int, rows_padded: int) -> None:
         """Mamba state columns of batch rows [0, rows_padded): the device table's
-        columns for real rows, the null block for padded ones; ``state_indices``
+        columns for real rows, ``config.mamba_pad_index`` (the null block or
+        ``PAD_SLOT_ID``) for padded ones; ``state_indices``
         is the block each row reads its initial state from (its running column).
         Align mode: a row's columns start at its last scheduled token's,
         ``(seq_len - 1) // block_size`` (vLLM's ``mamba_get_block_table_tensor``)."""
@@ -387,7 +389,7 @@ class ReferenceRunnerBase(abc.ABC):
             take = first[:, None] + np.arange(cols.shape[1])
             cols[:num_rows] = np.take_along_axis(self.device_block_table[g][:num_rows], take,
                                                  axis=1)
-            cols[num_rows:rows_padded] = NULL_BLOCK_ID
+            cols[num_rows:rows_padded] = cfg.mamba_pad_index  # null block or PAD_SLOT_ID
             rows = np.arange(rows_padded)
             self.state_indices[g][:rows_padded] = cols[rows, self.state_columns[:rows_padded]]
 

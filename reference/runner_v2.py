@@ -67,14 +67,14 @@ class ReferenceV2Runner(ReferenceRunnerBase):
                 n = int(self.rows.num_blocks_per_row[g][row])
                 inputs[b, :n] = table[row, :n]
                 counts[b] = n
-            inputs[len(rows):reqs_padded] = 0
+            inputs[len(rows):reqs_padded] = self.rows.empty[g]
             self.device_row_counts.append(counts)
 
     def _prepare_dummy(self, reqs_padded: int) -> None:
         self.device_row_counts = [np.full(t.shape[0], t.shape[1], np.int32)
                                   for t in self.device_block_table]
-        for inputs in self.device_block_table:
-            inputs[:reqs_padded] = 0
+        for inputs, empty in zip(self.device_block_table, self.rows.empty):
+            inputs[:reqs_padded] = empty
 
     def _dummy_pad_extent(self, tokens_padded: int) -> int:
         return self.config.max_num_batched_tokens  # the whole persistent buffer

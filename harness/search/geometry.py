@@ -23,7 +23,8 @@ from reference.config import ALWAYS, UNIFORM_BATCH
 def runner_configs(draw, runner: str | None = None,
                    kernel_split: dict | None = None, dcp: dict | None = None,
                    spec: bool = True, spec_dcp: bool = True,
-                   engine: bool | str = True, sharing_ok: bool = True) -> RunnerConfig:
+                   engine: bool | str = True, sharing_ok: bool = True,
+                   padding_ok: bool = True) -> RunnerConfig:
     """A valid :class:`RunnerConfig`; ``runner`` pins ``v1`` / ``v2``.
 
     kernel_split: {runner: bool} — False keeps ``kernel_block_size == block_size``
@@ -34,7 +35,8 @@ def runner_configs(draw, runner: str | None = None,
     ``allocator`` ``trace`` (a target without its own KV-cache manager);
     ``"single"`` draws ``engine`` configs with one attention group only (a
     target whose manager's groups share one pool, as vLLM's do); sharing_ok:
-    False keeps ``kv_sharing`` off.
+    False keeps ``kv_sharing`` off; padding_ok: False keeps ``mamba_padding``
+    ``null``.
     """
     runner = runner or draw(st.sampled_from(["v1", "v2"]))
     # Repeated entries weight the draw: most examples keep a Mamba group and
@@ -125,7 +127,16 @@ def runner_configs(draw, runner: str | None = None,
         if len(per_block) > 1 and draw(st.sampled_from([False, True, True])) else 0
     if model_len:
         widths = max(-(-model_len // b) for b in per_block)
+    # The Mamba groups' padding convention: PAD_SLOT_ID padding in one hybrid
+    # config in two, half of those with block 0 an ordinary state block (not
+    # with prefix caching or kv_sharing, which need the null block).
+    padding = "null"
+    if mamba and padding_ok:
+        padding = draw(st.sampled_from(["null", "pad_slot", "pad_slot_no_null", "null"]))
+        if padding == "pad_slot_no_null" and (caching or sharing):
+            padding = "pad_slot"
     return RunnerConfig(
+        mamba_padding=padding,
         model_len=model_len,
         kv_sharing=sharing,
         allocator=allocator,

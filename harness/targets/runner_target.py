@@ -48,7 +48,8 @@ class RunnerTarget:
             self.runner.add_request(req, blocks, prompt_len, hit, tokens)
             for g, ids in enumerate(blocks):  # new blocks (align mode's null pads kept)
                 self.runner.poison_blocks(g, [b for b in ids[self.config.hit_columns(g, hit):]
-                                              if b != NULL_BLOCK_ID])
+                                              if b != NULL_BLOCK_ID
+                                              or not self.config.has_null_block(g)])
         return {"blocks": blocks, "num_cached_tokens": hit}
 
     def allocate(self, req, num_new_tokens, choice=None):
@@ -60,7 +61,8 @@ class RunnerTarget:
             self.runner.poison_blocks(g, [b for b in ids if self.manager.is_free(g, b)])
         if new is not None:
             for g, ids in enumerate(new):
-                self.runner.poison_blocks(g, [b for b in ids if b != NULL_BLOCK_ID])
+                self.runner.poison_blocks(g, [b for b in ids if b != NULL_BLOCK_ID
+                                              or not self.config.has_null_block(g)])
             self.runner.append_blocks(req, new)
         return {"blocks": new, "freed": freed}
 

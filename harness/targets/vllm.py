@@ -253,6 +253,11 @@ def v2_dcp_runs(vllm: SimpleNamespace | None = None) -> str | None:
 def refusal(config, vllm: SimpleNamespace | None = None) -> TargetRefused | None:
     """Why the installed release cannot run ``config`` here (None when it can)."""
     vllm = vllm or load()
+    if config.mamba_padding != "null":
+        return TargetRefused("mamba_padding", f"{config.mamba_padding!r} is not driven on the "
+                             "vllm target (vLLM's block tables fill empty entries with the "
+                             "null block and its Mamba builders pad rows themselves); use "
+                             "'null' or --target gpu_impl")
     if config.allocator == "engine":
         from harness.targets.vllm_kv_cache import refusal as manager_refusal
 
@@ -302,7 +307,8 @@ def geometry_limits() -> dict:
     return {"kernel_split": {"v1": vllm.v1_kernel_blocks, "v2": vllm.v2_kernel_blocks},
             "dcp": {"v1": True, "v2": v2_dcp_runs(vllm) is None},
             "spec": spec_decode_missing(vllm) is None, "spec_dcp": False,
-            "engine": "single"}  # vLLM's KV-cache manager: one group (vllm_kv_cache.refusal)
+            # vLLM's KV-cache manager: one group (vllm_kv_cache.refusal)
+            "engine": "single", "padding_ok": False}
 
 
 def spec_decode_missing(vllm: SimpleNamespace | None = None) -> str | None:

@@ -1,6 +1,8 @@
 """harness/invariants.py on hand-built observations: each check sees its bug and
 stays quiet on the fixed state (positive and negative space)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -19,9 +21,9 @@ def ref():
 
 def test_vacated_rows_zero(ref):
     obs = ref.observe()
-    assert inv.check_vacated_rows_zero(obs, 0, "x") == []
+    assert inv.check_vacated_rows_zero(obs, 0, "x", ref.config) == []
     obs.host_req_ids[1] = -1  # row 1 vacated but still holds ids
-    (v,) = inv.check_vacated_rows_zero(obs, 3, "condense")[:1]
+    (v,) = inv.check_vacated_rows_zero(obs, 3, "condense", ref.config)[:1]
     assert (v.invariant, v.row, v.block, v.op_index) == ("VACATED_ROWS_ZERO", 1, 4, 3)
 
 
@@ -76,16 +78,21 @@ def test_reads_foreign_and_nonfinite(ref):
 
 def test_matches_reference_names_field_and_index(ref):
     ref.step([[0, 5]], "NONE")  # a forward of 5 tokens: slot mapping [0, 5) is compared
+    cfg = ref.config
     a, b = ref.observe(), ref.observe()
-    assert inv.check_matches_reference(a, b, 0, "x") == []
+    assert inv.check_matches_reference(a, b, 0, "x", cfg) == []
     a.slot_mapping[0][7] = 77  # past the forward's tokens: the engine's business
-    assert inv.check_matches_reference(a, b, 0, "x") == []
+    assert inv.check_matches_reference(a, b, 0, "x", cfg) == []
     a.slot_mapping[0][3] = 77
-    (v,) = inv.check_matches_reference(a, b, 0, "step")
+    (v,) = inv.check_matches_reference(a, b, 0, "step", cfg)
     assert v.detail.startswith("slot_mapping[0][3]")
     a, b = ref.observe(), ref.observe()
     a.mamba_state[1][0] = 5.0  # null block excluded (scratch)
-    assert inv.check_matches_reference(a, b, 0, "x") == []
+    assert inv.check_matches_reference(a, b, 0, "x", cfg) == []
+    # ... unless block 0 is an ordinary state block (mamba_padding pad_slot_no_null)
+    no_null = dataclasses.replace(cfg, mamba_padding="pad_slot_no_null")
+    (v,) = inv.check_matches_reference(a, b, 0, "x", no_null)
+    assert v.detail.startswith("mamba_state[1]") and "block 0" in v.detail, v.detail
 
 
 def test_graph_addresses(ref):
@@ -105,16 +112,17 @@ def test_matches_reference_v2_compares_defined_entries_only():
     r.add(1, [[4], [5]], 2)
     r.step([[1, 1], [0, 1]], "NONE")  # batch row 0 = req 1 (one block), row 1 = req 0
     r.remove(1)
+    cfg = r.config
     a, b = r.observe(), r.observe()
-    assert inv.check_matches_reference(a, b, 0, "x") == []
+    assert inv.check_matches_reference(a, b, 0, "x", cfg) == []
     a.host_block_table[0][1, :] = 9  # req 1's freed state index: overwritten on reuse
     a.host_block_table[0][0, 3] = 9  # past req 0's two blocks
     a.device_block_table[0][0, 1] = 9  # batch row 0 holds req 1's one block only
-    assert inv.check_matches_reference(a, b, 0, "x") == []
+    assert inv.check_matches_reference(a, b, 0, "x", cfg) == []
     a.device_block_table[0][1, 1] = 9  # req 0's second block: defined
-    (v,) = inv.check_matches_reference(a, b, 0, "step")
+    (v,) = inv.check_matches_reference(a, b, 0, "step", cfg)
     assert v.detail.startswith("device_block_table[0][1, 1]")
     a, b = r.observe(), r.observe()
     a.host_block_table[0][0, 1] = 9  # a live row's block: defined
-    (v,) = inv.check_matches_reference(a, b, 0, "step")
+    (v,) = inv.check_matches_reference(a, b, 0, "step", cfg)
     assert v.detail.startswith("block_table[0][0, 1]")

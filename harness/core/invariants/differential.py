@@ -13,6 +13,7 @@ import numpy as np
 
 from harness.core.invariants import Invariant, Violation, register
 from harness.core.observation import ROWS_BY_STATE_INDEX, Observation
+from reference import RunnerConfig
 
 
 def _item(value):
@@ -78,7 +79,7 @@ def _defined(impl_table: np.ndarray, ref_table: np.ndarray, rows: int, counts, g
 
 
 def check_matches_reference(impl: Observation, ref: Observation, op_index: int,
-                            op: str) -> list[Violation]:
+                            op: str, config: RunnerConfig) -> list[Violation]:
     """Compare what the last forward used: host rows (V2: their live part), the
     device block-table rows it read ([0, num_reqs_padded)), slot mappings
     ([0, num_tokens_padded)), counters, caches, outputs.  Buffer regions no
@@ -111,18 +112,23 @@ def check_matches_reference(impl: Observation, ref: Observation, op_index: int,
             n = rows_used + 1 if name == "query_start_loc" else rows_used
             pairs.append((f"metadata.{name}", impl.metadata[name][:n], v[:n]))
     for g, v in ref.state_indices.items():
-        pairs.append((f"state_indices[{g}]", impl.state_indices[g], v))
+        a, b = impl.state_indices[g], v
+        if config.has_null_block(g):  # PAD_SLOT_ID and the null block: both neutral
+            a, b = np.maximum(a, 0), np.maximum(b, 0)
+        pairs.append((f"state_indices[{g}]", a, b))
     pairs.append(("draft_rows", np.array(impl.draft_rows or (), object),
                   np.array(ref.draft_rows or (), object)))
     if ref.draft_rows and impl.draft_slot_mapping is not None:
         n = ref.draft_rows[1]
         pairs.append(("draft_slot_mapping", impl.draft_slot_mapping[:n],
                       ref.draft_slot_mapping[:n]))
-    return _first_difference(pairs + _effect_pairs(impl, ref), op_index, op)
+    return _first_difference(pairs + _effect_pairs(impl, ref, config), op_index, op)
 
 
-def _effect_pairs(impl: Observation, ref: Observation) -> list:
-    """What the kernels left: caches (the Mamba null block is scratch) and outputs."""
+def _effect_pairs(impl: Observation, ref: Observation, config: RunnerConfig) -> list:
+    """What the kernels left: caches (a Mamba null block is scratch; under
+    ``mamba_padding`` ``pad_slot_no_null`` block 0 is a state like any other)
+    and outputs."""
     kv = ("block", "offset", "element")
     pairs = [(f"kv_cache[{g}]", impl.kv_cache[g], v, kv) for g, v in ref.kv_cache.items()]
     pairs += [(f"draft_kv_cache[{g}]", (impl.draft_kv_cache or {}).get(g, np.zeros(0)), v, kv)
@@ -131,18 +137,19 @@ def _effect_pairs(impl: Observation, ref: Observation) -> list:
               for g, v in ref.attn_out.items()]
     for g, v in ref.mamba_state.items():
         a, b = impl.mamba_state[g].copy(), v.copy()
-        a[0] = b[0] = 0.0  # the null block is scratch; index = block id
+        if config.has_null_block(g):
+            a[0] = b[0] = 0.0  # the null block is scratch; index = block id
         pairs.append((f"mamba_state[{g}]", a, b, ("block", "element")))
     return pairs
 
 
 def effects_differ(impl: Observation, ref: Observation, op_index: int,
-                   op: str) -> list[Violation]:
+                   op: str, config: RunnerConfig) -> list[Violation]:
     """``MATCHES_REFERENCE`` restricted to what the kernels left (caches, outputs):
     the consequence of a structural finding when no write lands where it may
     not — a write that went missing, or into scratch (not registered: the full
     differential check already covers it)."""
-    return _first_difference(_effect_pairs(impl, ref), op_index, op)
+    return _first_difference(_effect_pairs(impl, ref, config), op_index, op)
 
 
 def _first_difference(pairs: list, op_index: int, op: str) -> list[Violation]:
@@ -178,5 +185,5 @@ def _forward_fields(info) -> np.ndarray:
 register(Invariant(
     "MATCHES_REFERENCE", "what the last forward used, the host rows, counters, caches and "
     "outputs equal the oracle's",
-    lambda c: check_matches_reference(c.after, c.reference, c.op_index, c.kind),
+    lambda c: check_matches_reference(c.after, c.reference, c.op_index, c.kind, c.config),
     at_startup=True))

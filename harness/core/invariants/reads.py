@@ -85,7 +85,7 @@ def check_state_reads(config: RunnerConfig, ledger: Ledger, obs: Observation,
             continue
         for g in config.mamba_groups:
             b = int(obs.state_indices[g][row])
-            if b != NULL_BLOCK_ID and b not in r.blocks[g]:
+            if (b != NULL_BLOCK_ID or not config.has_null_block(g)) and b not in r.blocks[g]:
                 out.append(Violation(
                     "NO_FOREIGN_READ", op_index, op,
                     f"req {req}'s Mamba state was read through block {b} "

@@ -126,7 +126,8 @@ def _malformed_blocks(config, ledger, op: dict):
         return f"the KV-cache manager's blocks {blocks!r} are not one list per group"
     for g, ids in enumerate(blocks):
         before = [] if op["op"] == "admit" else ledger.requests[op["req"]].blocks[g]
-        held = [b for b in before if b and b not in freed[g]]
+        null = NULL_BLOCK_ID if config.has_null_block(g) else None  # pad_slot_no_null: none
+        held = [b for b in before if b != null and b not in freed[g]]
         n_hit = config.hit_columns(g, hit)
         start = hit if op["op"] == "admit" else ledger.requests[op["req"]].num_computed_tokens
         # Align mode: a Mamba list is null blocks up to the state block at the
@@ -139,12 +140,12 @@ def _malformed_blocks(config, ledger, op: dict):
             if isinstance(b, bool) or not isinstance(b, int) or not 0 <= b < config.num_blocks:
                 return f"group {g}: block id {b!r} is not in the pool [0, {config.num_blocks})"
             pad = config.pads_with_null(g) and (k < n_hit - 1 or n_hit <= k < n_hit + pads)
-            if (b == NULL_BLOCK_ID) != pad and not (b == NULL_BLOCK_ID and k < window_nulls):
-                if b == NULL_BLOCK_ID:
+            if (b == null) != pad and not (b == null and k < window_nulls):
+                if b == null:
                     return f"group {g}: the null block was handed out to request {op['req']}"
                 return (f"group {g}: request {op['req']}'s block list {ids} holds block {b} "
                         f"as entry {k}, a column align mode leaves to the null block")
-        real = [b for b in ids if b != NULL_BLOCK_ID]
+        real = [b for b in ids if b != null]
         if len(set(real)) != len(real) or set(real) & set(held):
             return f"group {g}: request {op['req']} was handed block(s) {ids} twice"
         new = len(ids) - n_hit - pads
@@ -213,7 +214,8 @@ def check_pool(ctx: CheckContext) -> list:
         bad = np.flatnonzero(got != want)
         if bad.size:
             b = int(bad[0])
-            what = "the null block's" if b == NULL_BLOCK_ID else f"block {b}'s"
+            what = "the null block's" if b == NULL_BLOCK_ID and ctx.config.has_null_block(g) \
+                else f"block {b}'s"
             out.append(ctx.violation(POOL_ACCOUNTING, f"{what} reference count is {int(got[b])} "
                                      f"in the target's pool; {int(want[b])} live request(s) "
                                      "hold it", group=g, block=b))
@@ -242,7 +244,8 @@ def check_one_owner(ctx: CheckContext) -> list:
             for i, b in enumerate(r.blocks[g]):
                 where.setdefault(b, []).append((req, i))
         for b, at in sorted(where.items()):
-            if len(at) < 2 or b == NULL_BLOCK_ID:  # null: a window's freed entries
+            if len(at) < 2 or (b == NULL_BLOCK_ID and cfg.has_null_block(g)):  # a window's
+                # freed entries
                 continue
             key = ledger.registered[g].get(b)
             for req, i in at:

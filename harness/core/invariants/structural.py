@@ -14,17 +14,22 @@ import numpy as np
 
 from harness.core.invariants import Invariant, Violation, register
 from harness.core.observation import Observation
+from reference import RunnerConfig
 
 
-def check_vacated_rows_zero(obs: Observation, op_index: int, op: str) -> list[Violation]:
-    """V1 only: V2 rows are by state index and a free index is overwritten on reuse."""
+def check_vacated_rows_zero(obs: Observation, op_index: int, op: str,
+                            config: RunnerConfig) -> list[Violation]:
+    """V1 only: V2 rows are by state index and a free index is overwritten on reuse.
+    An empty row holds the group's empty entry (``config.empty_entry``: zero,
+    the null block; ``PAD_SLOT_ID`` where block 0 is an ordinary block)."""
     out = []
     if obs.runner != "v1":
         return out
     for row in np.flatnonzero(obs.host_req_ids == -1):
         for g, table in enumerate(obs.host_block_table):
-            if table[row].any() or obs.host_num_blocks_per_row[g][row]:
-                ids = [int(x) for x in table[row] if x]
+            empty = config.empty_entry(g)
+            if (table[row] != empty).any() or obs.host_num_blocks_per_row[g][row]:
+                ids = [int(x) for x in table[row] if x != empty]
                 out.append(Violation("VACATED_ROWS_ZERO", op_index, op,
                                      f"row {row} holds no request but keeps block ids {ids} "
                                      f"(num_blocks={int(obs.host_num_blocks_per_row[g][row])})",
@@ -32,14 +37,16 @@ def check_vacated_rows_zero(obs: Observation, op_index: int, op: str) -> list[Vi
     return out
 
 
-def check_dummy_tables_zero(obs: Observation, op_index: int, op: str) -> list[Violation]:
+def check_dummy_tables_zero(obs: Observation, op_index: int, op: str,
+                            config: RunnerConfig) -> list[Violation]:
     """The tables a dummy run's metadata build and kernels were handed are zero and
     views of the persistent tables (V1: the committed rows; V2: the input tables)."""
     out = []
     for g, (zero, same_ptr) in enumerate(obs.dummy_tables or []):
         if not zero:
             rows = obs.last_forward.num_reqs_padded
-            ids = sorted({int(x) for x in obs.device_block_table[g][:rows].ravel() if x})
+            ids = sorted({int(x) for x in obs.device_block_table[g][:rows].ravel()
+                          if x != config.empty_entry(g)})
             out.append(Violation("DUMMY_TABLES_ZERO", op_index, op,
                                  f"dummy block table rows [0, {rows}) hold block ids {ids} "
                                  "left by the previous batch", group=g,
@@ -51,13 +58,16 @@ def check_dummy_tables_zero(obs: Observation, op_index: int, op: str) -> list[Vi
     return out
 
 
-def check_padded_rows_neutral(obs: Observation, op_index: int, op: str) -> list[Violation]:
+def check_padded_rows_neutral(obs: Observation, op_index: int, op: str,
+                              config: RunnerConfig) -> list[Violation]:
     """Rows the last forward padded (``[num_reqs, num_reqs_padded)``) feed its
     kernels nothing: query length 0 or 1 (vLLM pads 0-token queries, the model
     one padding token), ``seq_len`` 0, no initial state, no
     prefill, the null block as Mamba state index (vLLM: ``_build_attention_metadata``
     clears ``is_prefilling`` and the block-table rows of padding, ``_prepare_inputs``
-    pads ``query_start_loc`` and zero-fills ``seq_lens``)."""
+    pads ``query_start_loc`` and zero-fills ``seq_lens``).  The Mamba state
+    index is neutral when it is ``PAD_SLOT_ID`` under a ``mamba_padding`` that
+    pads with it, or the group's null block where it has one."""
     out = _padded_draft_rows(obs, op_index, op)
     lf, md = obs.last_forward, obs.metadata
     if lf is None or md is None or lf.num_reqs_padded <= lf.num_reqs:
@@ -74,7 +84,8 @@ def check_padded_rows_neutral(obs: Observation, op_index: int, op: str) -> list[
         if md["is_prefilling"][row]:
             bad.append("is_prefilling")
         for g, indices in obs.state_indices.items():
-            if lf.cudagraph_mode == "FULL" and indices[row] != 0:
+            neutral = {config.mamba_pad_index} | ({0} if config.has_null_block(g) else set())
+            if lf.cudagraph_mode == "FULL" and int(indices[row]) not in neutral:
                 bad.append(f"Mamba state index {int(indices[row])} (group {g})")
         if bad:
             out.append(Violation("PADDED_ROWS_NEUTRAL", op_index, op,
@@ -116,16 +127,19 @@ def check_graph_addresses(obs: Observation, op_index: int, op: str) -> list[Viol
 
 register(Invariant(
     "VACATED_ROWS_ZERO", "V1: rows holding no request are all zero with num_blocks == 0",
-    lambda c: check_vacated_rows_zero(c.after, c.op_index, c.kind), structural=True))
+    lambda c: check_vacated_rows_zero(c.after, c.op_index, c.kind, c.config),
+    structural=True))
 register(Invariant(
     "DUMMY_TABLES_ZERO", "the block tables a dummy run's metadata build and kernels read are "
     "zero views of the persistent tables (V1: committed rows; V2: input tables)",
-    lambda c: check_dummy_tables_zero(c.after, c.op_index, c.kind), structural=True,
+    lambda c: check_dummy_tables_zero(c.after, c.op_index, c.kind, c.config), structural=True,
     applies=lambda spec: spec.forward == "dummy", applies_text="dummy runs"))
 register(Invariant(
     "PADDED_ROWS_NEUTRAL", "rows padded for a graph feed the kernels neutral per-row inputs: "
-    "query length 0 or 1, seq_len 0, no initial state, no prefill, the null Mamba state",
-    lambda c: check_padded_rows_neutral(c.after, c.op_index, c.kind), structural=True,
+    "query length 0 or 1, seq_len 0, no initial state, no prefill, the null Mamba state "
+    "(or PAD_SLOT_ID: mamba_padding)",
+    lambda c: check_padded_rows_neutral(c.after, c.op_index, c.kind, c.config),
+    structural=True,
     applies=lambda spec: spec.forward is not None, applies_text="steps and dummy runs"))
 register(Invariant(
     "GRAPH_ADDRESSES_STABLE", "every buffer a captured graph reads keeps its data_ptr",

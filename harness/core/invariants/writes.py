@@ -23,7 +23,8 @@ class WritePermit:
 
     cells[g]: {block: (first_offset, end_offset)} for attention groups (offsets
     within the block), {block: None} (any cell); Mamba null blocks are always
-    allowed (scratch); cells[("draft", g)]: the same for the drafter's layer on
+    allowed (scratch; ``null_scratch``: not where block 0 is an ordinary
+    state block, ``mamba_padding`` ``pad_slot_no_null``); cells[("draft", g)]: the same for the drafter's layer on
     group ``g`` (speculative decoding).  owners[g]: the ledger's owner array before the op, for
     messages; runs: the requests the op writes for.
     """
@@ -33,6 +34,7 @@ class WritePermit:
     runs: frozenset = frozenset()
     registered: tuple = ()  # per group: {block: hash key} in the prefix cache before the op
     held_in: dict | None = None  # kv_sharing: {block: the group its owner holds it in}
+    null_scratch: frozenset = frozenset()  # Mamba groups whose block 0 is a scratch null block
 
     def describe(self, group: int, block: int) -> str:
         o = int(self.owners[group][block])
@@ -62,8 +64,9 @@ def permit_for(config: RunnerConfig, ledger: Ledger, op: dict) -> WritePermit:
     _share_pages(config, cells)
     held_in = {b: g for r in ledger.requests.values() for g, ids in enumerate(r.blocks)
                for b in ids} if config.kv_sharing else None
+    scratch = frozenset(g for g in config.mamba_groups if config.has_null_block(g))
     return WritePermit(cells, [o.copy() for o in ledger.owner], runs,
-                       tuple(dict(r) for r in ledger.registered), held_in)
+                       tuple(dict(r) for r in ledger.registered), held_in, scratch)
 
 
 def _share_pages(config: RunnerConfig, cells: dict) -> None:
@@ -138,7 +141,8 @@ def _classify_block(g, block, mamba, b_cache, a_cache, changed, permit, layer=""
     allowed = permit.cells.get((layer, g) if layer else g, {}).get(block, False)
     if mamba:
         offsets, cells = (), a_cache[block][None]
-        bad = () if (allowed is not False or block == NULL_BLOCK_ID) else (0,)
+        scratch = block == NULL_BLOCK_ID and g in permit.null_scratch
+        bad = () if (allowed is not False or scratch) else (0,)
         first = fmt_values(a_cache[block]) if bad else ""
     else:
         offs = [int(o) for o in np.flatnonzero(changed[block])]
