@@ -382,7 +382,8 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "overwrote a live request's SSM state; the fix keeps -1 and lets the kernel skip "
           "it); NVIDIA/Megatron-LM PR #6499 (a read-side clamp of -1 batch indices, writes "
           "masked) — the class of a PAD_SLOT_ID sentinel turned into a real index",
-          "NO_STALE_WRITE", ("MATCHES_REFERENCE", "NO_FOREIGN_READ", "NULL_BLOCK_FINITE"),
+          "PADDED_ROWS_NEUTRAL", ("NO_STALE_WRITE", "MATCHES_REFERENCE", "NO_FOREIGN_READ",
+                                  "NULL_BLOCK_FINITE"),
           family="layout", sites=("vllm/model_executor/layers/mamba/ops/mamba_ssm.py",)),
     Fault("mamba-pad-index-to-last-slot", ("v1", "v2"),
           "the Mamba kernel's wrapper redirects PAD_SLOT_ID rows to the pool's last block "
@@ -394,7 +395,7 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "Mamba pool reserves slot 0 and hands out the last slot, so a padded row could "
           "overwrite a live request's or a radix checkpoint's SSM state) — the class of a "
           "sentinel mapped to the wrong reserved slot",
-          "NO_STALE_WRITE", ("MATCHES_REFERENCE", "NO_FOREIGN_READ"),
+          "PADDED_ROWS_NEUTRAL", ("NO_STALE_WRITE", "MATCHES_REFERENCE", "NO_FOREIGN_READ"),
           family="layout", sites=("vllm/model_executor/layers/mamba/ops/mamba_ssm.py",)),
 )}
 

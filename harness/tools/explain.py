@@ -36,7 +36,9 @@ def _rows(session: Session) -> list[dict] | None:
     for row, req in enumerate(obs.host_req_ids.tolist()):
         ids = [obs.host_block_table[g][row][: max(int(obs.host_num_blocks_per_row[g][row]), 0)]
                .tolist() for g in range(len(obs.host_block_table))]
-        stale = req == -1 and any(t[row].any() for t in obs.host_block_table)
+        cfg = session.config
+        stale = req == -1 and any((t[row] != cfg.empty_entry(g)).any()
+                                  for g, t in enumerate(obs.host_block_table))
         if req == -1 and not stale:
             continue
         rows.append({"row": row, "req": None if req == -1 else req, "blocks": ids,
