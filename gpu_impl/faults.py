@@ -397,6 +397,21 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "sentinel mapped to the wrong reserved slot",
           "PADDED_ROWS_NEUTRAL", ("NO_STALE_WRITE", "MATCHES_REFERENCE", "NO_FOREIGN_READ"),
           family="layout", sites=("vllm/model_executor/layers/mamba/ops/mamba_ssm.py",)),
+    Fault("kv-params-store-unguarded", ("v1", "v2"),
+          "with a quantized KV cache (kv_cache_dtype int8), the write kernel skips "
+          "PAD_SLOT_ID for the payload store but not for the parameter (scale, zero point) "
+          "store, which indexes the parameter buffer as torch would: every padding token "
+          "(-1) writes its parameters into the cache's last slot — a dummy run's NaN "
+          "parameters, or a padded token's, under whatever token holds that slot",
+          "alibaba/rtp-llm PR #1256 (FP8 KV writes repaired: the quantize-and-store kernel "
+          "now ignores the -1 padding sentinel), local-inference-lab/b12x PR #37 (a packed "
+          "payload + scales KV writer shipped with negative-slot guard tests), "
+          "sgl-project/sglang PR #14482 (per-token k/v scale buffers beside the pages, "
+          "written by slot index) — the class of a quantized KV write whose scale store "
+          "misses the guard its payload store has",
+          "NO_STALE_WRITE", ("MATCHES_REFERENCE", "ATTENTION_FINITE", "LOADED_BLOCKS_INTACT",
+                             "NULL_BLOCK_FINITE"),
+          family="layout", sites=("vllm/_custom_ops.py",)),  # reshape_and_cache_flash
 )}
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import torch
 
-from .attention import reshape_and_cache
 from .block_table import compute_slot_mapping
 from .faults import FaultSet
 from .runner_shell import FULL
@@ -52,6 +51,10 @@ class RunnerFaults:
         if "mamba-writes-shared-null-block" in self.faults:
             return False  # the historical bug: block 0 treated as scratch, as unshared
         return super()._mamba_skips_null(g)
+
+    def _kv_params_unguarded(self) -> bool:
+        # The historical bug class: the scale store misses the PAD_SLOT_ID guard.
+        return "kv-params-store-unguarded" in self.faults or super()._kv_params_unguarded()
 
     def _mamba_pad_target(self, g: int) -> int | None:
         if "mamba-pad-index-clamped-to-zero" in self.faults:
@@ -97,8 +100,7 @@ class RunnerFaults:
     def _backend_cache_write(self, g, num_tokens) -> None:
         if "pad-slot-wraps-to-last-slot" in self.faults:
             # The historical bug: the slot used as an index, -1 wrapping to the last slot.
-            reshape_and_cache(self.hidden.gpu, self.backend_slots[g], self.kv_caches[g],
-                              num_tokens, wrap_negative=True)
+            self._kv_write(g, self.backend_slots[g], num_tokens, wrap_negative=True)
             return
         super()._backend_cache_write(g, num_tokens)
 

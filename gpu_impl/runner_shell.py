@@ -35,7 +35,7 @@ import torch
 
 from reference.runner import ForwardInfo  # the record type every runner reports; no oracle logic
 
-from .attention import paged_attention_read, reshape_and_cache
+from .attention import paged_attention_read, quantize_rows, reshape_and_cache
 from .block_table import CpuGpuBuffer, compute_slot_mapping
 from .cuda_graph import Graph, record_launches
 from .mamba import mamba_state_update
@@ -96,7 +96,9 @@ class RunnerShell(abc.ABC):
     """Shared runner. config: a ``reference.RunnerConfig``-shaped object (read for
     its fields only); device: torch.device.
 
-    Tensors: ``kv_caches[g]`` float32 (num_blocks, block_size, head_size),
+    Tensors: ``kv_caches[g]`` float32 (num_blocks, block_size, head_size) — with
+    ``kv_cache_dtype`` ``int8`` uint8, and ``kv_params[g]`` float32 (num_blocks,
+    block_size, 2) the scale and zero point of each slot —,
     ``mamba_states[g]`` float32 (num_blocks, head_size), persistent buffers in
     :meth:`buffers`.  ``last_forward``: :class:`reference.ForwardInfo` of the last
     step or dummy run; ``dummy_read``: per group, the block table the last dummy
@@ -119,10 +121,14 @@ class RunnerShell(abc.ABC):
         self.align = cfg.mamba_cache_mode == "align"
         self.mamba_block_size = (groups[self.mamba_groups[0]].block_size if self.mamba_groups
                                  else 0)
-        self.kv_caches, self.mamba_states = {}, {}
+        self.kv_caches, self.mamba_states, self.kv_params = {}, {}, {}
         for g in self.attn_groups:
             self.kv_caches[g] = self._cache((cfg.num_blocks, groups[g].block_size,
                                              cfg.head_size))
+            if cfg.quantized:  # the payload and parameter buffers of the same content
+                q, p = quantize_rows(self.kv_caches[g].view(-1, cfg.head_size))
+                self.kv_caches[g] = q.view(self.kv_caches[g].shape)
+                self.kv_params[g] = p.view(cfg.num_blocks, groups[g].block_size, 2)
         pages = {m: a for a, m in cfg.shared_pages().items()}
         for g in self.mamba_groups:
             if g in pages:  # kv_sharing: the state view of the attention group's pages
@@ -469,7 +475,13 @@ class RunnerShell(abc.ABC):
         if not ids:
             return
         index = torch.tensor(ids, dtype=torch.long, device=self.device)
-        self.kv_caches.get(group, self.mamba_states.get(group))[index] = SENTINEL
+        if group in self.kv_params:  # quantized: the poison's payload and parameters
+            block = torch.full(self.kv_caches[group].shape[1:], SENTINEL, device=self.device)
+            q, p = quantize_rows(block)
+            self.kv_caches[group][index] = q
+            self.kv_params[group][index] = p
+        else:
+            self.kv_caches.get(group, self.mamba_states.get(group))[index] = SENTINEL
         if group == self.draft_group:
             self.draft_kv[index] = SENTINEL
 
@@ -500,8 +512,13 @@ class RunnerShell(abc.ABC):
             local, column, offset = self._local_positions(g, pos)  # DCP: this rank's share
             blocks = torch.tensor(np.asarray(state.block_ids[g])[column[local]],
                                   device=self.device)
-            self.kv_caches[g][blocks, torch.from_numpy(offset[local]).to(self.device)] = \
-                values[torch.from_numpy(local).to(self.device)]
+            cells = (blocks, torch.from_numpy(offset[local]).to(self.device))
+            rows = values[torch.from_numpy(local).to(self.device)]
+            if g in self.kv_params:  # quantized: the connector writes payload and parameters
+                q, p = quantize_rows(rows)
+                self.kv_caches[g][cells], self.kv_params[g][cells] = q, p
+            else:
+                self.kv_caches[g][cells] = rows
         for g in self.mamba_groups:
             self.mamba_states[g][state.block_ids[g][0]] = values.sum(dim=0)
         state.num_computed_tokens = state.prompt_len
@@ -758,6 +775,26 @@ class RunnerShell(abc.ABC):
         kbs = self.kernel_block_size(g)
         return self.kv_caches[g].view(-1, kbs, self.config.head_size)
 
+    def _params_view(self, g: int) -> torch.Tensor | None:
+        """A quantized group's parameters as the read kernel sees them:
+        (num_kernel_blocks, kernel_block_size, 2); None unquantized."""
+        if g not in self.kv_params:
+            return None
+        return self.kv_params[g].view(-1, self.kernel_block_size(g), 2)
+
+    def _kv_write(self, g: int, slots: torch.Tensor, num_tokens: int,
+                  wrap_negative: bool = False) -> None:
+        """The KV write of group ``g`` through ``slots`` (the cache's dtype decides
+        whether it quantizes; :meth:`_kv_params_unguarded` is a fault's hook)."""
+        reshape_and_cache(self.hidden.gpu, slots, self.kv_caches[g], num_tokens,
+                          wrap_negative=wrap_negative, kv_params=self.kv_params.get(g),
+                          params_unguarded=self._kv_params_unguarded())
+
+    def _kv_params_unguarded(self) -> bool:
+        """Does the quantized write store parameters for ``PAD_SLOT_ID`` tokens
+        (indexed as torch would)?  No: both stores skip the sentinel."""
+        return False
+
     def _forward(self, num_rows: int, num_tokens: int, tables: list | None = None,
                  state_indices: dict | None = None, metadata: bool = True,
                  attn_inputs: dict | None = None) -> None:
@@ -777,7 +814,7 @@ class RunnerShell(abc.ABC):
                 if metadata:
                     self._backend_cache_write(g, num_tokens)
                 continue
-            reshape_and_cache(self.hidden.gpu, inputs[g][0], self.kv_caches[g], num_tokens)
+            self._kv_write(g, inputs[g][0], num_tokens)
         if not metadata:
             return
         for g in self.mamba_groups:
@@ -791,7 +828,7 @@ class RunnerShell(abc.ABC):
             _, table, seq_lens = inputs[g]
             paged_attention_read(table, seq_lens, self._kv_view(g), self.attn_out[g],
                                  num_rows, self.config.groups[g].block_size, self.dcp(g),
-                                 self.config.groups[g].sliding_window)
+                                 self.config.groups[g].sliding_window, self._params_view(g))
 
     def _build_attention_inputs(self, num_rows: int, num_tokens: int, tables: list | None,
                                 metadata: bool) -> None:
@@ -823,7 +860,7 @@ class RunnerShell(abc.ABC):
 
     def _backend_cache_write(self, g: int, num_tokens: int) -> None:
         """The KV write of a backend with its own slot buffer (skips PAD_SLOT_ID)."""
-        reshape_and_cache(self.hidden.gpu, self.backend_slots[g], self.kv_caches[g], num_tokens)
+        self._kv_write(g, self.backend_slots[g], num_tokens)
 
     def buffers(self) -> dict[str, torch.Tensor]:
         """Every persistent device buffer a forward reads or writes, by name."""
@@ -835,6 +872,8 @@ class RunnerShell(abc.ABC):
             if g in self.backend_slots:
                 named[f"backend_slot_mapping[{g}]"] = self.backend_slots[g]
             named[f"kv_cache[{g}]"] = self.kv_caches[g]
+            if g in self.kv_params:
+                named[f"kv_params[{g}]"] = self.kv_params[g]
             named[f"attn_out[{g}]"] = self.attn_out[g]
             named[f"block_table[{g}]"] = self.kernel_table(g)
         named["num_accepted"] = self.num_accepted.gpu
@@ -901,6 +940,14 @@ class RunnerShell(abc.ABC):
             out[size] = pairs
         return out
 
+    def _dequantized(self, g: int) -> torch.Tensor:
+        """Group ``g``'s KV cache as its reads see it: float32 (num_blocks,
+        block_size, head_size), ``q * scale + zero`` when quantized."""
+        if g not in self.kv_params:
+            return self.kv_caches[g]
+        p = self.kv_params[g]
+        return self.kv_caches[g].to(torch.float32) * p[..., 0:1] + p[..., 1:2]
+
     def _read_indices(self, g: int) -> np.ndarray:
         """What the last forward's Mamba kernel read for group ``g``, int32
         (max_num_reqs,), 0 past the rows it ran over."""
@@ -922,7 +969,8 @@ class RunnerShell(abc.ABC):
             **rows,
             device_block_table=[host(self.kernel_table(g))[:, :self._report_width(g)]
                                 for g in groups],
-            kv_cache={g: host(v) for g, v in self.kv_caches.items()},
+            kv_cache={g: host(self._dequantized(g)) for g in self.kv_caches},
+            kv_params={g: host(p) for g, p in self.kv_params.items()} or None,
             draft_kv_cache=({} if self.draft_group is None
                             else {self.draft_group: host(self.draft_kv)}),
             draft_slot_mapping=None if self.draft_group is None else host(self.draft_slots),

@@ -42,6 +42,10 @@ ALIGN = "align"
 NULL_PAD, PAD_SLOT, PAD_SLOT_NO_NULL = "null", "pad_slot", "pad_slot_no_null"
 MAMBA_PADDINGS = (NULL_PAD, PAD_SLOT, PAD_SLOT_NO_NULL)
 PAD_INDEX = -1  # PAD_SLOT_ID (payload.py keeps the same value)
+# The attention groups' KV-cache storage (vLLM's CacheConfig.cache_dtype):
+# float32 as computed, or an 8-bit payload with a float32 scale per token slot.
+KV_AUTO, KV_INT8 = "auto", "int8"
+KV_CACHE_DTYPES = (KV_AUTO, KV_INT8)
 
 # Bounds that keep a fuzz step affordable on a 2-core CPU under the Triton
 # interpreter, and keep payload sums exact in float32 (see payload.py).
@@ -193,6 +197,16 @@ class RunnerConfig:
       ``pad_slot_no_null`` needs prefix caching off (align mode pads a row
       with the null block) and ``kv_sharing`` off (block 0 is the attention
       null page).
+    kv_cache_dtype: ``"auto"`` — attention KV stored as computed (float32; the
+      default, not serialised); ``"int8"`` — a quantized KV cache: each
+      attention group stores an int8 payload (num_blocks, block_size,
+      head_size) and a float32 scale buffer (num_blocks, block_size), one
+      scale per token slot (per-token-head scales with one KV head, as
+      vLLM's and SGLang's per-token quantized caches keep them); the
+      arithmetic is :mod:`reference.quant`.  Observations and invariants see
+      the dequantized cache (payload x scale), so a NaN or stale scale shows
+      in every element of its token.  The drafter's layer stays float32.  Not
+      with ``kv_sharing`` (a Mamba state over int8 pages is not modelled).
     """
 
     runner: str = "v1"
@@ -219,6 +233,7 @@ class RunnerConfig:
     kv_sharing: bool = False
     model_len: int = 0
     mamba_padding: str = NULL_PAD
+    kv_cache_dtype: str = KV_AUTO
 
     def __post_init__(self):
         self.validate()
@@ -261,6 +276,11 @@ class RunnerConfig:
         end on block boundaries up to the prompt's last one (vLLM's
         ``_mamba_block_aligned_split``); a decode runs one token."""
         return ALIGN if self.enable_prefix_caching and self.mamba_groups else "none"
+
+    @property
+    def quantized(self) -> bool:
+        """Is the attention KV cache quantized (``kv_cache_dtype`` ``int8``)?"""
+        return self.kv_cache_dtype == KV_INT8
 
     def has_null_block(self, group: int) -> bool:
         """Is block 0 of ``group`` the reserved null block?  Always, except a
@@ -394,7 +414,8 @@ class RunnerConfig:
           | ({"enable_prefix_caching": True} if self.enable_prefix_caching else {}) \
           | ({"kv_sharing": True} if self.kv_sharing else {}) \
           | ({"max_model_len": self.model_len} if self.model_len else {}) \
-          | ({"mamba_padding": self.mamba_padding} if self.mamba_padding != NULL_PAD else {})
+          | ({"mamba_padding": self.mamba_padding} if self.mamba_padding != NULL_PAD else {}) \
+          | ({"kv_cache_dtype": self.kv_cache_dtype} if self.kv_cache_dtype != KV_AUTO else {})
 
     @classmethod
     def from_json(cls, obj) -> "RunnerConfig":
@@ -406,7 +427,8 @@ class RunnerConfig:
                  "cudagraph_capture_sizes", "head_size", "dcp_world_size", "dcp_rank",
                  "cp_kv_cache_interleave_size", "reorder_batch_threshold",
                  "cudagraph_support", "num_speculative_tokens", "allocator",
-                 "enable_prefix_caching", "kv_sharing", "max_model_len", "mamba_padding"}
+                 "enable_prefix_caching", "kv_sharing", "max_model_len", "mamba_padding",
+                 "kv_cache_dtype"}
         for key in sorted(obj):
             if key not in known:
                 raise ConfigError(key, "unknown field")
@@ -414,7 +436,7 @@ class RunnerConfig:
         for key in sorted(known - {"runner", "groups", "cudagraph_capture_sizes",
                                    "cudagraph_support", "allocator",
                                    "enable_prefix_caching", "kv_sharing", "max_model_len",
-                                   "mamba_padding"}):
+                                   "mamba_padding", "kv_cache_dtype"}):
             if key in obj:
                 kwargs[key] = _int(obj[key], key)
         if "max_model_len" in obj:
@@ -425,7 +447,8 @@ class RunnerConfig:
                 kwargs["max_num_blocks_per_req"] = max(
                     -(-kwargs["model_len"] // probe.tokens_per_block(g))
                     for g in probe.attention_groups)
-        for key in ("runner", "cudagraph_support", "allocator", "mamba_padding"):
+        for key in ("runner", "cudagraph_support", "allocator", "mamba_padding",
+                    "kv_cache_dtype"):
             if key in obj:
                 kwargs[key] = obj[key]
         for key in ("enable_prefix_caching", "kv_sharing"):
@@ -577,6 +600,12 @@ class RunnerConfig:
                 raise ConfigError("num_blocks", f"{self.num_blocks} with kv_sharing: one pool "
                                   f"must hold the null block and a request's {least} blocks "
                                   "(one per attention group, one per Mamba column)")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError("kv_cache_dtype", f"{self.kv_cache_dtype!r} not one of "
+                              f"{list(KV_CACHE_DTYPES)}")
+        if self.kv_cache_dtype == KV_INT8 and self.kv_sharing:
+            raise ConfigError("kv_cache_dtype", "int8 needs kv_sharing off (a Mamba state "
+                              "view over quantized pages is not modelled)")
         if self.mamba_padding not in MAMBA_PADDINGS:
             raise ConfigError("mamba_padding", f"{self.mamba_padding!r} not one of "
                               f"{list(MAMBA_PADDINGS)}")

@@ -27,6 +27,7 @@ from .config import ALIGN, ALWAYS, CUDAGRAPH_MODES, FULL, NONE, PIECEWISE, Runne
 from .dcp import global_position, local_slots
 from .ledger import Ledger, OpError
 from .kv_cache_manager import choose_admit, choose_allocate, choose_skipped
+from .quant import roundtrip
 from .payload import (NULL_BLOCK_ID, PAD_SLOT_ID, SENTINEL, draft_payload, token_payload,
                       payload)
 
@@ -254,8 +255,8 @@ class ReferenceRunnerBase(abc.ABC):
             is_local, col, off = local_slots(pos, cfg.groups[g].block_size, cfg.dcp_world_size,
                                              cfg.dcp_rank, cfg.cp_kv_cache_interleave_size)
             blocks = np.asarray(r.blocks[g])[col[is_local]]
-            self.kv_cache[g][blocks, off[is_local]] = token_payload(
-                self.ledger.token_ids(req, pos[is_local]), cfg.head_size)
+            self.kv_cache[g][blocks, off[is_local]] = self._stored(token_payload(
+                self.ledger.token_ids(req, pos[is_local]), cfg.head_size))
         for g in self.config.mamba_groups:
             self.mamba_state[g][r.blocks[g][0]] = token_payload(
                 self.ledger.token_ids(req, pos), cfg.head_size).sum(axis=0, dtype=np.float32)
@@ -554,7 +555,12 @@ class ReferenceRunnerBase(abc.ABC):
         slots = self.write_slots(g)[:num_tokens]
         keep = slots != PAD_SLOT_ID
         flat = self.kv_cache[g].reshape(-1, self.config.head_size)
-        flat[slots[keep]] = self.hidden[:num_tokens][keep]
+        flat[slots[keep]] = self._stored(self.hidden[:num_tokens][keep])
+
+    def _stored(self, rows: np.ndarray) -> np.ndarray:
+        """What the attention KV cache reads back for float32 ``rows``: the rows,
+        or their quantized round trip (``kv_cache_dtype`` ``int8``)."""
+        return roundtrip(rows) if self.config.quantized else rows
 
     def _mamba_update(self, g: int, num_rows: int) -> None:
         """Each row starts from the state at ``state_indices`` (its running

@@ -38,7 +38,10 @@ class Observation:
       table the last forward's kernels read (V1: committed rows; V2: input block
       tables);
     - ``kv_cache[g]`` float32 (num_blocks, block_size, head_size) per attention
-      group; ``mamba_state[g]`` float32 (num_blocks, head_size) per Mamba group;
+      group — with ``kv_cache_dtype`` ``int8`` the dequantized cache (payload x
+      scale + zero point), and ``kv_params[g]`` float32 (num_blocks,
+      block_size, 2) the parameter buffer itself (scale, zero point per slot;
+      None unquantized); ``mamba_state[g]`` float32 (num_blocks, head_size) per Mamba group;
     - ``slot_mapping[g]`` int64 (max_num_batched_tokens,): the slot buffer the
       group's KV write reads (the generic slot mapping, or the backend's own
       where ``GroupSpec.slot_buffer``); ``attn_out[g]``
@@ -94,6 +97,7 @@ class Observation:
     draft_slot_mapping: np.ndarray | None = None
     draft_rows: tuple | None = None
     pool: dict | None = None
+    kv_params: dict | None = None
 
     def caches(self) -> list[tuple[str, int, np.ndarray, bool]]:
         """Every cache a kernel writes, as (name, group, array, is_mamba): the

@@ -135,7 +135,12 @@ def runner_configs(draw, runner: str | None = None,
         padding = draw(st.sampled_from(["null", "pad_slot", "pad_slot_no_null", "null"]))
         if padding == "pad_slot_no_null" and (caching or sharing):
             padding = "pad_slot"
+    # A quantized KV cache (int8 payload, a scale and zero point per slot) in
+    # one config in four, where modelled (not with kv_sharing).
+    kv_dtype = "int8" if not sharing and draw(st.sampled_from([False, False, False, True])) \
+        else "auto"
     return RunnerConfig(
+        kv_cache_dtype=kv_dtype,
         mamba_padding=padding,
         model_len=model_len,
         kv_sharing=sharing,

@@ -18,6 +18,7 @@ import os
 from typing import Protocol
 
 from reference import ReferenceV1Runner, ReferenceV2Runner, RunnerConfig
+from reference.quant import quantize
 
 from harness.core.observation import Observation, read_rows_only, rows_indexed_by
 from harness.targets import vllm
@@ -65,6 +66,8 @@ class _ObserveReference:
             num_prompt_tokens=self.rows.num_prompt_tokens.copy(),
             device_block_table=[t.copy() for t in self.device_block_table],
             kv_cache={g: v.copy() for g, v in self.kv_cache.items()},
+            kv_params=({g: quantize(v.reshape(-1, v.shape[-1]))[1].reshape(*v.shape[:-1], 2)
+                        for g, v in self.kv_cache.items()} if self.config.quantized else None),
             draft_kv_cache={g: v.copy() for g, v in self.draft_kv_cache.items()},
             draft_slot_mapping=self.draft_slot_mapping.copy(),
             draft_rows=self.draft_rows,

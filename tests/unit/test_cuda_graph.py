@@ -48,7 +48,8 @@ def test_record_launches_records_without_running(device):
         reshape_and_cache(hidden, torch.tensor([0, 1, -1, -1], device=device), kv, 2)
     assert len(launches) == 1 and not kv.any()
     names = [name for name, _ in launches[0].tensors()]
-    assert names == ["hidden_ptr", "slot_mapping_ptr", "kv_cache_ptr"]
+    # Unquantized, the parameter pointer is the cache itself (never dereferenced).
+    assert names == ["hidden_ptr", "slot_mapping_ptr", "kv_cache_ptr", "params_ptr"]
 
 
 def _runner(faults, device):

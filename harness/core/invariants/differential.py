@@ -130,7 +130,11 @@ def _effect_pairs(impl: Observation, ref: Observation, config: RunnerConfig) -> 
     ``mamba_padding`` ``pad_slot_no_null`` block 0 is a state like any other)
     and outputs."""
     kv = ("block", "offset", "element")
-    pairs = [(f"kv_cache[{g}]", impl.kv_cache[g], v, kv) for g, v in ref.kv_cache.items()]
+    # A quantized cache: its parameter buffer first (a wrong scale names itself).
+    pairs = [(f"kv_params[{g}]", (impl.kv_params or {}).get(g, np.zeros(0)), v,
+              ("block", "offset", "scale/zero"))
+             for g, v in (ref.kv_params or {}).items()]
+    pairs += [(f"kv_cache[{g}]", impl.kv_cache[g], v, kv) for g, v in ref.kv_cache.items()]
     pairs += [(f"draft_kv_cache[{g}]", (impl.draft_kv_cache or {}).get(g, np.zeros(0)), v, kv)
               for g, v in (ref.draft_kv_cache or {}).items()]
     pairs += [(f"attn_out[{g}]", impl.attn_out[g], v, ("row", "element"))
