@@ -209,3 +209,97 @@ def test_mamba_update_through_a_shared_page_view(device, seed, num_rows):
         old = pages[idx[r], 0] if init[r] else 0.0
         want[idx[r], 0] = old + hidden[qsl[r]:qsl[r + 1]].sum(axis=0)
     assert np.array_equal(kv_t.cpu().numpy(), want)
+
+
+@KERNEL_EXAMPLES
+@given(seed=st.integers(0, 2**32 - 1), num_tokens=st.integers(0, 16),
+       unguarded=st.booleans())
+def test_quantized_kv_write_matches_the_oracle_arithmetic(device, seed, num_tokens,
+                                                          unguarded):
+    """kv_cache_dtype int8: the write kernel's payload and parameters are
+    reference.quant's for every stored token, bit for bit (payload-sized values,
+    wide ranges, NaN rows); PAD_SLOT_ID writes nothing — unless the parameter
+    store is unguarded (a fault's path), which writes the pad token's
+    parameters into the last slot and leaves its payload alone."""
+    from gpu_impl.attention import quantize_rows
+    from reference.quant import quantize
+
+    rng = np.random.default_rng(seed)
+    blocks, bs, head = 6, 4, 4
+    hidden = rng.integers(-70000, 70000, (16, head)).astype(np.float32)
+    small = rng.random(16) < 0.5
+    hidden[small] = rng.integers(1, 70000, (int(small.sum()), 1)) + np.arange(head)
+    hidden[rng.random(16) < 0.2] = np.nan
+    slots = rng.permutation(blocks * bs - 1)[:16].astype(np.int64)  # the last slot: free
+    slots[rng.random(16) < 0.3] = PAD_SLOT_ID
+    q0, p0 = quantize(np.full((blocks * bs, head), -7.0, np.float32))
+    kv_t, params_t = _t(q0.reshape(blocks, bs, head), device), _t(p0.reshape(blocks, bs, 2), device)
+    reshape_and_cache(_t(hidden, device), _t(slots, device), kv_t, num_tokens,
+                      kv_params=params_t, params_unguarded=unguarded)
+    want_q, want_p = q0.copy(), p0.copy()
+    q, p = quantize(hidden)
+    for t in range(num_tokens):
+        if slots[t] != PAD_SLOT_ID:
+            want_q[slots[t]], want_p[slots[t]] = q[t], p[t]
+        elif unguarded:
+            want_p[-1] = p[t]
+    assert np.array_equal(kv_t.cpu().numpy().reshape(-1, head), want_q)
+    assert np.array_equal(params_t.cpu().numpy().reshape(-1, 2), want_p, equal_nan=True)
+    hq, hp = quantize_rows(_t(hidden, device))  # the runner's host-side writes agree
+    assert np.array_equal(hq.cpu().numpy(), q)
+    assert np.array_equal(hp.cpu().numpy(), p, equal_nan=True)
+
+
+@KERNEL_EXAMPLES
+@given(seed=st.integers(0, 2**32 - 1), num_rows=st.integers(0, 4))
+def test_quantized_attention_read_dequantizes(device, seed, num_rows):
+    """The read of a quantized cache sums ``q * scale + zero`` with the same
+    weights; a NaN scale in the null block poisons every row that holds it."""
+    from reference.quant import dequantize, quantize
+
+    rng = np.random.default_rng(seed)
+    rows, width, bs, head, blocks = 4, 4, 4, 4, 8
+    table = rng.integers(0, blocks, (rows, width)).astype(np.int32)
+    seq = rng.integers(0, width * bs + 1, rows).astype(np.int32)
+    kv = (rng.integers(0, 64000, (blocks, bs, 1)) + np.arange(head)).astype(np.float32)
+    kv[0, 0] = np.nan
+    q, p = quantize(kv.reshape(-1, head))
+    out = torch.zeros((rows, head), dtype=torch.float32, device=device)
+    paged_attention_read(_t(table, device), _t(seq, device),
+                         _t(q.reshape(blocks, bs, head), device), out, num_rows,
+                         kv_params=_t(p.reshape(blocks, bs, 2), device))
+    deq = dequantize(q, p).reshape(blocks, bs, head)
+    got = out.cpu().numpy()
+    for r in range(num_rows):
+        j = np.arange(width * bs)
+        want = ((j < seq[r]).astype(np.float32)[:, None] * deq[table[r, j // bs], j % bs]).sum(0)
+        assert np.array_equal(got[r], want, equal_nan=True)
+        if (table[r] == 0).any():
+            assert np.isnan(got[r]).all()
+
+
+@KERNEL_EXAMPLES
+@given(seed=st.integers(0, 2**32 - 1), pad_target=st.sampled_from([None, 0, 7]))
+def test_mamba_update_skips_or_remaps_pad_slot_rows(device, seed, pad_target):
+    """PAD_SLOT_ID rows are skipped; with ``pad_target`` (a fault's path) they
+    read and write that block instead."""
+    rng = np.random.default_rng(seed)
+    rows, tokens, head, blocks = 4, 8, 4, 8
+    lens = rng.integers(0, 3, rows)
+    qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    idx = rng.permutation(np.arange(1, blocks - 1))[:rows].astype(np.int32)
+    idx[rng.integers(0, rows)] = PAD_SLOT_ID  # one: two remapped rows would race
+    init = rng.integers(0, 2, rows).astype(np.int32)
+    hidden = rng.integers(1, 100, (tokens, head)).astype(np.float32)
+    state = rng.integers(-9, 9, (blocks, head)).astype(np.float32)
+    state_t = _t(state, device)
+    mamba_state_update(_t(hidden, device), _t(qsl, device), _t(idx, device), _t(init, device),
+                       state_t, rows, pad_target=pad_target)
+    want = state.copy()
+    for r in range(rows):
+        dst = idx[r] if idx[r] != PAD_SLOT_ID else pad_target
+        if dst is None:
+            continue
+        old = state[dst] if init[r] else 0.0
+        want[dst] = old + hidden[qsl[r]:qsl[r + 1]].sum(axis=0)
+    assert np.array_equal(state_t.cpu().numpy(), want)

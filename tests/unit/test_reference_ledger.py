@@ -102,6 +102,14 @@ def test_kv_sharing_is_one_pool_for_every_group():
       "groups": [{"kind": "attention", "block_size": 8}, {"kind": "attention", "block_size": 4}]},
      "max_num_blocks_per_req"),
     ({"max_model_len": 0}, "max_model_len"),
+    ({"mamba_padding": "sink"}, "mamba_padding"),
+    ({"mamba_padding": "pad_slot", "groups": [{"kind": "attention", "block_size": 4}]},
+     "mamba_padding"),
+    ({"mamba_padding": "pad_slot_no_null", "allocator": "engine", "enable_prefix_caching": True},
+     "mamba_padding"),
+    ({"mamba_padding": "pad_slot_no_null", "kv_sharing": True}, "mamba_padding"),
+    ({"kv_cache_dtype": "fp8"}, "kv_cache_dtype"),
+    ({"kv_cache_dtype": "int8", "kv_sharing": True}, "kv_cache_dtype"),
 ])
 def test_layout_config_errors_name_the_field(fields, field):
     from reference.config import ConfigError
@@ -124,3 +132,25 @@ def test_max_model_len_sizes_each_attention_row_by_its_block_size():
     with pytest.raises(OpError) as e:  # three 8-token blocks: past group 0's 2 columns
         ledger.add(0, [[1, 2, 3], [4], [5]], 3)
     assert e.value.field == "blocks[0]"
+
+
+def test_pad_slot_no_null_makes_block_0_an_ordinary_mamba_block():
+    """mamba_padding pad_slot_no_null: a Mamba group has no null block — block 0
+    is allocatable there (not in the attention group) and an empty Mamba
+    block-table entry is PAD_SLOT_ID; the other conventions keep block 0."""
+    cfg = RunnerConfig(mamba_padding="pad_slot_no_null")
+    assert (cfg.has_null_block(0), cfg.has_null_block(1)) == (True, False)
+    assert (cfg.empty_entry(0), cfg.empty_entry(1), cfg.mamba_pad_index) == (0, -1, -1)
+    ledger = Ledger(cfg)
+    assert ledger.num_free(1) == cfg.num_blocks == ledger.num_free(0) + 1
+    with pytest.raises(OpError, match="null block"):
+        ledger.add(0, [[0], [1]], 3)
+    ledger.add(0, [[1], [0]], 3)
+    assert ledger.owner[1][0] == 0
+    assert ledger.remove(0) == [[1], [0]]
+    for padding, pad in (("null", 0), ("pad_slot", -1)):
+        cfg = RunnerConfig(mamba_padding=padding)
+        assert cfg.has_null_block(1) and cfg.mamba_pad_index == pad
+        assert RunnerConfig.from_json(cfg.to_json()) == cfg
+        with pytest.raises(OpError, match="null block"):
+            Ledger(cfg).add(0, [[1], [0]], 3)

@@ -81,6 +81,15 @@ def test_kernel_split_refused_only_where_the_release_cannot_express_it(vllm):
                 vllm_target.make_vllm_runner(config)
 
 
+def test_mamba_padding_conventions_refused_on_the_vllm_target(vllm):
+    """vLLM's tables fill empty entries with the null block and its Mamba
+    builders pad rows themselves: only the default convention runs there."""
+    assert vllm_target.refusal(RunnerConfig(), vllm) is None
+    for padding in ("pad_slot", "pad_slot_no_null"):
+        refused = vllm_target.refusal(RunnerConfig(mamba_padding=padding), vllm)
+        assert refused is not None and refused.field == "mamba_padding"
+
+
 def test_refused_trace_is_one_line_exit_2(vllm, tmp_path, capsys):
     trace = json.loads((CORPORA / "seeds" / "kernel-block-size-ignored.json").read_text())
     if vllm.v1_kernel_blocks if trace["config"]["runner"] == "v1" else vllm.v2_kernel_blocks:
