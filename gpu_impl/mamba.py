@@ -2,7 +2,10 @@
 
 Stands in for the Mamba / GDN / KDA kernels of hybrid models: each batch row
 sums the payload of its tokens and adds it to its state slot (from zero when
-the request has no initial state).  The state indices come from the metadata
+the request has no initial state) — the SSM part of the state; a group with a
+convolution state (``conv_size`` tokens, laid before the SSM part as vLLM's
+``MambaSpec`` shapes are) also shifts its row's tokens into it, keeping the
+last ``conv_size`` payloads (``causal_conv1d_update``'s state).  The state indices come from the metadata
 builder — the Mamba group's block-table columns for real rows, the null block
 for rows padded to a FULL capture size — which is why a stale block-table row,
 or a state-index buffer not re-staged before a FULL replay, writes state into
@@ -33,14 +36,14 @@ def mamba_state_update(hidden: torch.Tensor, query_start_loc: torch.Tensor,
                        spec_rows: torch.Tensor | None = None,
                        read_out: torch.Tensor | None = None,
                        column_unbounded: bool = False, skip_null: bool = False,
-                       pad_target: int | None = None) -> None:
+                       pad_target: int | None = None, conv_size: int = 0) -> None:
     """In-place update of rows [0, num_rows).
 
     hidden: float32 (max_num_batched_tokens, head_size); query_start_loc: int32
     (max_num_reqs + 1,); state_indices: int32 (max_num_reqs,) or (max_num_reqs,
     num_columns), contiguous rows; has_initial_state: int32 (max_num_reqs,);
-    state: float32 (num_blocks, head_size), rows at any stride (a view over
-    shared pages: ``kv_sharing``).  ``skip_null``: a write into block 0 (the
+    state: float32 (num_blocks, (conv_size + 1) * head_size) — conv part, then
+    SSM part —, rows at any stride (a view over shared pages: ``kv_sharing``).  ``skip_null``: a write into block 0 (the
     null block) is dropped, as PAD_SLOT_ID is (its page is shared).
     ``pad_target``: None skips a negative index (``PAD_SLOT_ID``); a block id
     reads and writes it instead (a fault's path: the sentinel remapped).  num_accepted / spec_rows: int32
@@ -67,7 +70,8 @@ def mamba_state_update(hidden: torch.Tensor, query_start_loc: torch.Tensor,
            BLOCK_T=triton.next_power_of_2(hidden.shape[0]), NUM_TOKENS=hidden.shape[0],
            NUM_SLOTS=state.shape[0], COLUMN_UNBOUNDED=column_unbounded,
            STATE_STRIDE=state.stride(0), SKIP_NULL=skip_null,
-           PAD_TO=-1 if pad_target is None else pad_target)
+           PAD_TO=-1 if pad_target is None else pad_target, CONV=conv_size,
+           BLOCK_C=triton.next_power_of_2(max(conv_size, 1)))
 
 
 @triton.jit
@@ -91,6 +95,8 @@ def _mamba_state_update_kernel(
     STATE_STRIDE: tl.constexpr,  # elements between two blocks' states (the page size when shared)
     SKIP_NULL: tl.constexpr,  # shared pages: never write the null block
     PAD_TO: tl.constexpr,  # -1: skip PAD_SLOT_ID rows; a block id: remap them there (fault)
+    CONV: tl.constexpr,  # tokens of conv state before the SSM part (0: none)
+    BLOCK_C: tl.constexpr,  # next_power_of_2(max(CONV, 1))
 ):
     r = tl.arange(0, BLOCK_R)
     t = tl.arange(0, BLOCK_T)
@@ -109,8 +115,14 @@ def _mamba_state_update_kernel(
         src = tl.where(src < 0, PAD_TO, src)
     tl.store(read_out_ptr + r, src, mask=row_ok)
     src_ok = row_ok & (src >= 0) & (src < NUM_SLOTS)
-    old = tl.load(state_ptr + src[:, None] * STATE_STRIDE + d[None, :],
+    old = tl.load(state_ptr + src[:, None] * STATE_STRIDE + CONV * HEAD + d[None, :],
                   mask=src_ok[:, None] & (init[:, None] != 0), other=0.0)
+    # The old conv part, loaded before any column writes (a column may be the source).
+    k = tl.arange(0, BLOCK_C)
+    old_conv = tl.load(state_ptr + src[:, None, None] * STATE_STRIDE + k[None, :, None] * HEAD
+                       + d[None, None, :],
+                       mask=(src_ok[:, None, None] & (init[:, None, None] != 0)
+                             & (k[None, :, None] < CONV)), other=0.0)
     tok_ok = t < NUM_TOKENS
     x = tl.load(hidden_ptr + t[:, None] * HEAD + d[None, :],
                 mask=tok_ok[:, None] & (d[None, :] < HEAD), other=0.0)
@@ -128,5 +140,19 @@ def _mamba_state_update_kernel(
             write = write & (spec != 0) & (lo + c < hi)
         if SKIP_NULL:
             write = write & (dst != 0)
-        tl.store(state_ptr + dst[:, None] * STATE_STRIDE + d[None, :], old + xs,
+        tl.store(state_ptr + dst[:, None] * STATE_STRIDE + CONV * HEAD + d[None, :], old + xs,
                  mask=write[:, None] & (d[None, :] < HEAD))
+        # Conv part: the last CONV entries of [old conv, tokens lo..end).
+        n = end - lo
+        for kk in tl.static_range(CONV):
+            at = n + kk  # index into the concatenation; < CONV: still an old entry
+            from_old = at < CONV
+            prev = tl.sum(tl.where((k[None, :, None] == at[:, None, None])
+                                   & (k[None, :, None] < CONV), old_conv, 0.0), axis=1)
+            tok = lo + at - CONV
+            xk = tl.load(hidden_ptr + tok[:, None] * HEAD + d[None, :],
+                         mask=(row_ok & ~from_old & (tok < NUM_TOKENS))[:, None]
+                         & (d[None, :] < HEAD), other=0.0)
+            tl.store(state_ptr + dst[:, None] * STATE_STRIDE + kk * HEAD + d[None, :],
+                     tl.where(from_old[:, None], prev, xk),
+                     mask=write[:, None] & (d[None, :] < HEAD))

@@ -63,13 +63,14 @@ class RunnerFaults:
             return self.config.num_blocks - 1  # the pool's last row, taken for a sentinel
         return super()._mamba_pad_target(g)
 
-    def _state_view(self, kv_cache: torch.Tensor) -> torch.Tensor:
+    def _state_view(self, kv_cache: torch.Tensor, g: int) -> torch.Tensor:
         if "mamba-state-view-unpadded-stride" in self.faults:
             # The historical bug class: the state tensor laid over the shared
             # buffer at the state's own size as its block stride, not the page's.
             flat = kv_cache.view(-1)
-            return flat[:kv_cache.shape[0] * self.config.head_size].view(kv_cache.shape[0], -1)
-        return super()._state_view(kv_cache)
+            size = self.config.state_floats(g)
+            return flat[:kv_cache.shape[0] * size].view(kv_cache.shape[0], -1)
+        return super()._state_view(kv_cache, g)
 
     def _mamba_seed_block_size(self) -> int:
         if "mamba-align-seed-attention-block-size" in self.faults:

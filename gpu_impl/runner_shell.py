@@ -132,9 +132,9 @@ class RunnerShell(abc.ABC):
         pages = {m: a for a, m in cfg.shared_pages().items()}
         for g in self.mamba_groups:
             if g in pages:  # kv_sharing: the state view of the attention group's pages
-                self.mamba_states[g] = self._state_view(self.kv_caches[pages[g]])
+                self.mamba_states[g] = self._state_view(self.kv_caches[pages[g]], g)
             else:
-                self.mamba_states[g] = self._cache((cfg.num_blocks, cfg.head_size))
+                self.mamba_states[g] = self._cache((cfg.num_blocks, cfg.state_floats(g)))
         self._init_buffers()
         self.graphs: dict[int, Graph] = {}
         self.last_forward: ForwardInfo | None = None
@@ -167,12 +167,13 @@ class RunnerShell(abc.ABC):
         attention null block, which masked reads gather."""
         return self.config.page_partner(g) is not None
 
-    def _state_view(self, kv_cache: torch.Tensor) -> torch.Tensor:
-        """The Mamba state tensor over a shared KV tensor (vLLM's state-tensor
-        builder in ``gpu_model_runner``): (num_blocks, head_size) float32, one
-        state at the start of each page, the page size as its block stride."""
+    def _state_view(self, kv_cache: torch.Tensor, g: int) -> torch.Tensor:
+        """Mamba group ``g``'s state tensor over a shared KV tensor (vLLM's
+        state-tensor builder in ``gpu_model_runner``): (num_blocks,
+        state_floats) float32, one state — conv part, then SSM part — at the
+        start of each page, the page size as its block stride."""
         pages = kv_cache.view(kv_cache.shape[0], -1)
-        return torch.as_strided(pages, (pages.shape[0], self.config.head_size),
+        return torch.as_strided(pages, (pages.shape[0], self.config.state_floats(g)),
                                 (pages.stride(0), 1))
 
     def _cache(self, shape) -> torch.Tensor:
@@ -519,8 +520,14 @@ class RunnerShell(abc.ABC):
                 self.kv_caches[g][cells], self.kv_params[g][cells] = q, p
             else:
                 self.kv_caches[g][cells] = rows
-        for g in self.mamba_groups:
-            self.mamba_states[g][state.block_ids[g][0]] = values.sum(dim=0)
+        for g in self.mamba_groups:  # the state after the prompt: conv part, SSM part
+            conv = self.config.groups[g].conv_size
+            tail = torch.zeros((conv, values.shape[1]), device=self.device)
+            if conv:
+                last = values[max(len(values) - conv, 0):]
+                tail[conv - len(last):] = last
+            self.mamba_states[g][state.block_ids[g][0]] = torch.cat(
+                [tail.reshape(-1), values.sum(dim=0)])
         state.num_computed_tokens = state.prompt_len
         self._set_num_computed(req, state.prompt_len)
 
@@ -823,7 +830,8 @@ class RunnerShell(abc.ABC):
                                self.has_initial_state.gpu, self.mamba_states[g], num_rows,
                                self.num_accepted.gpu, self.spec_rows.gpu, self.mamba_read[g],
                                self._column_unbounded(), skip_null=self._mamba_skips_null(g),
-                               pad_target=self._mamba_pad_target(g))
+                               pad_target=self._mamba_pad_target(g),
+                               conv_size=self.config.groups[g].conv_size)
         for g in self.attn_groups:
             _, table, seq_lens = inputs[g]
             paged_attention_read(table, seq_lens, self._kv_view(g), self.attn_out[g],

@@ -53,10 +53,11 @@ NUM_BLOCKS_MAX = 64
 MAX_NUM_REQS_MAX = 8
 MAX_NUM_BLOCKS_PER_REQ_MAX = 16
 MAX_NUM_BATCHED_TOKENS_MAX = 64
-BLOCK_SIZE_MAX = 32
+BLOCK_SIZE_MAX = 64  # any size: hybrid models pick e.g. 48 to fill the Mamba page
 HEAD_SIZE_MAX = 8
 NUM_GROUPS_MAX = 4
 SPECULATIVE_TOKENS_MAX = 4
+CONV_SIZE_MAX = 3  # tokens of convolution state (a width-4 causal conv keeps 3)
 
 
 class ConfigError(ValueError):
@@ -96,6 +97,13 @@ class GroupSpec:
     token, the ones before are the null block (vLLM's
     ``SlidingWindowManager.find_longest_cache_hit``).  Serialised only when
     non-zero.
+    conv_size: mamba only; tokens of convolution state the Mamba layer keeps
+    before its SSM state (vLLM's ``MambaSpec`` shapes: a conv state, then an
+    SSM state, laid one after the other in the state block): the state of a
+    request is ``conv_size`` token payloads — its last ones, oldest first,
+    zeros before its first token — then the running sum of its payloads, so
+    ``(conv_size + 1) * head_size`` floats (:meth:`RunnerConfig.state_floats`).
+    0 (the default, not serialised): the SSM part alone.
     """
 
     kind: str
@@ -103,6 +111,7 @@ class GroupSpec:
     kernel_block_size: int
     slot_buffer: bool = False
     sliding_window: int = 0
+    conv_size: int = 0
 
 
 @dataclass(frozen=True)
@@ -282,6 +291,11 @@ class RunnerConfig:
         """Is the attention KV cache quantized (``kv_cache_dtype`` ``int8``)?"""
         return self.kv_cache_dtype == KV_INT8
 
+    def state_floats(self, group: int) -> int:
+        """Floats of one state of Mamba group ``group``: its conv part
+        (``conv_size`` tokens) then its SSM part, each token ``head_size``."""
+        return (self.groups[group].conv_size + 1) * self.head_size
+
     def has_null_block(self, group: int) -> bool:
         """Is block 0 of ``group`` the reserved null block?  Always, except a
         Mamba group under ``mamba_padding`` ``pad_slot_no_null``."""
@@ -393,6 +407,7 @@ class RunnerConfig:
                  "kernel_block_size": g.kernel_block_size}
                 | ({"slot_buffer": True} if g.slot_buffer else {})
                 | ({"sliding_window": g.sliding_window} if g.sliding_window else {})
+                | ({"conv_size": g.conv_size} if g.conv_size else {})
                 for g in self.groups
             ],
             "num_blocks": self.num_blocks,
@@ -466,7 +481,7 @@ class RunnerConfig:
                     raise ConfigError(f"groups[{i}]", "must be an object")
                 for key in sorted(g):
                     if key not in ("kind", "block_size", "kernel_block_size", "slot_buffer",
-                                   "sliding_window"):
+                                   "sliding_window", "conv_size"):
                         raise ConfigError(f"groups[{i}].{key}", "unknown field")
                 if "kind" not in g or "block_size" not in g:
                     raise ConfigError(f"groups[{i}]", "needs 'kind' and 'block_size'")
@@ -477,7 +492,8 @@ class RunnerConfig:
                     raise ConfigError(f"groups[{i}].slot_buffer", f"must be true or false, "
                                       f"got {own!r}")
                 window = _int(g.get("sliding_window", 0), f"groups[{i}].sliding_window")
-                specs.append(GroupSpec(g["kind"], bs, kbs, own, window))
+                conv = _int(g.get("conv_size", 0), f"groups[{i}].conv_size")
+                specs.append(GroupSpec(g["kind"], bs, kbs, own, window, conv))
             kwargs["groups"] = tuple(specs)
         if "cudagraph_capture_sizes" in obj:
             sizes = obj["cudagraph_capture_sizes"]
@@ -505,8 +521,6 @@ class RunnerConfig:
                 raise ConfigError(f"groups[{i}].kernel_block_size",
                                   f"{g.kernel_block_size} is not a divisor of block_size "
                                   f"{g.block_size} (1..{g.block_size}, dividing it)")
-            if g.kind == ATTENTION and g.block_size & (g.block_size - 1):
-                raise ConfigError(f"groups[{i}].block_size", "must be a power of two")
             if g.sliding_window:
                 if g.kind != ATTENTION:
                     raise ConfigError(f"groups[{i}].sliding_window", "only an attention group "
@@ -521,6 +535,11 @@ class RunnerConfig:
                     raise ConfigError(f"groups[{i}].sliding_window", "with prefix caching "
                                       "needs no Mamba group, and with a drafter no other "
                                       "group (not modelled yet)")
+            if g.conv_size:
+                if g.kind != MAMBA:
+                    raise ConfigError(f"groups[{i}].conv_size", "only a Mamba group keeps a "
+                                      "convolution state")
+                _bound(g.conv_size, 0, CONV_SIZE_MAX, f"groups[{i}].conv_size")
             if g.slot_buffer and g.kind != ATTENTION:
                 raise ConfigError(f"groups[{i}].slot_buffer", "only an attention backend keeps "
                                   "a slot buffer (a mamba group has no slot mapping)")
@@ -595,6 +614,14 @@ class RunnerConfig:
             if self.enable_prefix_caching:
                 raise ConfigError("kv_sharing", "not with prefix caching yet (shared-pool "
                                   "evictions across groups are not modelled)")
+            for a, m in self.shared_pages().items():
+                if self.groups[a].block_size * self.head_size < self.state_floats(m):
+                    raise ConfigError(f"groups[{a}].block_size", f"with kv_sharing a page of "
+                                      f"{self.groups[a].block_size} tokens x {self.head_size} "
+                                      f"floats cannot hold group {m}'s "
+                                      f"{self.state_floats(m)}-float Mamba state (the engine "
+                                      "derives the block size from the state: "
+                                      "hybrid_attention_block_size)")
             least = len(self.attention_groups) + self.mamba_columns * len(self.mamba_groups)
             if self.num_blocks < 1 + least:
                 raise ConfigError("num_blocks", f"{self.num_blocks} with kv_sharing: one pool "
@@ -632,6 +659,16 @@ class RunnerConfig:
                 raise ConfigError(f"groups[{g}].block_size",
                                   "block_size * the row's width (max_num_blocks_per_req) "
                                   "must be <= 256")
+
+
+def hybrid_attention_block_size(state_floats: int, head_size: int, kernel_alignment: int) -> int:
+    """The attention block size a hybrid model's engine derives so that one
+    attention page holds one Mamba state (vLLM's hybrid-model config update:
+    the least multiple of the kernel block alignment whose page — ``block_size
+    * head_size`` floats here — is at least the Mamba page).  Sizes that are not
+    powers of two follow (48 for a 3-kernel-block page)."""
+    tokens = -(-state_floats // head_size)
+    return kernel_alignment * -(-tokens // kernel_alignment)
 
 
 def _int(value, field_path: str) -> int:

@@ -45,6 +45,19 @@ def token_payload(token_ids, head_size: int) -> np.ndarray:
     return (t[:, None] * 4 + d[None, :] + 1).astype(np.float32)
 
 
+def mamba_state_of(rows: np.ndarray, conv_size: int) -> np.ndarray:
+    """The Mamba state after tokens whose payloads are ``rows`` (float32 (N,
+    head_size), oldest first): the last ``conv_size`` rows (zeros before the
+    first), then their sum — float32 ((conv_size + 1) * head_size,)."""
+    rows = np.asarray(rows, np.float32).reshape(-1, np.shape(rows)[-1])
+    head = rows.shape[1]
+    conv = np.zeros((conv_size, head), np.float32)
+    take = rows[max(len(rows) - conv_size, 0):]
+    if conv_size and len(take):
+        conv[conv_size - len(take):] = take
+    return np.concatenate([conv.reshape(-1), rows.sum(axis=0, dtype=np.float32)])
+
+
 def payload(req: int, positions: np.ndarray, head_size: int) -> np.ndarray:
     """KV / activation payload of ``req`` at ``positions``.
 

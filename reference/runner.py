@@ -28,7 +28,8 @@ from .dcp import global_position, local_slots
 from .ledger import Ledger, OpError
 from .kv_cache_manager import choose_admit, choose_allocate, choose_skipped
 from .quant import roundtrip
-from .payload import (NULL_BLOCK_ID, PAD_SLOT_ID, SENTINEL, draft_payload, token_payload,
+from .payload import (NULL_BLOCK_ID, PAD_SLOT_ID, SENTINEL, draft_payload, mamba_state_of,
+                      token_payload,
                       payload)
 
 
@@ -129,9 +130,11 @@ class ReferenceRunnerBase(abc.ABC):
         pages = {m: a for a, m in cfg.shared_pages().items()}
         for g in cfg.mamba_groups:
             if g in pages:  # kv_sharing: the first head_size floats of each page
-                self.mamba_state[g] = self.kv_cache[pages[g]].reshape(cfg.num_blocks, -1)[:, :heads]
+                self.mamba_state[g] = self.kv_cache[pages[g]].reshape(
+                    cfg.num_blocks, -1)[:, :cfg.state_floats(g)]
             else:
-                self.mamba_state[g] = np.full((cfg.num_blocks, heads), SENTINEL, np.float32)
+                self.mamba_state[g] = np.full((cfg.num_blocks, cfg.state_floats(g)), SENTINEL,
+                                              np.float32)
                 self.mamba_state[g][NULL_BLOCK_ID] = 0.0
             self.state_indices[g] = np.zeros(rows, np.int32)
         self.hidden = np.zeros((tokens, heads), np.float32)
@@ -258,8 +261,8 @@ class ReferenceRunnerBase(abc.ABC):
             self.kv_cache[g][blocks, off[is_local]] = self._stored(token_payload(
                 self.ledger.token_ids(req, pos[is_local]), cfg.head_size))
         for g in self.config.mamba_groups:
-            self.mamba_state[g][r.blocks[g][0]] = token_payload(
-                self.ledger.token_ids(req, pos), cfg.head_size).sum(axis=0, dtype=np.float32)
+            self.mamba_state[g][r.blocks[g][0]] = mamba_state_of(token_payload(
+                self.ledger.token_ids(req, pos), cfg.head_size), cfg.groups[g].conv_size)
         self._row_progress(req, r.prompt_len)
 
     def rollback(self, req: int, num_tokens: int) -> None:
@@ -570,21 +573,29 @@ class ReferenceRunnerBase(abc.ABC):
         its final state to column 0."""
         # kv_sharing: a write into the null block is dropped (its page is shared).
         keep_null = self.config.page_partner(g) is None
+        conv, heads = self.config.groups[g].conv_size, self.config.head_size
         for b in range(num_rows):
             idx = int(self.state_indices[g][b])
             if idx == PAD_SLOT_ID:
                 continue
             lo, hi = int(self.query_start_loc[b]), int(self.query_start_loc[b + 1])
-            old = self.mamba_state[g][idx].copy() if self.has_initial_state[b] else 0.0
+            old = self.mamba_state[g][idx].copy() if self.has_initial_state[b] \
+                else np.zeros(self.config.state_floats(g), np.float32)
             cols = self.write_indices[g][b]
+
+            def after(end: int) -> np.ndarray:
+                """The state after tokens [lo, end): conv shifted, SSM summed."""
+                seq = np.concatenate([old[:conv * heads].reshape(conv, heads),
+                                      self.hidden[lo:end]])
+                ssm = old[conv * heads:] + self.hidden[lo:end].sum(axis=0, dtype=np.float32)
+                return np.concatenate([seq[len(seq) - conv:].reshape(-1), ssm])
+
             if self.spec_rows[b]:
                 for t in range(hi - lo):
-                    x = self.hidden[lo:lo + t + 1].sum(axis=0, dtype=np.float32)
                     if keep_null or cols[t] != NULL_BLOCK_ID:
-                        self.mamba_state[g][cols[t]] = old + x
+                        self.mamba_state[g][cols[t]] = after(lo + t + 1)
             elif keep_null or cols[0] != NULL_BLOCK_ID:
-                self.mamba_state[g][cols[0]] = old + self.hidden[lo:hi].sum(axis=0,
-                                                                           dtype=np.float32)
+                self.mamba_state[g][cols[0]] = after(hi)
 
     def _attention(self, g: int, num_rows: int) -> None:
         cfg = self.config

@@ -16,7 +16,9 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from reference import ATTENTION, MAMBA, GroupSpec, RunnerConfig
-from reference.config import ALWAYS, UNIFORM_BATCH
+from reference.config import ALWAYS, UNIFORM_BATCH, hybrid_attention_block_size
+
+HEAD_SIZE = 4  # drawn configs keep RunnerConfig's default head_size
 
 
 @st.composite
@@ -42,11 +44,18 @@ def runner_configs(draw, runner: str | None = None,
     # Repeated entries weight the draw: most examples keep a Mamba group and
     # graph capture sizes (the seeds' bugs need both); geometry varies around them.
     block_size = draw(st.sampled_from([4, 8, 4, 2, 16]))
+    # One in four: a block size that is not a power of two (x 3/2: 6, 12, 24), as
+    # hybrid models' attention groups get when their block is sized to a page.
+    if block_size >= 4 and draw(st.sampled_from([False, False, False, True])):
+        block_size = block_size * 3 // 2
     split = draw(st.sampled_from([1, 2, 1, 4])) if (kernel_split or {}).get(runner, True) else 1
     kernel_block_size = max(1, block_size // split)
+    if block_size % kernel_block_size:
+        kernel_block_size = block_size
     groups = [GroupSpec(ATTENTION, block_size, kernel_block_size)]
     if draw(st.sampled_from([True, True, True, False])):
-        groups.append(GroupSpec(MAMBA, 16, 16))
+        # A conv state before the SSM state in one Mamba group in two.
+        groups.append(GroupSpec(MAMBA, 16, 16, conv_size=draw(st.sampled_from([0, 0, 1, 3]))))
     if draw(st.sampled_from([False, False, True])):
         second = draw(st.sampled_from([8, 4]))
         groups.append(GroupSpec(ATTENTION, second, second))
@@ -84,7 +93,8 @@ def runner_configs(draw, runner: str | None = None,
         max_num_batched_tokens = max(max_num_batched_tokens, block_size)
         bs_m = draw(st.sampled_from([2 * block_size, 2 * block_size, block_size]))
         bs_m = bs_m if bs_m <= max_num_batched_tokens else block_size
-        groups = [GroupSpec(MAMBA, bs_m, bs_m) if g.kind == MAMBA else g for g in groups]
+        groups = [GroupSpec(MAMBA, bs_m, bs_m, conv_size=g.conv_size) if g.kind == MAMBA else g
+                  for g in groups]
     sizes = draw(st.sampled_from([(1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4), (2, 8), (1,), ()]))
     world = draw(st.sampled_from([1, 1, 2, 4])) if (dcp or {}).get(runner, True) and not \
         caching and not groups[0].sliding_window \
@@ -116,6 +126,18 @@ def runner_configs(draw, runner: str | None = None,
     # no prefix caching), unless the target cannot run it.
     sharing = mamba and sharing_ok and not caching and not k \
         and draw(st.sampled_from([False, True]))
+    if sharing:
+        # The engine sizes the attention block from the Mamba state: the least
+        # multiple of the kernel block size whose page holds it.
+        m = next(g for g in groups if g.kind == MAMBA)
+        g0 = groups[0]
+        derived = hybrid_attention_block_size((m.conv_size + 1) * HEAD_SIZE, HEAD_SIZE,
+                                              g0.kernel_block_size)
+        if derived > g0.block_size and derived % interleave == 0:
+            groups[0] = GroupSpec(ATTENTION, derived, g0.kernel_block_size, g0.slot_buffer,
+                                  g0.sliding_window)
+        elif derived > g0.block_size:
+            sharing = False
     # Attention groups of different block sizes: in two configs in three each row is
     # sized from max_model_len and the group's own block size (vLLM's InputBatch),
     # so the larger blocks get narrower rows; else one width for every group.

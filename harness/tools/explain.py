@@ -155,10 +155,16 @@ def layout_note(config) -> str | None:
     pairs = config.shared_pages()
     if not pairs:
         return None
+    def where(m: int) -> str:
+        conv, span = config.groups[m].conv_size, -(-config.state_floats(m) // config.head_size)
+        parts = f"conv state ({conv} tokens) then SSM state" if conv else "SSM state"
+        return ("token 0 of block b's attention view" if span == 1
+                else f"tokens 0..{span - 1} of block b's attention view ({parts})")
+
     shared = ", ".join(f"group {a} (attention) and group {m} (Mamba)" for a, m in pairs.items())
+    views = "; ".join(f"group {m}'s state of block b is {where(m)}" for m in pairs.values())
     return (f"layout: kv_sharing — one block pool for every group; {shared} share pages: "
-            "block b's Mamba state is token 0 of block b's attention view, so one write "
-            "into it is listed in both views")
+            f"{views}, so one write into it is listed in both views")
 
 
 def render(records: list[dict], fmt: str, console=None, caption: str | None = None) -> str | None:

@@ -303,3 +303,42 @@ def test_mamba_update_skips_or_remaps_pad_slot_rows(device, seed, pad_target):
         old = state[dst] if init[r] else 0.0
         want[dst] = old + hidden[qsl[r]:qsl[r + 1]].sum(axis=0)
     assert np.array_equal(state_t.cpu().numpy(), want)
+
+
+@KERNEL_EXAMPLES
+@given(seed=st.integers(0, 2**32 - 1), conv=st.integers(0, 3), spec=st.booleans())
+def test_mamba_update_shifts_the_conv_state(device, seed, conv, spec):
+    """A Mamba state with a conv part (conv_size tokens, then the SSM sum): each
+    written state holds the last conv_size payloads of [old conv, the row's
+    tokens] — per token for a spec-decode row, read before any column is written
+    — and the SSM sum after them, as reference.payload.mamba_state_of builds it."""
+    from reference.payload import mamba_state_of
+
+    rng = np.random.default_rng(seed)
+    rows, tokens, head, blocks, ncol = 4, 12, 4, 16, 3
+    lens = rng.integers(0, 4, rows)
+    qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    cols = rng.permutation(np.arange(1, blocks))[:rows * ncol].reshape(rows, ncol).astype(np.int32)
+    # The running column (num_accepted 1: column 0) is also written: read first.
+    init = rng.integers(0, 2, rows).astype(np.int32)
+    hidden = rng.integers(1, 100, (tokens, head)).astype(np.float32)
+    width = (conv + 1) * head
+    state = rng.integers(-9, 9, (blocks, width)).astype(np.float32)
+    spec_rows = (np.full(rows, int(spec)) & (lens > 0)).astype(np.int32)
+    state_t = _t(state, device)
+    mamba_state_update(_t(hidden, device), _t(qsl, device), _t(cols, device), _t(init, device),
+                       state_t, rows, num_accepted=_t(np.ones(rows, np.int32), device),
+                       spec_rows=_t(spec_rows, device), conv_size=conv)
+    want = state.copy()
+    for r in range(rows):
+        lo, hi = qsl[r], qsl[r + 1]
+        old = state[cols[r, 0]] if init[r] else np.zeros(width, np.float32)
+        prefix = old[:conv * head].reshape(conv, head)
+        ends = range(lo + 1, hi + 1) if spec_rows[r] else [hi]
+        for c, end in enumerate(ends):
+            if c >= ncol:
+                break
+            got = mamba_state_of(np.concatenate([prefix, hidden[lo:end]]), conv)
+            got[conv * head:] = old[conv * head:] + hidden[lo:end].sum(axis=0)
+            want[cols[r, c]] = got
+    assert np.array_equal(state_t.cpu().numpy(), want)

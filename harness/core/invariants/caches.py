@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from reference import NULL_BLOCK_ID, Ledger, RunnerConfig
-from reference.payload import token_payload
+from reference.payload import mamba_state_of, token_payload
 from reference.dcp import local_slots
 
 from harness.core.invariants import Invariant, Violation, register
@@ -77,8 +77,9 @@ def check_loaded_blocks(config: RunnerConfig, ledger: Ledger, obs: Observation,
                                      group=g, block=int(blocks[p])))
         for g in config.mamba_groups:
             b = r.blocks[g][0]
-            want_state = token_payload(ledger.token_ids(req, np.arange(r.prompt_len)),
-                                       config.head_size).sum(axis=0, dtype=np.float32)
+            want_state = mamba_state_of(token_payload(
+                ledger.token_ids(req, np.arange(r.prompt_len)), config.head_size),
+                config.groups[g].conv_size)
             if not (obs.mamba_state[g][b] == want_state).all():
                 out.append(Violation("LOADED_BLOCKS_INTACT", op_index, op,
                                      f"req {req}'s loaded state is "

@@ -31,7 +31,7 @@ import numpy as np
 
 from reference import NULL_BLOCK_ID
 from reference.config import ENGINE, MAMBA
-from reference.payload import token_payload
+from reference.payload import mamba_state_of, token_payload
 
 from harness.core.invariants import CheckContext, Invariant, register
 
@@ -329,7 +329,8 @@ def check_prefix_content(ctx: CheckContext) -> list:
                                   f"Mamba state block {b} as its column {n - 1}, which is "
                                   f"not registered for its first {hit} tokens", group=g,
                                   block=b)]
-        want = token_payload(f.tokens[:hit], cfg.head_size).sum(axis=0, dtype=np.float32)
+        want = mamba_state_of(token_payload(f.tokens[:hit], cfg.head_size),
+                              cfg.groups[g].conv_size)
         if not np.array_equal(ctx.after.mamba_state[g][b], want):
             return [ctx.violation(PREFIX_CONTENT, f"request {op['req']}'s prefix hit shares "
                                   f"Mamba state block {b} (mamba_state[{g}]), which does not "

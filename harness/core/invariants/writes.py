@@ -72,13 +72,14 @@ def permit_for(config: RunnerConfig, ledger: Ledger, op: dict) -> WritePermit:
 def _share_pages(config: RunnerConfig, cells: dict) -> None:
     """Permits are per page where groups share pages (``kv_sharing``): a page
     the op may write through one view may change in the other — a Mamba state
-    is token 0 of the attention view, and an attention write may cover the
-    state.  The null block is never widened (its page stays clean)."""
+    is the first tokens of the attention view (its conv and SSM parts), and an
+    attention write may cover the state.  The null block is never widened (its page stays clean)."""
     for a, m in config.shared_pages().items():
+        span = -(-config.state_floats(m) // config.head_size)  # tokens the state covers
         for b in [b for b in cells.get(m, {}) if b != NULL_BLOCK_ID]:
             have = cells[a].get(b, False)
             if have is not None:
-                cells[a][b] = (0, 1) if have is False else (0, max(have[1], 1))
+                cells[a][b] = (0, span) if have is False else (0, max(have[1], span))
         for b in [b for b in cells.get(a, {}) if b != NULL_BLOCK_ID]:
             cells[m][b] = None
 
