@@ -179,7 +179,7 @@ def main() -> None:
     device = select_device(args.device).type
     from gpu_impl.faults import CATALOGUE
     from harness.search.fuzz import fuzz
-    from reference import RunnerConfig
+    from reference import GroupSpec, RunnerConfig
 
     console = Console(width=None if Console().is_terminal else 150)
     console.print(f"blockfuzz bench: seed={args.seed} device={device} examples={args.examples}")
@@ -193,6 +193,17 @@ def main() -> None:
                           # the hybrid layout: one pool, attention and Mamba pages aliased
                           ("v1 kv_sharing hybrid", RunnerConfig(kv_sharing=True)),
                           ("v2 kv_sharing hybrid", RunnerConfig(runner="v2", kv_sharing=True)),
+                          # issue #12's cache layouts: a quantized KV cache; a conv
+                          # state with PAD_SLOT_ID padding and no Mamba null block;
+                          # 24-token blocks split into 8-token kernel blocks
+                          ("v1 int8 KV hybrid", RunnerConfig(kv_cache_dtype="int8")),
+                          ("v1 conv3 pad_slot_no_null", RunnerConfig(
+                              mamba_padding="pad_slot_no_null",
+                              groups=(GroupSpec("attention", 4, 4),
+                                      GroupSpec("mamba", 16, 16, conv_size=3)))),
+                          ("v1 24-token blocks", RunnerConfig(
+                              groups=(GroupSpec("attention", 24, 8), GroupSpec("mamba", 16, 16)),
+                              max_num_blocks_per_req=2)),
                           ("v1 geometry drawn", None), ("v2 geometry drawn", None)):
         if config is None:
             r = fuzz(None, args.seed, args.examples, (), "gpu_impl", device, profile="dev",

@@ -206,6 +206,11 @@ class RunnerConfig:
       ``pad_slot_no_null`` needs prefix caching off (align mode pads a row
       with the null block) and ``kv_sharing`` off (block 0 is the attention
       null page).
+    sharing_map: with ``kv_sharing``, which attention group shares its tensor
+      with which Mamba group: ((attention group, Mamba group), ...), each group
+      at most once (JSON ``"kv_sharing_map"``: a list of pairs); empty (the
+      default, not serialised): the i-th attention group with the i-th Mamba
+      group.  A group left out keeps a tensor of its own in the one pool.
     kv_cache_dtype: ``"auto"`` — attention KV stored as computed (float32; the
       default, not serialised); ``"int8"`` — a quantized KV cache: each
       attention group stores an int8 payload (num_blocks, block_size,
@@ -243,6 +248,7 @@ class RunnerConfig:
     model_len: int = 0
     mamba_padding: str = NULL_PAD
     kv_cache_dtype: str = KV_AUTO
+    sharing_map: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self):
         self.validate()
@@ -351,10 +357,13 @@ class RunnerConfig:
 
     def shared_pages(self) -> dict[int, int]:
         """With ``kv_sharing``: {attention group: Mamba group} whose tensors are
-        one (the i-th attention group with the i-th Mamba group, as vLLM's
-        hybrid allocator pairs layers across groups); else {}."""
+        one — ``sharing_map`` when the config names the pairs, else the i-th
+        attention group with the i-th Mamba group, as vLLM's hybrid allocator
+        pairs layers across groups (its ``KVCacheTensor.shared_by``); else {}."""
         if not self.kv_sharing:
             return {}
+        if self.sharing_map:
+            return dict(self.sharing_map)
         return dict(zip(self.attention_groups, self.mamba_groups))
 
     def page_partner(self, group: int) -> int | None:
@@ -430,7 +439,8 @@ class RunnerConfig:
           | ({"kv_sharing": True} if self.kv_sharing else {}) \
           | ({"max_model_len": self.model_len} if self.model_len else {}) \
           | ({"mamba_padding": self.mamba_padding} if self.mamba_padding != NULL_PAD else {}) \
-          | ({"kv_cache_dtype": self.kv_cache_dtype} if self.kv_cache_dtype != KV_AUTO else {})
+          | ({"kv_cache_dtype": self.kv_cache_dtype} if self.kv_cache_dtype != KV_AUTO else {}) \
+          | ({"kv_sharing_map": [list(p) for p in self.sharing_map]} if self.sharing_map else {})
 
     @classmethod
     def from_json(cls, obj) -> "RunnerConfig":
@@ -443,7 +453,7 @@ class RunnerConfig:
                  "cp_kv_cache_interleave_size", "reorder_batch_threshold",
                  "cudagraph_support", "num_speculative_tokens", "allocator",
                  "enable_prefix_caching", "kv_sharing", "max_model_len", "mamba_padding",
-                 "kv_cache_dtype"}
+                 "kv_cache_dtype", "kv_sharing_map"}
         for key in sorted(obj):
             if key not in known:
                 raise ConfigError(key, "unknown field")
@@ -451,7 +461,7 @@ class RunnerConfig:
         for key in sorted(known - {"runner", "groups", "cudagraph_capture_sizes",
                                    "cudagraph_support", "allocator",
                                    "enable_prefix_caching", "kv_sharing", "max_model_len",
-                                   "mamba_padding", "kv_cache_dtype"}):
+                                   "mamba_padding", "kv_cache_dtype", "kv_sharing_map"}):
             if key in obj:
                 kwargs[key] = _int(obj[key], key)
         if "max_model_len" in obj:
@@ -471,6 +481,15 @@ class RunnerConfig:
                 if not isinstance(obj[key], bool):
                     raise ConfigError(key, f"must be true or false, got {obj[key]!r}")
                 kwargs[key] = obj[key]
+        if "kv_sharing_map" in obj:
+            pairs = obj["kv_sharing_map"]
+            if not isinstance(pairs, list) or not all(
+                    isinstance(p, list) and len(p) == 2 for p in pairs):
+                raise ConfigError("kv_sharing_map", "must be a list of [attention group, "
+                                  "Mamba group] pairs")
+            kwargs["sharing_map"] = tuple(
+                (_int(a, f"kv_sharing_map[{i}][0]"), _int(m, f"kv_sharing_map[{i}][1]"))
+                for i, (a, m) in enumerate(pairs))
         if "groups" in obj:
             groups = obj["groups"]
             if not isinstance(groups, list):
@@ -604,6 +623,21 @@ class RunnerConfig:
             if self.dcp_world_size != 1:
                 raise ConfigError("enable_prefix_caching", "needs dcp_world_size 1 (prefix "
                                   "caching under DCP is not modelled)")
+        if self.sharing_map:
+            if not self.kv_sharing:
+                raise ConfigError("kv_sharing_map", "needs kv_sharing true (it says which "
+                                  "groups share pages)")
+            seen = set()
+            for i, (a, m) in enumerate(self.sharing_map):
+                if a not in self.attention_groups or m not in self.mamba_groups:
+                    raise ConfigError(f"kv_sharing_map[{i}]", f"[{a}, {m}] is not [an attention "
+                                      f"group, a Mamba group] (attention groups "
+                                      f"{self.attention_groups}, Mamba groups "
+                                      f"{self.mamba_groups})")
+                if a in seen or m in seen:
+                    raise ConfigError(f"kv_sharing_map[{i}]", f"group {a if a in seen else m} "
+                                      "shares its tensor twice")
+                seen |= {a, m}
         if self.kv_sharing:
             if not self.mamba_groups:
                 raise ConfigError("kv_sharing", "needs a Mamba group (attention and Mamba "

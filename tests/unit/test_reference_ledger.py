@@ -109,6 +109,13 @@ def test_kv_sharing_is_one_pool_for_every_group():
      "mamba_padding"),
     ({"mamba_padding": "pad_slot_no_null", "kv_sharing": True}, "mamba_padding"),
     ({"kv_cache_dtype": "fp8"}, "kv_cache_dtype"),
+    ({"kv_sharing_map": [[0, 1]]}, "kv_sharing_map"),
+    ({"kv_sharing": True, "kv_sharing_map": [[1, 0]]}, "kv_sharing_map[0]"),
+    ({"kv_sharing": True, "kv_sharing_map": [[0]]}, "kv_sharing_map"),
+    ({"kv_sharing": True, "groups": [{"kind": "attention", "block_size": 2},
+                                     {"kind": "mamba", "block_size": 16, "conv_size": 3}]},
+     "groups[0].block_size"),
+    ({"groups": [{"kind": "attention", "block_size": 4, "conv_size": 1}]}, "groups[0].conv_size"),
     ({"kv_cache_dtype": "int8", "kv_sharing": True}, "kv_cache_dtype"),
 ])
 def test_layout_config_errors_name_the_field(fields, field):
@@ -154,3 +161,24 @@ def test_pad_slot_no_null_makes_block_0_an_ordinary_mamba_block():
         assert RunnerConfig.from_json(cfg.to_json()) == cfg
         with pytest.raises(OpError, match="null block"):
             Ledger(cfg).add(0, [[1], [0]], 3)
+
+
+def test_sharing_map_pairs_the_named_groups():
+    """kv_sharing_map: the named attention group's tensor is the Mamba group's
+    (the page sized for the state); the other attention group keeps its own."""
+    import torch
+
+    from gpu_impl import FaultSet, GPUModelRunnerV1
+
+    cfg = RunnerConfig.from_json({
+        "kv_sharing": True, "kv_sharing_map": [[2, 1]], "num_blocks": 16,
+        "groups": [{"kind": "attention", "block_size": 4}, {"kind": "mamba", "block_size": 16,
+                                                            "conv_size": 1},
+                   {"kind": "attention", "block_size": 8}]})
+    assert cfg.shared_pages() == {2: 1} and cfg.page_partner(0) is None
+    assert RunnerConfig.from_json(cfg.to_json()) == cfg
+    runner = GPUModelRunnerV1(cfg, FaultSet(), torch.device("cpu"))
+    state, kv = runner.mamba_states[1], runner.kv_caches[2]
+    assert state.data_ptr() == kv.data_ptr() and state.stride(0) == 8 * 4
+    assert state.shape == (16, 8)  # conv part (1 token) + SSM part
+    assert runner.kv_caches[0].data_ptr() != kv.data_ptr()
