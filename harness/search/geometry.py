@@ -54,8 +54,7 @@ def runner_configs(draw, runner: str | None = None,
         kernel_block_size = block_size
     groups = [GroupSpec(ATTENTION, block_size, kernel_block_size)]
     if draw(st.sampled_from([True, True, True, False])):
-        # A conv state before the SSM state in one Mamba group in two.
-        groups.append(GroupSpec(MAMBA, 16, 16, conv_size=draw(st.sampled_from([0, 0, 1, 3]))))
+        groups.append(GroupSpec(MAMBA, 16, 16))
     if draw(st.sampled_from([False, False, True])):
         second = draw(st.sampled_from([8, 4]))
         groups.append(GroupSpec(ATTENTION, second, second))
@@ -93,8 +92,7 @@ def runner_configs(draw, runner: str | None = None,
         max_num_batched_tokens = max(max_num_batched_tokens, block_size)
         bs_m = draw(st.sampled_from([2 * block_size, 2 * block_size, block_size]))
         bs_m = bs_m if bs_m <= max_num_batched_tokens else block_size
-        groups = [GroupSpec(MAMBA, bs_m, bs_m, conv_size=g.conv_size) if g.kind == MAMBA else g
-                  for g in groups]
+        groups = [GroupSpec(MAMBA, bs_m, bs_m) if g.kind == MAMBA else g for g in groups]
     sizes = draw(st.sampled_from([(1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4), (2, 8), (1,), ()]))
     world = draw(st.sampled_from([1, 1, 2, 4])) if (dcp or {}).get(runner, True) and not \
         caching and not groups[0].sliding_window \
@@ -126,6 +124,10 @@ def runner_configs(draw, runner: str | None = None,
     # no prefix caching), unless the target cannot run it.
     sharing = mamba and sharing_ok and not caching and not k \
         and draw(st.sampled_from([False, True]))
+    # A conv state before the SSM state in one Mamba group in two.
+    conv = draw(st.sampled_from([0, 0, 1, 3])) if mamba else 0
+    groups = [GroupSpec(MAMBA, g.block_size, g.kernel_block_size, conv_size=conv)
+              if g.kind == MAMBA else g for g in groups]
     if sharing:
         # The engine sizes the attention block from the Mamba state: the least
         # multiple of the kernel block size whose page holds it.
@@ -154,7 +156,7 @@ def runner_configs(draw, runner: str | None = None,
     # with prefix caching or kv_sharing, which need the null block).
     padding = "null"
     if mamba and padding_ok:
-        padding = draw(st.sampled_from(["null", "pad_slot", "pad_slot_no_null", "null"]))
+        padding = draw(st.sampled_from(["null", "pad_slot", "null", "pad_slot_no_null"]))
         if padding == "pad_slot_no_null" and (caching or sharing):
             padding = "pad_slot"
     # A quantized KV cache (int8 payload, a scale and zero point per slot) in

@@ -86,6 +86,16 @@ def _smaller_configs(config):
             yield dict(fields, groups=groups)
     if "max_model_len" in fields:  # one width for every attention group (the widest)
         yield {k: v for k, v in fields.items() if k != "max_model_len"}
+    # The cache layouts back to their defaults: float32 KV, null-block padding,
+    # no conv state (the block sizes a conv state made a shared page need stay).
+    for name in ("kv_cache_dtype", "mamba_padding", "kv_sharing_map"):
+        if name in fields:
+            yield {k: v for k, v in fields.items() if k != name}
+    for g, spec in enumerate(fields["groups"]):
+        if spec.get("conv_size"):
+            groups = copy.deepcopy(fields["groups"])
+            del groups[g]["conv_size"]
+            yield dict(fields, groups=groups)
     yield dict(fields, num_blocks=2)  # the smallest pool first, then one at a time
     for name in ("num_blocks", "max_num_reqs", "max_num_blocks_per_req",
                  "max_num_batched_tokens"):
