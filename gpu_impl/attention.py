@@ -27,7 +27,7 @@ from .cuda_graph import launch
 
 
 ZERO_STEP = 64.0  # zero points are multiples of it (reference.quant)
-SCALE_STEPS = 24
+SCALE_STEPS = 8  # as reference.quant
 QMAX = 255.0
 
 
@@ -152,7 +152,7 @@ def _reshape_and_cache_kernel(
         inv = tl.full([BLOCK_T], 1.0, tl.float32)
         lim = 255.0
         nxt = 2.0
-        for _ in tl.static_range(24):
+        for _ in tl.static_range(8):  # SCALE_STEPS
             s = tl.where(span > lim, nxt, s)
             inv = tl.where(span > lim, 1.0 / nxt, inv)
             lim = lim * 2.0

@@ -4,7 +4,8 @@ One token's KV row (``head_size`` floats) is stored as an 8-bit payload and
 two float32 parameters, a scale and a zero point — per-token asymmetric
 quantization, as LMDeploy's int8 KV cache (``quant_policy=8``) and KIVI-style
 caches keep them beside the pages: ``z = 64 * floor(min(x) / 64)``, ``s`` the
-least power of two ``>= 1`` with ``max(x) - z <= 255 * s``, ``q =
+least power of two ``>= 1`` with ``max(x) - z <= 255 * s`` (at most 256: a wider
+row saturates), ``q =
 clamp(floor((x - z) / s + 0.5), 0, 255)`` (uint8), read back as ``q * s + z``.
 Power-of-two scales keep every dequantized value an integer, so the oracle's
 sums stay exact whatever the summation order (see :mod:`reference.payload`).
@@ -25,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 QMAX = 255
-SCALE_STEPS = 24  # s up to 2**24, past any payload's range
+SCALE_STEPS = 8  # s up to 2**8: spans up to 255 * 256; a payload row spans < 72 (wider saturates)
 ZERO_STEP = np.float32(64)  # zero points are multiples of it
 
 
