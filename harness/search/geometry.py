@@ -29,7 +29,7 @@ def runner_configs(draw, runner: str | None = None,
                    kernel_split: dict | None = None, dcp: dict | None = None,
                    spec: bool = True, spec_dcp: bool = True,
                    engine: bool | str = True, sharing_ok: bool = True,
-                   padding_ok: bool = True) -> RunnerConfig:
+                   padding_ok: bool = True, uniform_pages: bool = False) -> RunnerConfig:
     """A valid :class:`RunnerConfig`; ``runner`` pins ``v1`` / ``v2``.
 
     kernel_split: {runner: bool} — False keeps ``kernel_block_size == block_size``
@@ -41,7 +41,9 @@ def runner_configs(draw, runner: str | None = None,
     ``"single"`` draws ``engine`` configs with one attention group only (a
     target whose manager's groups share one pool, as vLLM's do); sharing_ok:
     False keeps ``kv_sharing`` off; padding_ok: False keeps ``mamba_padding``
-    ``null``.
+    ``null``; uniform_pages: True keeps ``kv_sharing`` to configs whose
+    attention groups have one block size (a target whose engine unifies page
+    sizes before it lays its one pool, as vLLM's does).
     """
     runner = runner or draw(st.sampled_from(["v1", "v2"]))
     # Repeated entries weight the draw: most examples keep a Mamba group and
@@ -167,6 +169,8 @@ def runner_configs(draw, runner: str | None = None,
                                   g0.sliding_window)
         elif derived > g0.block_size:
             sharing = False
+        if uniform_pages and len({g.block_size for g in groups if g.kind == ATTENTION}) > 1:
+            sharing, groups[0] = False, g0
     if model_len:  # the rows of a group whose block size changed
         per_block = {g.block_size * world for g in groups if g.kind == ATTENTION}
         widths = max(-(-model_len // b) for b in per_block)

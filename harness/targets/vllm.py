@@ -250,6 +250,70 @@ def v2_dcp_runs(vllm: SimpleNamespace | None = None) -> str | None:
     return vllm.v2_dcp_error
 
 
+def page_size_refusal(config, vllm: SimpleNamespace) -> str | None:
+    """With ``kv_sharing``: does the release's own page-size unification agree
+    with the config's layout?  None when it does; else why not, one line.
+
+    Each attention group becomes a ``FullAttentionSpec`` (one KV head whose K
+    and V halves make the model's ``head_size`` floats per token), each Mamba
+    group a ``MambaSpec`` with its conv and SSM shapes, and vLLM's
+    ``unify_kv_cache_spec_page_size`` (``vllm/v1/core/kv_cache_utils.py``;
+    ``kv_cache_planning.py`` in later releases)
+    unifies them as the hybrid allocator does before it lays one pool: every
+    attention block size must come back unchanged (vLLM grows a smaller page's
+    block size to the largest page) and every Mamba page must be padded to the
+    page its attention partner's tensor has."""
+    if not config.kv_sharing:
+        return None
+    try:
+        import importlib
+
+        import torch
+        from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
+
+        for where in ("vllm.v1.core.kv_cache_utils", "vllm.v1.core.kv_cache_planning"):
+            unify_kv_cache_spec_page_size = getattr(importlib.import_module(where),
+                                                    "unify_kv_cache_spec_page_size", None)
+            if unify_kv_cache_spec_page_size is not None:  # moved in later releases
+                break
+        else:
+            raise ImportError("unify_kv_cache_spec_page_size")
+    except Exception as e:  # noqa: BLE001 - the release lays pages otherwise
+        return (f"vLLM {vllm.version} has no unify_kv_cache_spec_page_size / MambaSpec to "
+                f"check a shared layout against ({type(e).__name__})")
+    if config.head_size % 2:
+        return (f"head_size {config.head_size}: vLLM's attention page holds a K and a V half "
+                "per token; use an even head_size")
+    head = config.head_size
+    specs = {}
+    for g in config.attention_groups:
+        specs[f"attn.{g}"] = FullAttentionSpec(block_size=config.groups[g].block_size,
+                                               num_kv_heads=1, head_size=head // 2,
+                                               dtype=torch.float32)
+    for g in config.mamba_groups:
+        conv = config.groups[g].conv_size
+        shapes = ((conv, head), (head,)) if conv else ((head,),)
+        specs[f"mamba.{g}"] = MambaSpec(block_size=config.groups[g].block_size, shapes=shapes,
+                                        dtypes=(torch.float32,) * len(shapes))
+    try:
+        unified = unify_kv_cache_spec_page_size(specs)
+    except (NotImplementedError, AssertionError) as e:
+        return (f"vLLM {vllm.version}'s unify_kv_cache_spec_page_size cannot unify these pages "
+                f"({str(e).splitlines()[0] if str(e) else type(e).__name__})")
+    for g in config.attention_groups:
+        got = unified[f"attn.{g}"].block_size
+        if got != config.groups[g].block_size:
+            return (f"vLLM {vllm.version}'s page-size unification gives attention group {g} "
+                    f"{got}-token blocks, not {config.groups[g].block_size}: one pool needs one "
+                    "page size for every group (make the attention pages equal)")
+    for a, m in config.shared_pages().items():
+        if unified[f"mamba.{m}"].page_size_bytes != unified[f"attn.{a}"].page_size_bytes:
+            return (f"vLLM {vllm.version} pads group {m}'s Mamba page to "
+                    f"{unified[f'mamba.{m}'].page_size_bytes} bytes, not the "
+                    f"{unified[f'attn.{a}'].page_size_bytes}-byte page of attention group {a}")
+    return None
+
+
 def refusal(config, vllm: SimpleNamespace | None = None) -> TargetRefused | None:
     """Why the installed release cannot run ``config`` here (None when it can)."""
     vllm = vllm or load()
@@ -258,6 +322,9 @@ def refusal(config, vllm: SimpleNamespace | None = None) -> TargetRefused | None
                              "vllm target (vLLM's block tables fill empty entries with the "
                              "null block and its Mamba builders pad rows themselves); use "
                              "'null' or --target gpu_impl")
+    why = page_size_refusal(config, vllm)
+    if why is not None:
+        return TargetRefused("kv_sharing", why)
     if config.allocator == "engine":
         from harness.targets.vllm_kv_cache import refusal as manager_refusal
 
@@ -308,7 +375,9 @@ def geometry_limits() -> dict:
             "dcp": {"v1": True, "v2": v2_dcp_runs(vllm) is None},
             "spec": spec_decode_missing(vllm) is None, "spec_dcp": False,
             # vLLM's KV-cache manager: one group (vllm_kv_cache.refusal)
-            "engine": "single", "padding_ok": False}
+            "engine": "single", "padding_ok": False,
+            # kv_sharing only where vLLM's page-size unification keeps the layout
+            "uniform_pages": True}
 
 
 def spec_decode_missing(vllm: SimpleNamespace | None = None) -> str | None:

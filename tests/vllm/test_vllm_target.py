@@ -90,6 +90,21 @@ def test_mamba_padding_conventions_refused_on_the_vllm_target(vllm):
         assert refused is not None and refused.field == "mamba_padding"
 
 
+def test_shared_layout_checked_by_vllms_page_size_unification(vllm):
+    """kv_sharing on the vllm target: vLLM's own unify_kv_cache_spec_page_size
+    keeps the config's pages (conv + SSM state padded to the attention page), and
+    a second attention group with a larger page is refused: vLLM would grow the
+    first group's blocks to lay one pool."""
+    shared = RunnerConfig(kv_sharing=True, groups=(GroupSpec("attention", 4, 4),
+                                                   GroupSpec("mamba", 16, 16, conv_size=3)))
+    assert vllm_target.refusal(shared, vllm) is None
+    mixed = RunnerConfig(kv_sharing=True, num_blocks=16, groups=(
+        GroupSpec("attention", 4, 4), GroupSpec("mamba", 16, 16), GroupSpec("attention", 8, 8)))
+    refused = vllm_target.refusal(mixed, vllm)
+    assert refused is not None and refused.field == "kv_sharing"
+    assert "8-token blocks, not 4" in str(refused)
+
+
 def test_refused_trace_is_one_line_exit_2(vllm, tmp_path, capsys):
     trace = json.loads((CORPORA / "seeds" / "kernel-block-size-ignored.json").read_text())
     if vllm.v1_kernel_blocks if trace["config"]["runner"] == "v1" else vllm.v2_kernel_blocks:
