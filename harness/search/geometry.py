@@ -157,20 +157,27 @@ def runner_configs(draw, runner: str | None = None,
     conv = rng.choice([0, 0, 1, 3]) if mamba else 0
     groups = [GroupSpec(MAMBA, g.block_size, g.kernel_block_size, conv_size=conv)
               if g.kind == MAMBA else g for g in groups]
+    sharing_map = ()
     if sharing:
+        # Which attention group shares its tensor with the Mamba group: the first
+        # (the default pairing), or in one config in two with a second attention
+        # group that one (kv_sharing_map).
+        attn = [i for i, g in enumerate(groups) if g.kind == ATTENTION]
+        mi = next(i for i, g in enumerate(groups) if g.kind == MAMBA)
+        ai = attn[1] if len(attn) > 1 and rng.random() < 0.5 else attn[0]
+        sharing_map = ((ai, mi),) if ai != attn[0] else ()
         # The engine sizes the attention block from the Mamba state: the least
         # multiple of the kernel block size whose page holds it.
-        m = next(g for g in groups if g.kind == MAMBA)
-        g0 = groups[0]
-        derived = hybrid_attention_block_size((m.conv_size + 1) * HEAD_SIZE, HEAD_SIZE,
-                                              g0.kernel_block_size)
-        if derived > g0.block_size and derived % interleave == 0:
-            groups[0] = GroupSpec(ATTENTION, derived, g0.kernel_block_size, g0.slot_buffer,
-                                  g0.sliding_window)
-        elif derived > g0.block_size:
-            sharing = False
+        ga = groups[ai]
+        derived = hybrid_attention_block_size((groups[mi].conv_size + 1) * HEAD_SIZE,
+                                              HEAD_SIZE, ga.kernel_block_size)
+        if derived > ga.block_size and derived % interleave == 0:
+            groups[ai] = GroupSpec(ATTENTION, derived, ga.kernel_block_size, ga.slot_buffer,
+                                   ga.sliding_window)
+        elif derived > ga.block_size:
+            sharing, sharing_map = False, ()
         if uniform_pages and len({g.block_size for g in groups if g.kind == ATTENTION}) > 1:
-            sharing, groups[0] = False, g0
+            sharing, sharing_map, groups[ai] = False, (), ga
     if model_len:  # the rows of a group whose block size changed
         per_block = {g.block_size * world for g in groups if g.kind == ATTENTION}
         widths = max(-(-model_len // b) for b in per_block)
@@ -186,6 +193,7 @@ def runner_configs(draw, runner: str | None = None,
     # one config in four, where modelled (not with kv_sharing).
     kv_dtype = "int8" if not sharing and rng.random() < 0.25 else "auto"
     return RunnerConfig(
+        sharing_map=sharing_map,
         kv_cache_dtype=kv_dtype,
         mamba_padding=padding,
         model_len=model_len,
