@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .payload import PAD_SLOT_ID
+
 ATTENTION = "attention"
 MAMBA = "mamba"
 GROUP_KINDS = (ATTENTION, MAMBA)
@@ -41,7 +43,6 @@ ALIGN = "align"
 # and whether block 0 is its null block (see RunnerConfig.mamba_padding).
 NULL_PAD, PAD_SLOT, PAD_SLOT_NO_NULL = "null", "pad_slot", "pad_slot_no_null"
 MAMBA_PADDINGS = (NULL_PAD, PAD_SLOT, PAD_SLOT_NO_NULL)
-PAD_INDEX = -1  # PAD_SLOT_ID (payload.py keeps the same value)
 # The attention groups' KV-cache storage (vLLM's CacheConfig.cache_dtype):
 # float32 as computed, or an 8-bit payload with a float32 scale per token slot.
 KV_AUTO, KV_INT8 = "auto", "int8"
@@ -308,16 +309,20 @@ class RunnerConfig:
         return not (self.groups[group].kind == MAMBA
                     and self.mamba_padding == PAD_SLOT_NO_NULL)
 
+    def null_block(self, group: int) -> int | None:
+        """``group``'s null block id (0), or None where it has none."""
+        return 0 if self.has_null_block(group) else None
+
     def empty_entry(self, group: int) -> int:
         """What an empty block-table entry of ``group`` holds: the null block
         (0), or ``PAD_SLOT_ID`` where block 0 is an ordinary block."""
-        return 0 if self.has_null_block(group) else PAD_INDEX
+        return 0 if self.has_null_block(group) else PAD_SLOT_ID
 
     @property
     def mamba_pad_index(self) -> int:
         """The state index of a Mamba row padded to a capture size: the null
         block (``null``) or ``PAD_SLOT_ID`` (``pad_slot``, ``pad_slot_no_null``)."""
-        return 0 if self.mamba_padding == NULL_PAD else PAD_INDEX
+        return 0 if self.mamba_padding == NULL_PAD else PAD_SLOT_ID
 
     def pads_with_null(self, group: int) -> bool:
         """Align mode's Mamba groups: a request's block list holds the null block

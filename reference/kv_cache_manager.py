@@ -19,8 +19,7 @@ from .payload import NULL_BLOCK_ID
 
 def _pick(ledger: Ledger, group: int, count: int, exclude=()) -> list[int]:
     free = [int(b) for b in np.flatnonzero(ledger.ref_count[group] == 0)
-            if (b != NULL_BLOCK_ID or not ledger.config.has_null_block(group))
-            and int(b) not in exclude]
+            if b != ledger.config.null_block(group) and int(b) not in exclude]
     free.sort(key=lambda b: (b in ledger.registered[group], b))
     return free[:count]
 

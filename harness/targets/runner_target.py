@@ -9,7 +9,6 @@ an adapter for another engine's block-table classes needs only its runner.
 from __future__ import annotations
 
 import numpy as np
-from reference.payload import NULL_BLOCK_ID
 
 from harness.core.observation import Observation, rows_indexed_by
 
@@ -48,8 +47,7 @@ class RunnerTarget:
             self.runner.add_request(req, blocks, prompt_len, hit, tokens)
             for g, ids in enumerate(blocks):  # new blocks (align mode's null pads kept)
                 self.runner.poison_blocks(g, [b for b in ids[self.config.hit_columns(g, hit):]
-                                              if b != NULL_BLOCK_ID
-                                              or not self.config.has_null_block(g)])
+                                              if b != self.config.null_block(g)])
         return {"blocks": blocks, "num_cached_tokens": hit}
 
     def allocate(self, req, num_new_tokens, choice=None):
@@ -61,8 +59,7 @@ class RunnerTarget:
             self.runner.poison_blocks(g, [b for b in ids if self.manager.is_free(g, b)])
         if new is not None:
             for g, ids in enumerate(new):
-                self.runner.poison_blocks(g, [b for b in ids if b != NULL_BLOCK_ID
-                                              or not self.config.has_null_block(g)])
+                self.runner.poison_blocks(g, [b for b in ids if b != self.config.null_block(g)])
             self.runner.append_blocks(req, new)
         return {"blocks": new, "freed": freed}
 

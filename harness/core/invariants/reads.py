@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from reference import NULL_BLOCK_ID, Ledger, RunnerConfig
+from reference import Ledger, RunnerConfig
 from reference.dcp import global_position
 
 from harness.core.invariants import Invariant, Violation, register
@@ -85,7 +85,7 @@ def check_state_reads(config: RunnerConfig, ledger: Ledger, obs: Observation,
             continue
         for g in config.mamba_groups:
             b = int(obs.state_indices[g][row])
-            if (b != NULL_BLOCK_ID or not config.has_null_block(g)) and b not in r.blocks[g]:
+            if b != config.null_block(g) and b not in r.blocks[g]:
                 out.append(Violation(
                     "NO_FOREIGN_READ", op_index, op,
                     f"req {req}'s Mamba state was read through block {b} "

@@ -126,7 +126,7 @@ def _malformed_blocks(config, ledger, op: dict):
         return f"the KV-cache manager's blocks {blocks!r} are not one list per group"
     for g, ids in enumerate(blocks):
         before = [] if op["op"] == "admit" else ledger.requests[op["req"]].blocks[g]
-        null = NULL_BLOCK_ID if config.has_null_block(g) else None  # pad_slot_no_null: none
+        null = config.null_block(g)  # None under pad_slot_no_null
         held = [b for b in before if b != null and b not in freed[g]]
         n_hit = config.hit_columns(g, hit)
         start = hit if op["op"] == "admit" else ledger.requests[op["req"]].num_computed_tokens

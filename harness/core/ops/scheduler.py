@@ -158,7 +158,7 @@ def _permit_new_blocks(config, ledger, op):
         blocks = [[] for _ in config.groups]
     hit = op.get("num_cached_tokens") or 0
     for g, ids in enumerate(blocks):
-        null = 0 if config.has_null_block(g) else None
+        null = config.null_block(g)
         cells[g] = {b: None for b in ids[config.hit_columns(g, hit):] if b != null}  # a pad
     for g, ids in enumerate(op.get("freed") or []):  # left a sliding window: poisoned
         cells[g].update({b: None for b in ids if b})
