@@ -20,6 +20,7 @@ Usage: python bench/coverage.py [--seeds 0..9] [--examples 200] [--before DIR]
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import subprocess
@@ -32,36 +33,51 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 from _args import parse_seeds  # noqa: E402  (bench/ is sys.path[0] when run as a script)
 
 
-def record(seeds: list[int], examples: int) -> dict:
+def record(seeds: list[int], examples: int, steering: bool = True) -> dict:
     """{seed: [(config JSON, ops), ...]} as the importable checkout's machine draws them."""
-    from hypothesis import Phase, settings
-    from hypothesis import seed as hypothesis_seed
-    from hypothesis.stateful import run_state_machine_as_test
-
-    from harness.search import profiles
-    from harness.search.machine import BlockFuzzMachine, make_machine
+    from harness.search.machine import BlockFuzzMachine
 
     class Recording(BlockFuzzMachine):
         def teardown(self):
             if getattr(self, "session", None) is not None:
                 self.stats.setdefault("recorded", []).append(
-                    (self.cfg.to_json(), list(self.ops)))
+                    (self.cfg.to_json(), list(self.ops), getattr(self, "prefix_len", 0)))
             super().teardown()
 
     out = {}
     for s in seeds:
         stats: dict = {}
-        m = make_machine(None, (), "reference", None, stats, None, base=Recording)
-        hypothesis_seed(s)(m)
-        run_state_machine_as_test(m, settings=settings(
-            profiles.get("dev"), max_examples=examples, derandomize=False,
-            phases=[Phase.explicit, Phase.generate]))
+        # What fuzz runs: chunks, steered (where the checkout has them).
+        from harness.search.fuzz import _run_chunks
+
+        params = inspect.signature(_run_chunks).parameters
+        kw = {"steering": steering} if "steering" in params else {}
+        if "base" in params:
+            _run_chunks(None, s, examples, (), "reference", None, None, "dev", stats, None, [],
+                        base=Recording, **kw)
+        else:  # an older checkout: one Hypothesis run, as its fuzz did
+            from hypothesis import Phase, settings
+            from hypothesis import seed as hypothesis_seed
+            from hypothesis.stateful import run_state_machine_as_test
+
+            from harness.search import profiles
+            from harness.search.machine import make_machine
+
+            m = make_machine(None, (), "reference", None, stats, None, base=Recording)
+            hypothesis_seed(s)(m)
+            run_state_machine_as_test(m, settings=settings(
+                profiles.get("dev"), max_examples=examples, derandomize=False,
+                phases=[Phase.explicit, Phase.generate]))
         out[s] = stats.get("recorded", [])
     return out
 
 
 def features_per_seed(recorded: dict) -> dict:
-    """{seed: {feature: examples that hit it}} judged by this tree's tracker."""
+    """{seed: {feature: examples that hit it}} judged by this tree's tracker.
+
+    An example that started from a prefix (a seed corpus trace, a steering
+    prefix) counts a feature only where its own drawn ops hit it after the
+    prefix: the prefix hitting it again is no new exercise."""
     from harness.core.session import Session
     from harness.search.coverage import Tracker
     from reference import RunnerConfig
@@ -69,14 +85,17 @@ def features_per_seed(recorded: dict) -> dict:
     out = {}
     for s, examples in recorded.items():
         counts: dict = {}
-        for config_json, ops in examples:
+        for config_json, ops, *skip in examples:
             config = RunnerConfig.from_json(config_json)
             session, tracker = Session(config, (), "reference"), Tracker(config)
-            for op in ops:
+            hit = set()
+            for i, op in enumerate(ops):
                 tracker.before(op, session.ledger, session.reference)
                 session.apply(op)
-                tracker.after(op, session.reference)
-            for f in tracker.first:
+                found = tracker.after(op, session.reference)
+                if i >= (skip[0] if skip else 0):
+                    hit.update(found)
+            for f in hit:
                 counts[f] = counts.get(f, 0) + 1
         out[int(s)] = counts
     return out
@@ -88,6 +107,8 @@ def main(argv=None) -> int:
     p.add_argument("--examples", type=int, default=200)
     p.add_argument("--before", default=None, metavar="CHECKOUT")
     p.add_argument("--json", dest="json_out", default=None)
+    p.add_argument("--no-steering", action="store_true",
+                   help="this tree's generator without steering (harness.search.steer)")
     p.add_argument("--record-only", default=None, metavar="OUT", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.record_only:  # the subprocess side of --before
@@ -99,7 +120,8 @@ def main(argv=None) -> int:
 
     from harness.search.coverage import FEATURES
 
-    runs = {"this tree": features_per_seed(record(args.seeds, args.examples))}
+    label = "this tree" + (" (no steering)" if args.no_steering else "")
+    runs = {label: features_per_seed(record(args.seeds, args.examples, not args.no_steering))}
     if args.before:
         with tempfile.TemporaryDirectory() as d:
             out = Path(d) / "rec.json"

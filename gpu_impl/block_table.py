@@ -15,6 +15,8 @@ Faults consulted here: ``vacated-row-not-cleared`` (``move_row``), ``swap-rows-a
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import torch
 from ._triton import tl, triton
@@ -35,6 +37,16 @@ class CpuGpuBuffer:
         self.cpu = torch.full(shape, fill, dtype=dtype)
         self.np = self.cpu.numpy()
         self.gpu = torch.full(shape, fill, dtype=dtype, device=device)
+
+    def __deepcopy__(self, memo):
+        # ``np`` is a view of ``cpu``: the copy's view must be of the copy's
+        # tensor (copy.deepcopy alone would give two unrelated arrays).
+        new = CpuGpuBuffer.__new__(CpuGpuBuffer)
+        memo[id(self)] = new
+        new.cpu = copy.deepcopy(self.cpu, memo)
+        new.np = new.cpu.numpy()
+        new.gpu = copy.deepcopy(self.gpu, memo)
+        return new
 
     def copy_to_gpu(self, n: int | None = None) -> torch.Tensor:
         """Copy the first ``n`` rows (all when None) host -> device."""

@@ -18,6 +18,7 @@ launch reads with the tensor the runner would launch with now
 from __future__ import annotations
 
 import contextlib
+import copy
 import gc
 from typing import NamedTuple
 
@@ -45,6 +46,13 @@ class Launch(NamedTuple):
     @property
     def name(self) -> str:
         return getattr(self.kernel, "__name__", type(self.kernel).__name__)
+
+    def __deepcopy__(self, memo):
+        # The kernel is code, shared; the arguments are the captured buffers,
+        # copied with the rest of the runner (``memo`` keeps them the same
+        # tensors the copied runner holds).
+        return Launch(self.kernel, self.grid, copy.deepcopy(self.args, memo),
+                      copy.deepcopy(self.kwargs, memo))
 
 
 def launch(kernel, grid, *args, **kwargs) -> None:
@@ -100,6 +108,15 @@ class Graph:
             return
         with _recording_into(self._launches, False):
             yield self
+
+    def __deepcopy__(self, memo):
+        if self._cuda_graph is not None:
+            raise TypeError("a captured torch.cuda.CUDAGraph cannot be copied")
+        new = Graph.__new__(Graph)
+        memo[id(self)] = new
+        new.device, new._cuda_graph = self.device, None
+        new._launches = copy.deepcopy(self._launches, memo)
+        return new
 
     def replay(self) -> None:
         if self._cuda_graph is not None:

@@ -18,6 +18,7 @@ starts like an engine: one warm-up dummy run per capture size, largest first.
 from __future__ import annotations
 
 import abc
+import copy
 from dataclasses import dataclass
 
 import numpy as np
@@ -109,6 +110,23 @@ class ReferenceRunnerBase(abc.ABC):
     changing anything.
     """
 
+    def _shared_state(self, g: int, a: int) -> np.ndarray:
+        """kv_sharing: Mamba group ``g``'s states as a view of attention group
+        ``a``'s pages (the first ``state_floats(g)`` floats of each)."""
+        cfg = self.config
+        return self.kv_cache[a].reshape(cfg.num_blocks, -1)[:, :cfg.state_floats(g)]
+
+    def __deepcopy__(self, memo):
+        # NumPy copies a view as an array of its own: a shared Mamba state must
+        # be a view of the copy's pages again (the shrinker's replay snapshots).
+        new = self.__class__.__new__(self.__class__)
+        memo[id(self)] = new
+        for name, value in self.__dict__.items():
+            setattr(new, name, copy.deepcopy(value, memo))
+        for a, m in self.config.shared_pages().items():
+            new.mamba_state[m] = new._shared_state(m, a)
+        return new
+
     def __init__(self, config: RunnerConfig):
         self.config = cfg = config
         rows, tokens, heads = cfg.max_num_reqs, cfg.max_num_batched_tokens, cfg.head_size
@@ -130,8 +148,7 @@ class ReferenceRunnerBase(abc.ABC):
         pages = {m: a for a, m in cfg.shared_pages().items()}
         for g in cfg.mamba_groups:
             if g in pages:  # kv_sharing: the first head_size floats of each page
-                self.mamba_state[g] = self.kv_cache[pages[g]].reshape(
-                    cfg.num_blocks, -1)[:, :cfg.state_floats(g)]
+                self.mamba_state[g] = self._shared_state(g, pages[g])
             else:
                 self.mamba_state[g] = np.full((cfg.num_blocks, cfg.state_floats(g)), SENTINEL,
                                               np.float32)

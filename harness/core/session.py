@@ -155,7 +155,8 @@ class IllegalOp(ValueError):
 
 
 def replay(trace: Trace, faults=None, target: str = "gpu_impl",
-           device: str | None = None, skip=(), record: bool = False) -> Verdict:
+           device: str | None = None, skip=(), record: bool = False,
+           cache: "SnapshotCache | None" = None) -> Verdict:
     """Replay ``trace`` (faults default to none) and stop at the first violation.
 
     skip: invariant ids to ignore (start-up included), e.g. to show which
@@ -164,18 +165,106 @@ def replay(trace: Trace, faults=None, target: str = "gpu_impl",
     The target's KV-cache manager choices are recorded into a copy of the ops
     (``Verdict.ops``); where they differ from the trace's, ``Verdict.diverged``
     says so (record: not even that — a search or a shrink, whose candidates'
-    records are stale).  Raises :class:`IllegalOp` for an op the reference
+    records are stale).  cache: a :class:`SnapshotCache` of this call's
+    faults / target / device / skip (record only): the replay resumes from the
+    session after the longest op prefix an earlier replay ran, and leaves its
+    own prefixes there.  Raises :class:`IllegalOp` for an op the reference
     refuses.
     """
-    session = Session(trace.config, faults or (), target, device, skip, record)
     ops = copy.deepcopy(trace.ops)
-    if session.startup_violations:
-        return Verdict(session.startup_violations[0], 0, ops)
-    for op in ops:
+    session, start = None, 0
+    if cache is not None:
+        assert record, "a snapshot holds recorded choices: record=True only"
+        keys = cache.keys(trace.config, ops)
+        start, session, prefix = cache.resume(keys)
+        ops[:start] = prefix
+    if session is None:
+        session = Session(trace.config, faults or (), target, device, skip, record)
+        if session.startup_violations:
+            return Verdict(session.startup_violations[0], 0, ops)
+        if cache is not None:
+            cache.keep(keys[0], session, [])
+    for i in range(start, len(ops)):
+        op = ops[i]
         try:
             found = session.apply(op)
         except OpError as e:  # parse() dry-runs traces, so only hand-built ones get here
             raise IllegalOp(f"ops[{session.op_index}] ({op['op']}): {e}") from None
         if found:
             return Verdict(found[0], session.op_index, ops, session.diverged)
+        if cache is not None and i + 1 < len(ops):  # the last op's state resumes nothing
+            cache.keep(keys[i + 1], session, ops[:i + 1])
     return Verdict(None, session.op_index, ops, session.diverged)
+
+
+class SnapshotCache:
+    """Sessions copied after op prefixes, so a replay that shares a prefix with
+    an earlier one resumes where that prefix ended (the trace shrinker's
+    candidates share long prefixes: a chunk or op dropped near the end keeps
+    every op before it).
+
+    One cache serves one (faults, target, device, skip) and ``record=True``
+    replays.  A prefix is keyed by the config and its ops without their
+    recorded choices (a recording replay makes the choices again); the
+    session is stored as a ``copy.deepcopy`` and copied again to resume, so
+    no replay changes a snapshot.  ``limit``: snapshots kept (least recently
+    used dropped first).  Only for targets whose
+    :class:`~harness.targets.registry.TargetSpec` says a copied session goes on
+    as the original (``snapshots``); :meth:`for_target` returns None for the
+    others.  ``hits`` / ``ops_saved`` count what it spared.
+    """
+
+    def __init__(self, limit: int = 256):
+        from collections import OrderedDict
+
+        self.limit = limit
+        self._snaps: OrderedDict = OrderedDict()
+        self.hits = 0
+        self.ops_saved = 0
+
+    @classmethod
+    def for_target(cls, target: str, device: str | None, limit: int = 256):
+        """A cache when ``target`` on ``device`` can be snapshotted, else None."""
+        from harness.targets import target_spec
+
+        spec = target_spec(target)
+        return cls(limit) if spec.snapshots(spec.select_device(device)) else None
+
+    @staticmethod
+    def keys(config: RunnerConfig, ops: list[dict]) -> list[str]:
+        """keys[k]: the digest of the config and ``ops[:k]`` (k = 0 .. len(ops))."""
+        import hashlib
+        import json
+
+        h = hashlib.sha256(json.dumps(config.to_json(), sort_keys=True).encode())
+        out = [h.hexdigest()]
+        for op in ops:
+            h.update(json.dumps(without_recorded(op), sort_keys=True).encode())
+            out.append(h.hexdigest())
+        return out
+
+    def resume(self, keys: list[str]):
+        """(k, a copy of the session after the longest cached prefix, its ops as
+        recorded), or (0, None, []) when none is cached."""
+        for k in range(len(keys) - 2, -1, -1):  # never the whole trace: its last op decides
+            snap = self._snaps.get(keys[k])
+            if snap is not None:
+                self._snaps.move_to_end(keys[k])
+                self.hits += 1
+                self.ops_saved += k
+                session, ops = copy.deepcopy(snap)
+                return k, session, ops
+        return 0, None, []
+
+    def keep(self, key: str, session: "Session", ops: list[dict]) -> None:
+        """Store a copy of ``session`` after ``ops`` under ``key`` (once)."""
+        if key in self._snaps:
+            self._snaps.move_to_end(key)
+            return
+        last, session.last = session.last, None  # explain's view of the last op: not needed
+        try:
+            self._snaps[key] = copy.deepcopy((session, ops))
+        finally:
+            session.last = last
+        if len(self._snaps) > self.limit:
+            self._snaps.popitem(last=False)

@@ -34,12 +34,14 @@ from reference import RunnerConfig
 
 from harness.search import profiles
 from harness.core.invariants import Violation
-from harness.search.machine import InvariantViolationError, make_machine
+from harness.search import steer
+from harness.search.machine import BlockFuzzMachine, InvariantViolationError, make_machine
 from harness.core.session import replay
 from harness.search.shrink import renumber, shrink
 from harness.core.trace import Trace
 
-CHUNK_EXAMPLES = 25
+CHUNK_EXAMPLES = 25  # examples per chunk of a time-budgeted run
+STEER_CHUNK = 50  # examples per Hypothesis run of an --examples run (steering updates between)
 
 
 @dataclass
@@ -106,9 +108,12 @@ def chunk_seed(seed: int, k: int) -> int:
 
 
 def _search(config, seed, examples, faults, target, device, profile, stats, runner,
-            seed_corpus=()):
+            seed_corpus=(), base=BlockFuzzMachine, steering=True):
+    # The steering pool is frozen for one Hypothesis run: its data tree needs
+    # the same choices to draw the same way within a run (harness.search.steer).
+    stats["steer_pool"] = steer.rarest(stats)
     bound = make_machine(config, faults, target, device, stats, runner,
-                         seed_corpus=seed_corpus)
+                         seed_corpus=seed_corpus, base=base, steering=steering)
     machine = type("BlockFuzzMachine_counted", (_CountEndings, bound), {})
     hypothesis_seed(seed)(machine)
     # Hypothesis's own shrinker re-runs hundreds of examples through the Triton
@@ -123,22 +128,26 @@ def _search(config, seed, examples, faults, target, device, profile, stats, runn
 
 
 def _run_chunks(config, seed, examples, faults, target, device, time_budget_s, profile,
-                stats, runner, chunks: list, seed_corpus=()):
-    """The search: one run of ``examples``, or budgeted chunks; appends each chunk's
-    seed to ``chunks`` as it starts. Returns the first violation error or None."""
-    if time_budget_s is None:
-        chunks.append(seed)
-        return _search(config, seed, examples, faults, target, device, profile, stats, runner,
-                       seed_corpus)
+                stats, runner, chunks: list, seed_corpus=(), base=BlockFuzzMachine,
+                steering=True):
+    """The search: ``examples`` in chunks of :data:`STEER_CHUNK` (the steering
+    pool is updated between them), or budgeted chunks of :data:`CHUNK_EXAMPLES`;
+    appends each chunk's seed to ``chunks`` as it starts (chunk k's seed is
+    :func:`chunk_seed`). Returns the first violation error or None."""
     start = time.perf_counter()
+    left = examples
     for k in range(1_000_000):
-        if time.perf_counter() - start >= time_budget_s:
+        if time_budget_s is None and left <= 0 or \
+                time_budget_s is not None and time.perf_counter() - start >= time_budget_s:
             break
+        n = min(STEER_CHUNK, left) if time_budget_s is None else CHUNK_EXAMPLES
         chunks.append(chunk_seed(seed, k))
-        error = _search(config, chunks[-1], CHUNK_EXAMPLES, faults, target, device, profile,
-                        stats, runner, seed_corpus)
+        error = _search(config, chunks[-1], n, faults, target, device, profile,
+                        stats, runner, seed_corpus, base, steering)
         if error is not None:
             return error
+        if time_budget_s is None:
+            left -= n
     return None
 
 

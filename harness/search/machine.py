@@ -30,6 +30,7 @@ from harness.core.ops import REGISTRY as OPS
 from harness.core.ops import requests_of
 from harness.core.session import Session
 from harness.search import profiles  # noqa: F401  (generation a function of the seed alone)
+from harness.search import steer
 from harness.search import swarm as swarm_mod
 from harness.search.coverage import Tracker
 from harness.search.geometry import runner_configs, target_limits
@@ -76,6 +77,7 @@ class BlockFuzzMachine(RuleBasedStateMachine):
     device: str | None = None
     stats: dict = {}
     use_swarm: bool = True
+    use_steer: bool = True  # start some examples from the run's rarest prefixes (steer.py)
     seed_corpus: tuple = ()  # traces an example may start from (harness.search.corpus)
 
     def __init__(self):
@@ -90,6 +92,9 @@ class BlockFuzzMachine(RuleBasedStateMachine):
         prefix = None
         if self.seed_corpus and data.draw(st.booleans(), label="from corpus"):
             prefix = data.draw(st.sampled_from(self.seed_corpus), label="corpus trace")
+        rare = self.stats.get("steer_pool", []) if self.use_steer and prefix is None else []
+        if rare and data.draw(st.integers(0, 7), label="steer") < steer.SHARE_EIGHTHS:
+            prefix = data.draw(st.sampled_from(rare), label="rare prefix")
         config = prefix.config if prefix is not None else self.config or data.draw(
             runner_configs(self.runner, **target_limits(self.target)), label="config")
         self.cfg = config
@@ -100,6 +105,7 @@ class BlockFuzzMachine(RuleBasedStateMachine):
         if self.session.startup_violations:
             v = self.session.startup_violations[0]
             raise _error_type(v.invariant)(v, [], config)
+        self.prefix_len = len(prefix.ops) if prefix is not None else 0
         if prefix is not None:  # its ops first, recorded like drawn ones
             for op in prefix.ops:
                 self.do(op)
@@ -147,6 +153,7 @@ class BlockFuzzMachine(RuleBasedStateMachine):
                 per_example[f] = per_example.get(f, 0) + 1
                 if f not in prefixes or len(prefixes[f][1]) > i + 1:
                     prefixes[f] = (self.cfg, list(self.ops[:i + 1]))
+            steer.learn(self.stats, self.cfg, self.ops, self.coverage.first)
         super().teardown()
 
 
@@ -159,7 +166,7 @@ def drawable() -> dict:
 def make_machine(config: RunnerConfig | None, faults=(), target: str = "gpu_impl",
                  device: str | None = None, stats: dict | None = None,
                  runner: str | None = None, base: type = BlockFuzzMachine,
-                 swarm: bool = True, seed_corpus=()) -> type:
+                 swarm: bool = True, seed_corpus=(), steering: bool = True) -> type:
     """A fresh machine class bound to one run's parameters (and stats dict).
 
     config None draws the geometry per example; runner pins its runner; base:
@@ -167,10 +174,12 @@ def make_machine(config: RunnerConfig | None, faults=(), target: str = "gpu_impl
     bench's, which records the generated ops in its ``teardown``); swarm:
     False draws every example from the uniform op mix; seed_corpus: traces
     (already filtered by :func:`harness.search.corpus.usable`) an example may
-    start from.
+    start from; steering: False never starts an example from the run's own rarest
+    prefixes (:mod:`harness.search.steer`).
     """
     return type("BlockFuzzMachine_run", (base,),
-                {"config": config, "use_swarm": swarm, "seed_corpus": tuple(seed_corpus),
+                {"config": config, "use_swarm": swarm, "use_steer": steering,
+                 "seed_corpus": tuple(seed_corpus),
                  "runner": runner, "faults": tuple(faults),
                  "target": target, "device": device,
                  "stats": {} if stats is None else stats})

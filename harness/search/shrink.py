@@ -38,6 +38,7 @@ from harness.core.trace import Trace
 
 MAX_PASSES = 200  # accepted config improvements
 MAX_REPLAYS = 400
+USE_CACHE = True  # resume replays from snapshots of shared prefixes (bench: False to compare)
 
 
 def _without_req(ops: list[dict], req: int) -> list[dict]:
@@ -284,12 +285,13 @@ def as_trace_allocator(trace: Trace) -> Trace | None:
 
 def _fails(trace: Trace, invariant: str, faults, target, device) -> int | None:
     """ops run until the violation when ``trace`` fails ``invariant``, else None
-    (also when ``target`` cannot express the candidate's config)."""
+    (also when ``target`` cannot express the candidate's config).  Resumes from
+    the shrink's :data:`_CACHE` where an earlier candidate ran the same prefix."""
     from harness.core.session import IllegalOp
     from harness.targets import TargetRefused
 
     try:
-        verdict = replay(trace, faults, target, device, record=True)
+        verdict = replay(trace, faults, target, device, record=True, cache=_CACHE[0])
     except (TargetRefused, IllegalOp):
         return None
     if verdict.violation is not None and verdict.violation.invariant == invariant:
@@ -299,6 +301,7 @@ def _fails(trace: Trace, invariant: str, faults, target, device) -> int | None:
 
 
 _LAST_OPS: list = []  # the ops of the last failing replay, as the target chose
+_CACHE: list = [None]  # the running shrink's SnapshotCache (None: every replay from the start)
 
 
 def shrink(trace: Trace, invariant: str, faults=(), target: str = "gpu_impl",
@@ -311,6 +314,20 @@ def shrink(trace: Trace, invariant: str, faults=(), target: str = "gpu_impl",
     got simpler (without a drafter, a request needs no lookahead blocks, so
     a fold that was illegal may now be legal).
     """
+    from harness.core.session import SnapshotCache
+    from harness.targets import TargetUnavailable
+
+    try:
+        _CACHE[0] = SnapshotCache.for_target(target, device) if USE_CACHE else None
+    except (TargetUnavailable, ValueError):  # the first replay reports it
+        _CACHE[0] = None
+    try:
+        return _shrink(trace, invariant, faults, target, device)
+    finally:
+        _CACHE[0] = None
+
+
+def _shrink(trace, invariant, faults, target, device):
     best = trace
     replays = 0
     plain = as_trace_allocator(best)  # first: the passes then work in the plain vocabulary

@@ -139,10 +139,15 @@ def _reference_target(config: RunnerConfig, faults=(), device: str | None = None
 
 
 REFERENCE = TargetSpec(name="reference", description="the NumPy oracle against itself",
-                       factory=_reference_target, select_device=lambda requested: "cpu")
+                       factory=_reference_target, select_device=lambda requested: "cpu",
+                       snapshots=lambda device_kind: True)
 GPU_IMPL = TargetSpec(name="gpu_impl", description="gpu_impl (Triton kernels, CUDA graphs, "
                       "switchable faults)", factory=_gpu_impl_target,
-                      select_device=_gpu_impl_device, takes_faults=True)
+                      select_device=_gpu_impl_device, takes_faults=True,
+                      # Its tensors deep-copy with their aliasing (views share the
+                      # copied storage) and an emulated graph's launches follow
+                      # them; a real CUDA graph cannot be copied.
+                      snapshots=lambda device_kind: device_kind == "cpu")
 
 # The registered targets, in --target order: add a new engine's spec here.
 REGISTRY: dict[str, TargetSpec] = registry_of(GPU_IMPL, REFERENCE, vllm.SPEC)

@@ -59,7 +59,11 @@ class TargetSpec:
     - ``limits()``: keyword arguments for ``harness.search.geometry.runner_configs``
       that keep drawn geometry expressible;
     - ``version()``: the engine release under test for reports (``"vLLM 0.26.0"``),
-      None for the in-repo targets.
+      None for the in-repo targets;
+    - ``snapshots(device_kind)``: whether a session on that device kind may be
+      copied with ``copy.deepcopy`` and the copy goes on exactly as the
+      original would (the shrinker's replay cache,
+      :class:`harness.core.session.SnapshotCache`); False unless checked.
     """
 
     name: str
@@ -70,6 +74,7 @@ class TargetSpec:
     refusal: Callable = field(default=_no_refusal)
     limits: Callable[[], dict] = field(default=_no_limits)
     version: Callable[[], str | None] = field(default=_no_version)
+    snapshots: Callable[[str], bool] = field(default=lambda device_kind: False)
 
 
 def registry_of(*specs: TargetSpec) -> dict[str, TargetSpec]:
