@@ -70,6 +70,8 @@ FEATURES: dict[str, str] = {
     "spec-row-moved": "a spec-decode request that runs in another batch row than in its "
                       "previous step (condense, reorder or re-entry moved its accepted count)",
     "prefix-hit": "a request admitted with a prefix-cache hit (allocator engine)",
+    "prompt-all-cached": "a request admitted whose whole prompt is in cached full blocks (the "
+                         "hit must stop short of it: its last token is computed again)",
     "hit-on-freed-cached-block": "a prefix hit on a registered block no live request held "
                                  "(its owner finished; it sat in the free queue, evictable)",
     "cached-block-evicted": "a block registered in the prefix cache handed out as a new "
@@ -188,7 +190,10 @@ class Tracker:
         allocate: (ref counts, registrations, prefix-of-uncomputed)."""
         if op["op"] not in ("admit", "allocate"):
             return None
-        uncomputed = False
+        uncomputed = all_cached = False
+        if op["op"] == "admit" and self.config.enable_prefix_caching:
+            tokens = ledger.prompt_tokens(op["req"], op["prompt_len"], op["prefix"])
+            all_cached = ledger.expected_hit(np.append(tokens, -1))[0] >= op["prompt_len"]
         if op["op"] == "admit" and op["prefix"] and self.config.enable_prefix_caching:
             src, n = op["prefix"]
             r = ledger.requests.get(src)
@@ -197,12 +202,14 @@ class Tracker:
                 bs = self.config.tokens_per_block(g)
                 uncomputed = r.num_computed_tokens < bs <= min(n, len(r.blocks[g]) * bs)
         return ([c.copy() for c in ledger.ref_count], [dict(x) for x in ledger.registered],
-                uncomputed)
+                uncomputed, all_cached)
 
     def _scheduler_hits(self, op: dict) -> list[str]:
-        refs, registered, uncomputed = self._sched_before
+        refs, registered, uncomputed, all_cached = self._sched_before
         blocks, hit = op.get("blocks"), op.get("num_cached_tokens") or 0
         out = ["prefix-of-uncomputed-blocks"] if uncomputed else []
+        if all_cached:
+            out.append("prompt-all-cached")
         if any(ids and self.config.groups[g].sliding_window
                for g, ids in enumerate(op.get("freed") or [])):
             out.append("window-blocks-freed")
@@ -317,6 +324,7 @@ NEEDS = {
     "backend-slots-padded": lambda c: any(g.slot_buffer for g in c.groups),
     "loaded-next-to-padded": lambda c: c.mamba_cache_mode != "align",
     "prefix-hit": lambda c: c.enable_prefix_caching,
+    "prompt-all-cached": lambda c: c.enable_prefix_caching,
     "hit-on-freed-cached-block": lambda c: c.enable_prefix_caching,
     "cached-block-evicted": lambda c: c.enable_prefix_caching,
     "prefix-of-uncomputed-blocks": lambda c: c.enable_prefix_caching,

@@ -253,3 +253,75 @@ def test_unhit_leaves_out_what_a_pinned_runner_cannot_hit():
     assert "dummy-after-swap" not in unhit({}, "v2")
     assert "forward:FULL:v1:mamba" not in unhit({}, "v2")
     assert "forward:FULL:v2:mamba" in unhit({}, "v2")
+
+
+def test_prompt_all_cached_fires_only_for_a_prompt_in_cached_full_blocks():
+    from reference import GroupSpec
+
+    cfg = RunnerConfig(groups=(GroupSpec("attention", 4, 4),), num_blocks=12, max_num_reqs=4,
+                       max_num_blocks_per_req=4, max_num_batched_tokens=16,
+                       allocator="engine", enable_prefix_caching=True)
+
+    def admit(req, n, new, prefix=()):
+        return {"op": "admit", "req": req, "prompt_len": n, "prefix": list(prefix),
+                "num_new_tokens": new}
+
+    first = [admit(0, 8, 8), {"op": "step", "scheduled": [[0, 8]], "cudagraph_mode": "NONE"}]
+    whole = _features(cfg, first + [admit(1, 8, 4, (0, 8))])[-1]
+    longer = _features(cfg, first + [admit(1, 9, 1, (0, 8))])[-1]
+    assert "prompt-all-cached" in whole and "prefix-hit" in whole
+    assert "prompt-all-cached" not in longer and "prefix-hit" in longer
+
+
+def _steered_run(steering=True, examples=100, s=3):
+    """(config, ops, prefix length) per example of a chunked search on the reference."""
+    from harness.search.fuzz import _run_chunks
+
+    class Recording(BlockFuzzMachine):
+        def teardown(self):
+            if getattr(self, "session", None) is not None:
+                self.stats.setdefault("rec", []).append(
+                    (self.cfg, list(self.ops), self.prefix_len))
+            super().teardown()
+
+    stats, chunks = {}, []
+    _run_chunks(None, s, examples, (), "reference", None, None, "dev", stats, None, chunks,
+                base=Recording, steering=steering)
+    return stats["rec"], chunks, stats
+
+
+def test_steering_starts_examples_from_earlier_examples_rarest_prefixes():
+    from harness.search import fuzz, steer
+
+    rec, chunks, stats = _steered_run()
+    assert len(chunks) == -(-100 // fuzz.STEER_CHUNK)  # a Hypothesis run per chunk
+    steered = [(i, cfg, ops, n) for i, (cfg, ops, n) in enumerate(rec) if n]
+    assert steered and len(steered) < len(rec) // 2  # some examples, not most
+    for i, cfg, ops, n in steered:  # the prefix of an earlier example, on its config
+        assert any(c == cfg and o[:n] == ops[:n] for c, o, _ in rec[:i]), i
+        assert i >= fuzz.STEER_CHUNK  # the first chunk has no pool yet
+    # Every key hit has its count and the shortest prefix that hit it.
+    table = stats["steer"]
+    assert all(e[0] >= 1 and (e[2] is None or len(e[2]) <= steer.MAX_PREFIX_OPS)
+               for e in table.values())
+    assert {k.rsplit("@", 1)[1] for k in table} <= {"v1", "v2"}
+    again, _, _ = _steered_run()
+    assert [(c, o, n) for c, o, n in again] == [(c, o, n) for c, o, n in rec]
+
+
+def test_no_steering_starts_nothing_from_a_prefix():
+    rec, _, _ = _steered_run(steering=False, examples=60)
+    assert not any(n for _, _, n in rec)
+
+
+def test_rarest_orders_keys_by_examples_then_name():
+    from harness.search import steer
+
+    stats = {}
+    cfg = RunnerConfig(runner="v1")
+    op = {"op": "add", "req": 0, "blocks": [[1], [2]], "prompt_len": 1}
+    steer.learn(stats, cfg, [op, op], {"a": 1, "b": 0})
+    steer.learn(stats, cfg, [op], {"b": 0})
+    keys = [t.meta["steer_key"] for t in steer.rarest(stats)]
+    assert keys == ["a@v1", "b@v1"]
+    assert [len(t.ops) for t in steer.rarest(stats)] == [2, 1]

@@ -75,10 +75,17 @@ def _draw_admit(m, data) -> dict:
         src = data.draw(st.sampled_from(cached if cached and data.draw(st.integers(0, 3))
                                         else sources))
         src_len = len(ledger.prompts[src])
-        extra = 0 if data.draw(st.booleans()) else data.draw(
-            st.integers(0, max(cfg.max_model_len - src_len, 0)))
-        prompt_len = min(src_len + extra, cfg.max_model_len)
-        n = src_len if data.draw(st.booleans()) else data.draw(st.integers(1, src_len))
+        whole = ledger.expected_hit(np.append(ledger.prompts[src], -1))[0]
+        if whole and data.draw(st.integers(0, 3)) == 0:
+            # The boundary of the hit length: a prompt exactly as long as the
+            # source's cached blocks, every token of it cached — the engine must
+            # still leave its last token to compute.
+            prompt_len = n = whole
+        else:
+            extra = 0 if data.draw(st.booleans()) else data.draw(
+                st.integers(0, max(cfg.max_model_len - src_len, 0)))
+            prompt_len = min(src_len + extra, cfg.max_model_len)
+            n = src_len if data.draw(st.booleans()) else data.draw(st.integers(1, src_len))
         prefix = [src, min(n, prompt_len)]
     elif data.draw(st.integers(0, 3)) == 0:
         # A prompt at a block boundary (a multiple of the block size, or one
