@@ -11,7 +11,8 @@ its own candidates while it helps, in rounds until no pass helps (bounded):
 2. drop one request with every op that mentions it;
 3. drop single ops, last first, then sliding pairs;
 4. fold a request's work onto another (the op's ``fold``: a step keeps its
-   token count), merge a request's allocations (``allocator: engine``: its
+   token count), take an admit's shared prefix from another earlier request
+   (so a request that only lent its prompt can go), merge a request's allocations (``allocator: engine``: its
    next ``allocate`` into its ``admit``), then merge adjacent ops (two steps
    of the same requests become one), then narrow each op (its registry entry: drop scheduled
    requests, lower token counts, a simpler cudagraph mode, ...);
@@ -171,6 +172,26 @@ def _drop_singles(ops: list[dict]):
         yield body[:start] + body[start + 2:] + last
 
 
+def _resource_prefixes(ops: list[dict]):
+    """Each ``admit``'s shared prefix taken from another request admitted
+    before it (``allocator: engine``): a prompt that shares an earlier prompt's
+    tokens through a request the failure does not need then shares them
+    through one it does, and the drop pass can take the first away.  The
+    replay decides whether the hit is the same."""
+    from harness.core.ops.scheduler import without_recorded
+
+    order: dict[int, int] = {}  # request -> its prompt length, in admit order
+    for i, op in enumerate(ops):
+        if op["op"] != "admit":
+            continue
+        src, n = op["prefix"] if op["prefix"] else (None, 0)
+        if src in order:  # only later lenders than the current one: no cycle
+            for r in list(order)[list(order).index(src) + 1:]:
+                yield ops[:i] + [dict(without_recorded(op),
+                                      prefix=[r, min(n, order[r])])] + ops[i + 1:]
+        order[op["req"]] = op["prompt_len"]
+
+
 def _merge_adjacent(ops: list[dict]):
     """Adjacent ops merged into one (their registry entry: two steps become one)."""
     for i in range(len(ops) - 1):
@@ -215,8 +236,8 @@ def _narrow_ops(ops: list[dict]):
 
 # Cheap, large cuts first: chunks (a replay stops at the failure, and a chunk cut
 # early leaves a short trace), then requests, single ops, folds, merges, narrowing.
-PASSES = (_drop_chunks, _drop_requests, _drop_singles, _fold_requests, _merge_allocations,
-          _merge_adjacent, _narrow_ops)
+PASSES = (_drop_chunks, _drop_requests, _drop_singles, _fold_requests, _resource_prefixes,
+          _merge_allocations, _merge_adjacent, _narrow_ops)
 
 
 def _candidates(ops: list[dict]):
@@ -361,6 +382,7 @@ def _shrink_ops(best, invariant, faults, target, device, replays, seen):
                         return best, replays
                     ops = legalize(best.config, ops)
                     key = repr(ops)
+                    seen.add(repr(best.ops))  # never back to a trace already left
                     if ops == best.ops or key in seen:
                         continue
                     seen.add(key)

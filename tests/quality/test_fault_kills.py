@@ -42,7 +42,17 @@ SEED_BUGS = {("vacated-row-not-cleared", "v1"), ("dummy-tables-not-zeroed", "v2"
 # configs one in two, Mamba prefix caching, sliding windows with prefix caching and a
 # drafter): none. Seed 0 is one draw of a lottery #15 is about: each change of the draws
 # moved one or two marginal finds. An entry is strict: the test fails once found.
-KNOWN_MISSES: dict = {}
+# Measured again 2026-11-30 when runs went in chunks with steering (issue #15): every
+# draw moved, and two pinned-runner finds from seed 0 were lost (found on other seeds:
+# README, "Search power", find-rate tables).
+KNOWN_MISSES: dict = {
+    ("accepted-counts-land-after-condense", "v1"): "seed 0 with the chunked, steered draws "
+        "misses it within 200 examples (it needs V1, a Mamba group, a drafter and a batch row "
+        "moved between two steps whose accepted counts differ)",
+    ("sliding-window-eagle-drop-unextended", "v2"): "seed 0 with the chunked, steered draws "
+        "misses it within 200 examples (it needs a sliding window, prefix caching and a "
+        "drafter in one config, about one config in thirty)",
+}
 # Findings whose shortest form in the geometry seed 0 drew is longer than the hand-written
 # trace's (+1): {(fault, runner): (ops allowed beyond the hand-written length, why)}.
 LONGER_SHRINKS = {
@@ -50,9 +60,10 @@ LONGER_SHRINKS = {
                                              "batch budget is one token: the two-op form "
                                              "needs a larger budget, which shrinking never "
                                              "raises"),
-    ("decode-slots-sliced-prefill-first", "v2"): (2, "an align-mode config: its chunk rules "
+    ("decode-slots-sliced-prefill-first", "v2"): (3, "an align-mode config: its chunk rules "
                                                      "split the prefilling request's prompt "
-                                                     "into two allocations"),
+                                                     "into two allocations, and the decode "
+                                                     "row is a prefix hit's request (7 ops)"),
 }
 KILLS = [pytest.param(f, r, id=f"{f}-{r}",
                       marks=(() if (f, r) in SEED_BUGS else (pytest.mark.slow,)) + (

@@ -325,3 +325,18 @@ def test_rarest_orders_keys_by_examples_then_name():
     keys = [t.meta["steer_key"] for t in steer.rarest(stats)]
     assert keys == ["a@v1", "b@v1"]
     assert [len(t.ops) for t in steer.rarest(stats)] == [2, 1]
+
+
+def test_prefix_resourcing_moves_a_shared_prefix_only_to_later_lenders():
+    from harness.search.shrink import _resource_prefixes
+
+    def admit(req, n, prefix=()):
+        return {"op": "admit", "req": req, "prompt_len": n, "prefix": list(prefix),
+                "num_new_tokens": 1, "blocks": [[1]], "num_cached_tokens": 0}
+
+    ops = [admit(0, 16), admit(1, 8, (0, 8)), admit(2, 24, (0, 24)), admit(3, 4, (2, 4))]
+    got = [[op["prefix"] for op in cand] for cand in _resource_prefixes(ops)]
+    # req 1 and req 2 may borrow from a request admitted after their lender and before
+    # them (req 2 from req 1, up to req 1's 8 tokens); req 3's lender is the last one.
+    assert got == [[[], [0, 8], [1, 8], [2, 4]]]
+    assert all("blocks" not in cand[2] for cand in _resource_prefixes(ops))  # re-recorded
