@@ -3,9 +3,12 @@
 ``fuzz()`` is a pure function of (seed, config, target, faults, examples): the
 machine is seeded with ``hypothesis.seed``, there is no example database and no
 deadline, so the same call finds the same minimal trace and the same bytes.
-With a time budget it runs fixed-size chunks of examples with seeds derived
-from the base seed until the budget is spent (each chunk is deterministic; how
-many chunks fit is what the budget decides, and the report says which ran).
+A run goes in chunks, each a Hypothesis run of its own with a seed derived
+from the base seed (:func:`chunk_seed`): ``examples`` in chunks of
+:data:`STEER_CHUNK`, between which the steering pool
+(:mod:`harness.search.steer`) is updated; with a time budget, chunks of
+:data:`CHUNK_EXAMPLES` until the budget is spent (each chunk is deterministic;
+how many chunks fit is what the budget decides, and the report says which ran).
 The budget is checked between chunks: a run stops after the chunk in flight,
 so it may overrun S by up to one chunk of :data:`CHUNK_EXAMPLES` examples.
 
@@ -101,7 +104,7 @@ class _CountEndings:
 
 
 def chunk_seed(seed: int, k: int) -> int:
-    """Seed of the k-th chunk of a time-budgeted run (k=0 is the seed itself)."""
+    """Seed of the k-th chunk of a run (k=0 is the seed itself)."""
     if k == 0:
         return seed
     return int.from_bytes(hashlib.sha256(f"{seed}:{k}".encode()).digest()[:4], "big")
