@@ -44,14 +44,14 @@ def record(seeds: list[int], examples: int, steering: bool = True) -> dict:
                     (self.cfg.to_json(), list(self.ops), getattr(self, "prefix_len", 0)))
             super().teardown()
 
+    # What fuzz runs: chunks, steered (where the checkout has them).
+    from harness.search.fuzz import _run_chunks
+
+    params = inspect.signature(_run_chunks).parameters
+    kw = {"steering": steering} if "steering" in params else {}
     out = {}
     for s in seeds:
         stats: dict = {}
-        # What fuzz runs: chunks, steered (where the checkout has them).
-        from harness.search.fuzz import _run_chunks
-
-        params = inspect.signature(_run_chunks).parameters
-        kw = {"steering": steering} if "steering" in params else {}
         if "base" in params:
             _run_chunks(None, s, examples, (), "reference", None, None, "dev", stats, None, [],
                         base=Recording, **kw)
