@@ -69,6 +69,10 @@ FEATURES: dict[str, str] = {
     "draft-full-padded": "the drafter's single-token pass replayed FULL over padded rows",
     "spec-row-moved": "a spec-decode request that runs in another batch row than in its "
                       "previous step (condense, reorder or re-entry moved its accepted count)",
+    "spec-row-count-foreign": "a spec-decode request past its prompt that runs in a batch row "
+                              "where another one kept a different accepted count in the row's "
+                              "previous forward (a count copied by row, not by request, lands on it: "
+                              "vLLM PR #45100)",
     "prefix-hit": "a request admitted with a prefix-cache hit (allocator engine)",
     "prompt-all-cached": "a request admitted whose whole prompt is in cached full blocks (the "
                          "hit must stop short of it: its last token is computed again)",
@@ -115,6 +119,7 @@ class Tracker:
     first: dict = field(default_factory=dict)
     _pending_free: list = field(default_factory=list)
     last_row: dict = field(default_factory=dict)  # request -> batch row of its last step
+    row_count: dict = field(default_factory=dict)  # batch row -> (request, count it kept)
     _rows_before: object = None
 
     def before(self, op: dict, ledger, reference) -> None:
@@ -291,6 +296,13 @@ class Tracker:
             if self.last_row.get(req, b) != b and self._counts_before.get(req, 1) != 1:
                 hit.append("spec-row-moved")
             self.last_row[req] = b
+            # Counts of requests past their prompts (0 is a mid-prompt chunk's).
+            was, own = self.row_count.get(b), self._counts_before.get(req, 0)
+            if was is not None and was[0] != req and min(was[1], own) >= 1 and was[1] != own:
+                hit.append("spec-row-count-foreign")
+        after = getattr(reference, "num_accepted_of", {})
+        for b, req in enumerate(fwd.req_ids):
+            self.row_count[b] = (req, after.get(req, 1))
         return hit
 
 
@@ -319,6 +331,7 @@ NEEDS = {
     "mamba-running-column": lambda c: c.num_speculative_tokens > 0 and bool(c.mamba_groups),
     "draft-full-padded": lambda c: c.num_speculative_tokens > 1,
     "spec-row-moved": lambda c: c.num_speculative_tokens > 0,
+    "spec-row-count-foreign": lambda c: c.num_speculative_tokens > 0,
     "mamba-decodes-with-prefills": lambda c: bool(c.mamba_groups),
     "full-replay-mixed-batch": lambda c: c.cudagraph_support == "ALWAYS",
     "backend-slots-padded": lambda c: any(g.slot_buffer for g in c.groups),

@@ -115,6 +115,7 @@ def _search(config, seed, examples, faults, target, device, profile, stats, runn
     # The steering pool is frozen for one Hypothesis run: its data tree needs
     # the same choices to draw the same way within a run (harness.search.steer).
     stats["steer_pool"] = steer.rarest(stats)
+    stats["steer_configs_pool"] = steer.rarest_configs(stats)
     bound = make_machine(config, faults, target, device, stats, runner,
                          seed_corpus=seed_corpus, base=base, steering=steering)
     machine = type("BlockFuzzMachine_counted", (_CountEndings, bound), {})

@@ -13,6 +13,7 @@ towards) is the default hybrid config: one attention group, one Mamba group.
 
 from __future__ import annotations
 
+import math
 import random
 import zlib
 
@@ -177,6 +178,19 @@ def runner_configs(draw, runner: str | None = None,
             sharing, sharing_map = False, ()
         if uniform_pages and len({g.block_size for g in groups if g.kind == ATTENTION}) > 1:
             sharing, sharing_map, groups[ai] = False, (), ga
+    if caching:
+        # A prefix hit is a multiple of the prefix unit (the least common multiple
+        # of the cacheable groups' block sizes) and never the whole prompt, so the
+        # rows must hold prompts of two units and a token: a config whose rows
+        # hold one unit (a 16-token Mamba state block beside 4-token attention
+        # rows of 4 columns) could never hit.
+        unit = math.lcm(*(g.block_size for g in groups if g.kind == ATTENTION or align))
+        need = min(2 * unit + 1, 256)
+        if model_len:
+            model_len = max(model_len, need)
+        else:
+            widths = max(widths, max(-(-need // g.block_size)
+                                     for g in groups if g.kind == ATTENTION))
     if model_len:  # the rows of a group whose block size changed
         per_block = {g.block_size * world for g in groups if g.kind == ATTENTION}
         widths = max(-(-model_len // b) for b in per_block)

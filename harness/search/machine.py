@@ -92,9 +92,14 @@ class BlockFuzzMachine(RuleBasedStateMachine):
         prefix = None
         if self.seed_corpus and data.draw(st.booleans(), label="from corpus"):
             prefix = data.draw(st.sampled_from(self.seed_corpus), label="corpus trace")
-        rare = self.stats.get("steer_pool", []) if self.use_steer and prefix is None else []
-        if rare and data.draw(st.integers(0, 7), label="steer") < steer.SHARE_EIGHTHS:
-            prefix = data.draw(st.sampled_from(rare), label="rare prefix")
+        rare, configs = ((self.stats.get("steer_pool", []), self.stats.get("steer_configs_pool", []))
+                         if self.use_steer and prefix is None else ([], []))
+        if rare or configs:
+            pick = data.draw(st.integers(0, 7), label="steer")
+            if rare and pick < steer.SHARE_EIGHTHS:
+                prefix = data.draw(st.sampled_from(rare), label="rare prefix")
+            elif configs and 0 <= pick - steer.SHARE_EIGHTHS < steer.CONFIG_EIGHTHS:
+                prefix = data.draw(st.sampled_from(configs), label="rare config")
         config = prefix.config if prefix is not None else self.config or data.draw(
             runner_configs(self.runner, **target_limits(self.target)), label="config")
         self.cfg = config
@@ -106,6 +111,9 @@ class BlockFuzzMachine(RuleBasedStateMachine):
             v = self.session.startup_violations[0]
             raise _error_type(v.invariant)(v, [], config)
         self.prefix_len = len(prefix.ops) if prefix is not None else 0
+        # What the example started from: a steering key, a corpus trace, or None.
+        self.start_key = None if prefix is None else (prefix.meta or {}).get(
+            "steer_key", "corpus")
         if prefix is not None:  # its ops first, recorded like drawn ones
             for op in prefix.ops:
                 self.do(op)
@@ -154,6 +162,7 @@ class BlockFuzzMachine(RuleBasedStateMachine):
                 if f not in prefixes or len(prefixes[f][1]) > i + 1:
                     prefixes[f] = (self.cfg, list(self.ops[:i + 1]))
             steer.learn(self.stats, self.cfg, self.ops, self.coverage.first)
+            steer.learn_config(self.stats, self.cfg)
         super().teardown()
 
 

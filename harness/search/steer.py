@@ -22,11 +22,52 @@ what the failure does not need.
 
 from __future__ import annotations
 
+from itertools import combinations
+
 from harness.core.trace import Trace
 
 SHARE_EIGHTHS = 2  # of examples start from a rare prefix (once there is one)
+CONFIG_EIGHTHS = 1  # of examples take the config of a rare pair of config traits
 RAREST = 6  # keys whose prefixes an example may start from
 MAX_PREFIX_OPS = 40  # longer prefixes are not kept (an example's own ops come after)
+
+
+def traits(config) -> list[str]:
+    """The config's geometry traits, sorted: its runner and each engine mechanism
+    it turns on (a Mamba group or attention only, a drafter, a sliding window,
+    prefix caching, Mamba align mode, kv_sharing, decode context parallelism,
+    kernel blocks smaller than allocation blocks, a second attention group,
+    FULL graphs of mixed batches, a backend slot buffer, an int8 KV cache,
+    PAD_SLOT_ID Mamba padding, the engine's KV-cache manager, no capture sizes).
+
+    Bugs of this family live where two mechanisms meet (a window and a drafter
+    on one prefix hit; a drafter's accepted counts and V1's condense), and the
+    geometry draws each mechanism with its own odds, so a pair can be rare in
+    one run by chance: :func:`learn` counts examples per pair of traits."""
+    c = config
+    on = {c.runner: True,
+          "mamba": bool(c.mamba_groups),
+          "attention-only": not c.mamba_groups,
+          "drafter": c.num_speculative_tokens > 0,
+          "window": any(g.sliding_window for g in c.groups),
+          "prefix-caching": c.enable_prefix_caching,
+          "align": c.mamba_cache_mode == "align",
+          "kv-sharing": c.kv_sharing,
+          "dcp": c.dcp_world_size > 1,
+          "kernel-blocks": any(g.kernel_block_size < g.block_size for g in c.groups),
+          "two-attention-groups": len(c.attention_groups) > 1,
+          "full-mixed": c.cudagraph_support == "ALWAYS",
+          "slot-buffer": any(g.slot_buffer for g in c.groups),
+          "int8": c.kv_cache_dtype == "int8",
+          "pad-slot": c.mamba_padding != "null",
+          "engine-allocator": c.allocator == "engine",
+          "no-graphs": not c.cudagraph_capture_sizes}
+    return sorted(t for t, v in on.items() if v)
+
+
+def config_keys(config) -> list[str]:
+    """Steering keys of the config's trait pairs (``cfg:drafter+window``)."""
+    return [f"cfg:{a}+{b}" for a, b in combinations(traits(config), 2)]
 
 
 def key(feature: str, runner: str) -> str:
@@ -47,6 +88,23 @@ def learn(stats: dict, config, ops: list[dict], first: dict) -> None:
         entry[0] += 1
         if i + 1 <= MAX_PREFIX_OPS and (entry[2] is None or len(entry[2]) > i + 1):
             entry[1], entry[2] = config, [dict(op) for op in ops[:i + 1]]
+
+
+def learn_config(stats: dict, config) -> None:
+    """Count one example under each of its config's trait pairs:
+    ``stats["steer_configs"]`` maps key -> [examples, the first config with it]."""
+    table = stats.setdefault("steer_configs", {})
+    for k in config_keys(config):
+        entry = table.setdefault(k, [0, config])
+        entry[0] += 1
+
+
+def rarest_configs(stats: dict) -> list[Trace]:
+    """Configs of the :data:`RAREST` least-hit trait pairs (ties by key), as
+    traces without ops: an example that starts from one draws all its ops."""
+    table = stats.get("steer_configs", {})
+    keys = sorted(table, key=lambda k: (table[k][0], k))[:RAREST]
+    return [Trace(table[k][1], [], {"verdict": "pass"}, {"steer_key": k}) for k in keys]
 
 
 def rarest(stats: dict) -> list[Trace]:

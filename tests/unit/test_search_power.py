@@ -282,6 +282,7 @@ def _steered_run(steering=True, examples=100, s=3):
             if getattr(self, "session", None) is not None:
                 self.stats.setdefault("rec", []).append(
                     (self.cfg, list(self.ops), self.prefix_len))
+                self.stats.setdefault("start_keys", []).append(self.start_key)
             super().teardown()
 
     stats, chunks = {}, []
@@ -307,6 +308,60 @@ def test_steering_starts_examples_from_earlier_examples_rarest_prefixes():
     assert {k.rsplit("@", 1)[1] for k in table} <= {"v1", "v2"}
     again, _, _ = _steered_run()
     assert [(c, o, n) for c, o, n in again] == [(c, o, n) for c, o, n in rec]
+
+
+def test_steering_gives_rare_pairs_of_config_traits_more_examples():
+    from harness.search import fuzz, steer
+
+    rec, _, stats = _steered_run()
+    by_config = [(i, k) for i, k in enumerate(stats["start_keys"]) if k and k.startswith("cfg:")]
+    assert by_config and len(by_config) < len(rec) // 4
+    for i, k in by_config:
+        cfg, _, n = rec[i]
+        assert n == 0 and i >= fuzz.STEER_CHUNK  # a config only, from the second chunk on
+        assert set(k[len("cfg:"):].split("+")) <= set(steer.traits(cfg))
+        assert any(c == cfg for c, _, _ in rec[:i])  # an earlier example's config
+    # Every pair is counted once per example whose config has it.
+    for k, (n, _) in stats["steer_configs"].items():
+        assert n == sum(k in steer.config_keys(c) for c, _, _ in rec), k
+
+
+def test_config_traits_pair_the_mechanisms_a_config_turns_on():
+    from harness.search import steer
+    from reference import GroupSpec
+
+    cfg = RunnerConfig(runner="v2", groups=(GroupSpec("attention", 4, 4, sliding_window=5),),
+                       allocator="engine", enable_prefix_caching=True,
+                       num_speculative_tokens=1, max_num_blocks_per_req=8)
+    assert steer.traits(cfg) == ["attention-only", "drafter", "engine-allocator",
+                                 "prefix-caching", "v2", "window"]
+    assert "cfg:drafter+window" in steer.config_keys(cfg)
+    assert len(steer.config_keys(cfg)) == 15
+    stats = {}
+    steer.learn_config(stats, cfg)
+    steer.learn_config(stats, RunnerConfig(runner="v2"))
+    rare = steer.rarest_configs(stats)
+    assert len(rare) == steer.RAREST and all(not t.ops for t in rare)
+    assert rare[0].meta["steer_key"] == "cfg:attention-only+drafter"  # once, by name
+    assert stats["steer_configs"]["cfg:mamba+v2"][0] == 1
+
+
+def test_drawn_prefix_caching_configs_hold_prompts_longer_than_two_prefix_units():
+    """A hit is a multiple of the prefix unit and never the whole prompt: rows
+    that hold one unit (a 16-token Mamba state block beside 4-token attention
+    blocks, 4 columns) would make every hit impossible."""
+    from hypothesis import HealthCheck, given
+
+    from harness.search.geometry import runner_configs
+
+    @settings(max_examples=400, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(runner_configs())
+    def check(cfg):
+        if cfg.enable_prefix_caching:
+            assert cfg.max_model_len >= min(2 * cfg.prefix_unit + 1, 256), cfg
+
+    check()
 
 
 def test_no_steering_starts_nothing_from_a_prefix():

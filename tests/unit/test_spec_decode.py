@@ -104,3 +104,29 @@ def test_spec_step_is_a_forward_the_coverage_tracker_sees():
     hits = tracker.after(op, ref)
     assert "spec-tokens-rejected" in hits and "forward:NONE:v1:mamba" in hits
     assert np.all(ref.state_columns[:1] == 0)
+
+
+def test_a_row_whose_last_occupant_kept_another_count_is_a_coverage_feature():
+    """``spec-row-count-foreign``: the hand-written trace of PR #45100's race (a
+    count copied by batch row lands on the request that moved there) hits it at
+    its last spec step, where request 1 runs in row 0 after request 0 kept 3
+    tokens there; the same steps without the remove (nobody moves) do not."""
+    from harness.core.session import Session
+    from harness.core.trace import load
+    from pathlib import Path
+
+    trace = load(Path(__file__).parents[2] / "corpora" / "seeds"
+                 / "accepted-counts-land-after-condense.json")
+
+    def hits(ops):
+        session, tracker, out = Session(trace.config), Tracker(trace.config), []
+        for op in ops:
+            tracker.before(op, session.ledger, session.reference)
+            assert session.apply(op) == []
+            out.append("spec-row-count-foreign" in tracker.after(op, session.reference))
+        return out
+
+    assert hits(trace.ops) == [False] * (len(trace.ops) - 1) + [True]
+    stay = [op for op in trace.ops if op["op"] != "remove"][:-1] + [
+        {"op": "spec_step", "scheduled": [[0, 1, 1], [1, 1, 1]], "cudagraph_mode": "NONE"}]
+    assert not any(hits(stay))
