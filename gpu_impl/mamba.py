@@ -71,7 +71,8 @@ def mamba_state_update(hidden: torch.Tensor, query_start_loc: torch.Tensor,
            NUM_SLOTS=state.shape[0], COLUMN_UNBOUNDED=column_unbounded,
            STATE_STRIDE=state.stride(0), SKIP_NULL=skip_null,
            PAD_TO=-1 if pad_target is None else pad_target, CONV=conv_size,
-           BLOCK_C=triton.next_power_of_2(max(conv_size, 1)))
+           BLOCK_C=triton.next_power_of_2(max(conv_size, 1)),
+           BLOCK_NC=triton.next_power_of_2(ncol))
 
 
 @triton.jit
@@ -97,6 +98,7 @@ def _mamba_state_update_kernel(
     PAD_TO: tl.constexpr,  # -1: skip PAD_SLOT_ID rows; a block id: remap them there (fault)
     CONV: tl.constexpr,  # tokens of conv state before the SSM part (0: none)
     BLOCK_C: tl.constexpr,  # next_power_of_2(max(CONV, 1))
+    BLOCK_NC: tl.constexpr,  # next_power_of_2(NCOL)
 ):
     r = tl.arange(0, BLOCK_R)
     t = tl.arange(0, BLOCK_T)
@@ -126,33 +128,44 @@ def _mamba_state_update_kernel(
     tok_ok = t < NUM_TOKENS
     x = tl.load(hidden_ptr + t[:, None] * HEAD + d[None, :],
                 mask=tok_ok[:, None] & (d[None, :] < HEAD), other=0.0)
-    for c in tl.static_range(NCOL):
-        # Spec rows: the state after token c goes to column c; other rows: the
-        # final state to column 0.
-        end = tl.where(spec != 0, lo + c + 1, hi)
-        member = (t[None, :] >= lo[:, None]) & (t[None, :] < end[:, None]) & tok_ok[None, :]
-        xs = tl.sum(tl.where(member[:, :, None], x[None, :, :], 0.0), axis=1)
-        dst = tl.load(state_indices_ptr + r * NCOL + c, mask=row_ok, other=-1)
-        if PAD_TO >= 0:
-            dst = tl.where(dst < 0, PAD_TO, dst)
-        write = row_ok & (dst >= 0) & (dst < NUM_SLOTS) & (src >= 0)
-        if c > 0:
-            write = write & (spec != 0) & (lo + c < hi)
-        if SKIP_NULL:
-            write = write & (dst != 0)
-        tl.store(state_ptr + dst[:, None] * STATE_STRIDE + CONV * HEAD + d[None, :], old + xs,
-                 mask=write[:, None] & (d[None, :] < HEAD))
-        # Conv part: the last CONV entries of [old conv, tokens lo..end).
-        n = end - lo
-        for kk in tl.static_range(CONV):
-            at = n + kk  # index into the concatenation; < CONV: still an old entry
-            from_old = at < CONV
-            prev = tl.sum(tl.where((k[None, :, None] == at[:, None, None])
-                                   & (k[None, :, None] < CONV), old_conv, 0.0), axis=1)
-            tok = lo + at - CONV
-            xk = tl.load(hidden_ptr + tok[:, None] * HEAD + d[None, :],
-                         mask=(row_ok & ~from_old & (tok < NUM_TOKENS))[:, None]
-                         & (d[None, :] < HEAD), other=0.0)
-            tl.store(state_ptr + dst[:, None] * STATE_STRIDE + kk * HEAD + d[None, :],
-                     tl.where(from_old[:, None], prev, xk),
-                     mask=write[:, None] & (d[None, :] < HEAD))
+    # Every column at once (axis 0, rows on axis 1: stores land column by
+    # column, row by row, as a loop over columns would store them; the
+    # interpreter's cost is per operation, so no loop over columns or conv
+    # entries). Spec rows: the state after token c goes to column c; other
+    # rows: the final state to column 0.
+    c = tl.arange(0, BLOCK_NC)
+    col_ok = c < NCOL
+    end = tl.where(spec[None, :] != 0, lo[None, :] + c[:, None] + 1, hi[None, :])  # [C, R]
+    member = ((t[None, None, :] >= lo[None, :, None]) & (t[None, None, :] < end[:, :, None])
+              & tok_ok[None, None, :])  # [C, R, T]
+    xs = tl.sum(tl.where(member[:, :, :, None], x[None, None, :, :], 0.0), axis=2)  # [C, R, D]
+    dst = tl.load(state_indices_ptr + r[None, :] * NCOL + c[:, None],
+                  mask=row_ok[None, :] & col_ok[:, None], other=-1)
+    if PAD_TO >= 0:
+        dst = tl.where(dst < 0, PAD_TO, dst)
+    write = (row_ok[None, :] & col_ok[:, None] & (dst >= 0) & (dst < NUM_SLOTS)
+             & (src[None, :] >= 0))
+    # Columns past 0: spec rows only, and only as far as the row has tokens.
+    write = write & ((c[:, None] == 0)
+                     | ((spec[None, :] != 0) & (lo[None, :] + c[:, None] < hi[None, :])))
+    if SKIP_NULL:
+        write = write & (dst != 0)
+    tl.store(state_ptr + dst[:, :, None] * STATE_STRIDE + CONV * HEAD + d[None, None, :],
+             old[None, :, :] + xs, mask=write[:, :, None] & (d[None, None, :] < HEAD))
+    if CONV > 0:
+        # Conv part: entry kk of a column is entry n + kk of [old conv, tokens
+        # lo..end), n = end - lo: an old entry while n + kk < CONV.
+        at = (end - lo[None, :])[:, :, None] + k[None, None, :]  # [C, R, K]
+        from_old = at < CONV
+        prev = tl.sum(tl.where((k[None, None, None, :, None] == at[:, :, :, None, None])
+                               & (k[None, None, None, :, None] < CONV),
+                               old_conv[None, :, None, :, :], 0.0), axis=3)  # [C, R, K, D]
+        tok = lo[None, :, None] + at - CONV
+        xk = tl.load(hidden_ptr + tok[:, :, :, None] * HEAD + d[None, None, None, :],
+                     mask=(row_ok[None, :, None] & ~from_old & (tok < NUM_TOKENS))[:, :, :, None]
+                     & (d[None, None, None, :] < HEAD), other=0.0)
+        tl.store(state_ptr + dst[:, :, None, None] * STATE_STRIDE
+                 + k[None, None, :, None] * HEAD + d[None, None, None, :],
+                 tl.where(from_old[:, :, :, None], prev, xk),
+                 mask=(write[:, :, None] & (k[None, None, :] < CONV))[:, :, :, None]
+                 & (d[None, None, None, :] < HEAD))
