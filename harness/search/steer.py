@@ -4,15 +4,26 @@ A seed corpus (:mod:`harness.search.corpus`) carries what earlier campaigns
 learned into a run; this does the same *inside* one run, as coverage-guided
 fuzzers keep every input that reached something rare and spend more of the
 search on it.  After each example the machine records, per behaviour-coverage
-feature *and runner* (``spec-row-moved@v1``: a situation on V1 is not the same
-situation on V2 — a V1-only bug needs it there), how many examples hit it
-and the shortest op prefix (with its config) that first hit it.  An example
-then draws (from the seed, like every other choice) whether to start from one
-of the prefixes of the :data:`RAREST` least-hit keys, in
+feature, runner and group kinds (``spec-row-moved@v1+mamba``: a situation on
+V1 is not the same situation on V2 — a V1-only bug needs it there — nor in an
+attention-only config, where no Mamba state depends on it), how many examples
+hit it and the shortest op prefix (with its config) that first hit it.  An
+example then draws (from the seed, like every other choice) whether to start
+from one of the prefixes of the :data:`RAREST` least-hit keys, in
 :data:`SHARE_EIGHTHS` of examples: it takes that config, applies the prefix as
 its first ops and draws on from there.  Each re-use hits the key again, so
 its count grows and the energy moves on to the next rarest — a situation hit
 once gets a few continuations, not the whole run.
+
+Configs get the same treatment: per pair of config traits (:func:`traits`:
+a drafter and a sliding window, V1 and a Mamba group, ...) the examples run
+under it are counted, and :data:`CONFIG_EIGHTHS` of examples take the config
+of one of the :data:`RAREST` least-run pairs and draw all their ops — bugs of
+this family live where two mechanisms meet, and a pair the geometry draws
+rarely can be missing from a run by chance.
+
+The pools are recomputed between chunks (:data:`harness.search.fuzz.STEER_CHUNK`
+examples) and frozen within one.
 
 Determinism: the records are a function of the examples before, which are a
 function of the seed, so a run stays a pure function of (seed, corpus).  A
@@ -22,6 +33,7 @@ what the failure does not need.
 
 from __future__ import annotations
 
+import zlib
 from itertools import combinations
 
 from harness.core.trace import Trace
@@ -70,9 +82,19 @@ def config_keys(config) -> list[str]:
     return [f"cfg:{a}+{b}" for a, b in combinations(traits(config), 2)]
 
 
-def key(feature: str, runner: str) -> str:
-    """The steering key of a feature hit on ``runner``."""
-    return f"{feature}@{runner}"
+def key(feature: str, config) -> str:
+    """The steering key of a feature hit under ``config``: the feature, its runner
+    and, for a hybrid config, ``+mamba`` (``spec-row-moved@v1+mamba``: a
+    situation in an attention-only config is not the same situation where a
+    Mamba group's state columns depend on it)."""
+    return f"{feature}@{config.runner}{'+mamba' if config.mamba_groups else ''}"
+
+
+def _order(table: dict, salt: int):
+    """Sort key for the rarest: examples, then a hash of (key, ``salt``) — ties
+    go round the keys as the run goes on (``salt``: examples run so far),
+    not always to the same names."""
+    return lambda k: (table[k][0], zlib.crc32(f"{k}:{salt}".encode()))
 
 
 def learn(stats: dict, config, ops: list[dict], first: dict) -> None:
@@ -81,7 +103,7 @@ def learn(stats: dict, config, ops: list[dict], first: dict) -> None:
     prefix ops]."""
     table = stats.setdefault("steer", {})
     for f, i in first.items():
-        k = key(f, config.runner)
+        k = key(f, config)
         entry = table.get(k)
         if entry is None:
             entry = table[k] = [0, None, None]
@@ -100,17 +122,17 @@ def learn_config(stats: dict, config) -> None:
 
 
 def rarest_configs(stats: dict) -> list[Trace]:
-    """Configs of the :data:`RAREST` least-hit trait pairs (ties by key), as
+    """Configs of the :data:`RAREST` least-hit trait pairs (ties by :func:`_order`), as
     traces without ops: an example that starts from one draws all its ops."""
     table = stats.get("steer_configs", {})
-    keys = sorted(table, key=lambda k: (table[k][0], k))[:RAREST]
+    keys = sorted(table, key=_order(table, stats.get("examples", 0)))[:RAREST]
     return [Trace(table[k][1], [], {"verdict": "pass"}, {"steer_key": k}) for k in keys]
 
 
 def rarest(stats: dict) -> list[Trace]:
-    """Prefixes of the :data:`RAREST` least-hit keys (ties by key), as traces."""
+    """Prefixes of the :data:`RAREST` least-hit keys (ties by :func:`_order`), as traces."""
     table = stats.get("steer", {})
     keys = sorted((k for k, e in table.items() if e[2] is not None),
-                  key=lambda k: (table[k][0], k))[:RAREST]
+                  key=_order(table, stats.get("examples", 0)))[:RAREST]
     return [Trace(table[k][1], table[k][2], {"verdict": "pass"}, {"steer_key": k})
             for k in keys]

@@ -305,7 +305,7 @@ def test_steering_starts_examples_from_earlier_examples_rarest_prefixes():
     table = stats["steer"]
     assert all(e[0] >= 1 and (e[2] is None or len(e[2]) <= steer.MAX_PREFIX_OPS)
                for e in table.values())
-    assert {k.rsplit("@", 1)[1] for k in table} <= {"v1", "v2"}
+    assert {k.rsplit("@", 1)[1] for k in table} <= {"v1", "v2", "v1+mamba", "v2+mamba"}
     again, _, _ = _steered_run()
     assert [(c, o, n) for c, o, n in again] == [(c, o, n) for c, o, n in rec]
 
@@ -340,10 +340,13 @@ def test_config_traits_pair_the_mechanisms_a_config_turns_on():
     stats = {}
     steer.learn_config(stats, cfg)
     steer.learn_config(stats, RunnerConfig(runner="v2"))
+    steer.learn_config(stats, RunnerConfig(runner="v2"))
     rare = steer.rarest_configs(stats)
     assert len(rare) == steer.RAREST and all(not t.ops for t in rare)
-    assert rare[0].meta["steer_key"] == "cfg:attention-only+drafter"  # once, by name
-    assert stats["steer_configs"]["cfg:mamba+v2"][0] == 1
+    once = {k for k, e in stats["steer_configs"].items() if e[0] == 1}
+    assert len(once) == 15 and {t.meta["steer_key"] for t in rare} < once
+    assert stats["steer_configs"]["cfg:mamba+v2"][0] == 2
+    assert rare[0].config == cfg
 
 
 def test_drawn_prefix_caching_configs_hold_prompts_longer_than_two_prefix_units():
@@ -369,17 +372,27 @@ def test_no_steering_starts_nothing_from_a_prefix():
     assert not any(n for _, _, n in rec)
 
 
-def test_rarest_orders_keys_by_examples_then_name():
+def test_rarest_orders_keys_by_examples_then_a_hash_that_moves_on():
     from harness.search import steer
 
     stats = {}
-    cfg = RunnerConfig(runner="v1")
+    cfg = RunnerConfig(runner="v1")  # hybrid: keys carry +mamba
     op = {"op": "add", "req": 0, "blocks": [[1], [2]], "prompt_len": 1}
     steer.learn(stats, cfg, [op, op], {"a": 1, "b": 0})
     steer.learn(stats, cfg, [op], {"b": 0})
     keys = [t.meta["steer_key"] for t in steer.rarest(stats)]
-    assert keys == ["a@v1", "b@v1"]
+    assert keys == ["a@v1+mamba", "b@v1+mamba"]
     assert [len(t.ops) for t in steer.rarest(stats)] == [2, 1]
+    # Ties: which of many once-hit keys make the pool changes as examples go by.
+    for f in "cdefghijklmn":
+        steer.learn(stats, cfg, [op], {f: 0})
+    pools = set()
+    for n in range(0, 200, 50):
+        stats["examples"] = n
+        pool = [t.meta["steer_key"] for t in steer.rarest(stats)]
+        assert "b@v1+mamba" not in pool and len(pool) == steer.RAREST  # b: hit twice
+        pools.add(tuple(pool))
+    assert len(pools) > 1
 
 
 def test_prefix_resourcing_moves_a_shared_prefix_only_to_later_lenders():
