@@ -96,8 +96,11 @@ def _draw_admit(m, data) -> dict:
         prompt_len = data.draw(st.sampled_from(near)) if near else 1
     elif cfg.enable_prefix_caching and data.draw(st.booleans()):
         # A prompt of a block or two (and a few tokens): full blocks to register
-        # and share within a few steps.
-        prompt_len = data.draw(st.integers(1, min(cfg.max_model_len, 2 * cfg.prefix_unit + 2)))
+        # and share within a few steps — one more with a drafter, whose hit
+        # drops its last block (the drafter computes it again).
+        units = 2 + (cfg.num_speculative_tokens > 0)
+        prompt_len = data.draw(st.integers(1, min(cfg.max_model_len,
+                                                  units * cfg.prefix_unit + 2)))
     else:
         prompt_len = data.draw(st.integers(1, cfg.max_model_len))
     tokens = ledger.prompt_tokens(req, prompt_len, prefix)
