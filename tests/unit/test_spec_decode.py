@@ -111,9 +111,10 @@ def test_a_row_whose_last_occupant_kept_another_count_is_a_coverage_feature():
     count copied by batch row lands on the request that moved there) hits it at
     its last spec step, where request 1 runs in row 0 after request 0 kept 3
     tokens there; the same steps without the remove (nobody moves) do not."""
+    from pathlib import Path
+
     from harness.core.session import Session
     from harness.core.trace import load
-    from pathlib import Path
 
     trace = load(Path(__file__).parents[2] / "corpora" / "seeds"
                  / "accepted-counts-land-after-condense.json")
