@@ -55,7 +55,7 @@ def traits(config) -> list[str]:
     Bugs of this family live where two mechanisms meet (a window and a drafter
     on one prefix hit; a drafter's accepted counts and V1's condense), and the
     geometry draws each mechanism with its own odds, so a pair can be rare in
-    one run by chance: :func:`learn` counts examples per pair of traits."""
+    one run by chance: :func:`learn_config` counts examples per pair of traits."""
     c = config
     on = {c.runner: True,
           "mamba": bool(c.mamba_groups),
@@ -122,7 +122,7 @@ def learn_config(stats: dict, config) -> None:
 
 
 def rarest_configs(stats: dict) -> list[Trace]:
-    """Configs of the :data:`RAREST` least-hit trait pairs (ties by :func:`_order`), as
+    """Configs of the :data:`RAREST` least-run trait pairs (ties by :func:`_order`), as
     traces without ops: an example that starts from one draws all its ops."""
     table = stats.get("steer_configs", {})
     keys = sorted(table, key=_order(table, stats.get("examples", 0)))[:RAREST]
