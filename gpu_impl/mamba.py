@@ -119,35 +119,40 @@ def _mamba_state_update_kernel(
     src_ok = row_ok & (src >= 0) & (src < NUM_SLOTS)
     old = tl.load(state_ptr + src[:, None] * STATE_STRIDE + CONV * HEAD + d[None, :],
                   mask=src_ok[:, None] & (init[:, None] != 0), other=0.0)
-    # The old conv part, loaded before any column writes (a column may be the source).
-    k = tl.arange(0, BLOCK_C)
-    old_conv = tl.load(state_ptr + src[:, None, None] * STATE_STRIDE + k[None, :, None] * HEAD
-                       + d[None, None, :],
-                       mask=(src_ok[:, None, None] & (init[:, None, None] != 0)
-                             & (k[None, :, None] < CONV)), other=0.0)
+    if CONV > 0:
+        # The old conv part, loaded before any column writes (a column may be the source).
+        k = tl.arange(0, BLOCK_C)
+        old_conv = tl.load(state_ptr + src[:, None, None] * STATE_STRIDE
+                           + k[None, :, None] * HEAD + d[None, None, :],
+                           mask=(src_ok[:, None, None] & (init[:, None, None] != 0)
+                                 & (k[None, :, None] < CONV)), other=0.0)
     tok_ok = t < NUM_TOKENS
     x = tl.load(hidden_ptr + t[:, None] * HEAD + d[None, :],
                 mask=tok_ok[:, None] & (d[None, :] < HEAD), other=0.0)
-    # Every column at once (axis 0, rows on axis 1: stores land column by
-    # column, row by row, as a loop over columns would store them; the
-    # interpreter's cost is per operation, so no loop over columns or conv
-    # entries). Spec rows: the state after token c goes to column c; other
-    # rows: the final state to column 0.
+    # Every column at once: the interpreter's cost is per operation, so no loop
+    # over columns or conv entries. Columns lie on axis 0 and rows on axis 1, so
+    # under the interpreter (which stores element by element in C order) two
+    # writes to one address land as a loop over columns stored them, the later
+    # column last. On a GPU one store's duplicate addresses have no defined
+    # winner; they occur only where two rows or columns share a block, which
+    # a fault is already reported for. Spec rows: the state after token c goes
+    # to column c; other rows: the final state to column 0.
     c = tl.arange(0, BLOCK_NC)
-    col_ok = c < NCOL
+    row_col_ok = row_ok[None, :]
+    if BLOCK_NC > NCOL:
+        row_col_ok = row_col_ok & (c < NCOL)[:, None]
     end = tl.where(spec[None, :] != 0, lo[None, :] + c[:, None] + 1, hi[None, :])  # [C, R]
     member = ((t[None, None, :] >= lo[None, :, None]) & (t[None, None, :] < end[:, :, None])
               & tok_ok[None, None, :])  # [C, R, T]
     xs = tl.sum(tl.where(member[:, :, :, None], x[None, None, :, :], 0.0), axis=2)  # [C, R, D]
-    dst = tl.load(state_indices_ptr + r[None, :] * NCOL + c[:, None],
-                  mask=row_ok[None, :] & col_ok[:, None], other=-1)
+    dst = tl.load(state_indices_ptr + r[None, :] * NCOL + c[:, None], mask=row_col_ok, other=-1)
     if PAD_TO >= 0:
         dst = tl.where(dst < 0, PAD_TO, dst)
-    write = (row_ok[None, :] & col_ok[:, None] & (dst >= 0) & (dst < NUM_SLOTS)
-             & (src[None, :] >= 0))
-    # Columns past 0: spec rows only, and only as far as the row has tokens.
-    write = write & ((c[:, None] == 0)
-                     | ((spec[None, :] != 0) & (lo[None, :] + c[:, None] < hi[None, :])))
+    write = row_col_ok & (dst >= 0) & (dst < NUM_SLOTS) & (src[None, :] >= 0)
+    if NCOL > 1:
+        # Columns past 0: spec rows only, and only as far as the row has tokens.
+        write = write & ((c[:, None] == 0)
+                         | ((spec[None, :] != 0) & (lo[None, :] + c[:, None] < hi[None, :])))
     if SKIP_NULL:
         write = write & (dst != 0)
     tl.store(state_ptr + dst[:, :, None] * STATE_STRIDE + CONV * HEAD + d[None, None, :],

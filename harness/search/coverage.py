@@ -69,10 +69,11 @@ FEATURES: dict[str, str] = {
     "draft-full-padded": "the drafter's single-token pass replayed FULL over padded rows",
     "spec-row-moved": "a spec-decode request that runs in another batch row than in its "
                       "previous step (condense, reorder or re-entry moved its accepted count)",
-    "spec-row-count-foreign": "a spec-decode request past its prompt that runs in a batch row "
-                              "where another one kept a different accepted count in the row's "
-                              "previous forward (a count copied by row, not by request, lands on it: "
-                              "vLLM PR #45100)",
+    "spec-row-count-foreign": "a request of a spec-decode config that runs in a batch row where "
+                              "another request kept a different accepted count in the row's "
+                              "previous forward, neither count a mid-prompt chunk's 0 (a new "
+                              "request's count is 1): a count copied by row, not by request, "
+                              "lands on it (vLLM PR #45100)",
     "prefix-hit": "a request admitted with a prefix-cache hit (allocator engine)",
     "prompt-all-cached": "a request admitted whose whole prompt is in cached full blocks (the "
                          "hit must stop short of it: its last token is computed again)",
@@ -296,7 +297,8 @@ class Tracker:
             if self.last_row.get(req, b) != b and self._counts_before.get(req, 1) != 1:
                 hit.append("spec-row-moved")
             self.last_row[req] = b
-            # Counts of requests past their prompts (0 is a mid-prompt chunk's).
+            # Neither count a mid-prompt chunk's 0; a request that has not run yet
+            # counts 1 (what add/admit give it), and a late copy would land on it too.
             was, own = self.row_count.get(b), self._counts_before.get(req, 0)
             if was is not None and was[0] != req and min(was[1], own) >= 1 and was[1] != own:
                 hit.append("spec-row-count-foreign")

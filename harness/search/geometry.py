@@ -180,11 +180,12 @@ def runner_configs(draw, runner: str | None = None,
             sharing, sharing_map, groups[ai] = False, (), ga
     if caching:
         # A prefix hit is a multiple of the prefix unit (the least common multiple
-        # of the cacheable groups' block sizes) and never the whole prompt, so the
-        # rows must hold prompts of two units and a token (three with a drafter,
-        # whose hit drops its last block): a config whose rows
+        # of the cacheable groups' block sizes) and never the whole prompt: a hit
+        # of one unit needs a prompt of a unit and a token (two units and a token
+        # with a drafter, whose hit drops its last block), and a config whose rows
         # hold one unit (a 16-token Mamba state block beside 4-token attention
-        # rows of 4 columns) could never hit.
+        # rows of 4 columns) could never hit. Rows get one unit more than that,
+        # so hits can also span two units.
         unit = math.lcm(*(g.block_size for g in groups if g.kind == ATTENTION or align))
         need = min((2 + (k > 0)) * unit + 1, 256)  # a drafter's hit drops its last block
         if model_len:

@@ -85,6 +85,7 @@ class BlockFuzzMachine(RuleBasedStateMachine):
         self.session: Session | None = None
         self.ops: list[dict] = []
         self.next_req = 0
+        self.start_key = None  # what the example started from (a steering key, "corpus")
         self.stats["examples"] = self.stats.get("examples", 0) + 1
 
     @initialize(data=st.data())
@@ -111,9 +112,8 @@ class BlockFuzzMachine(RuleBasedStateMachine):
             v = self.session.startup_violations[0]
             raise _error_type(v.invariant)(v, [], config)
         self.prefix_len = len(prefix.ops) if prefix is not None else 0
-        # What the example started from: a steering key, a corpus trace, or None.
-        self.start_key = None if prefix is None else (prefix.meta or {}).get(
-            "steer_key", "corpus")
+        if prefix is not None:
+            self.start_key = (prefix.meta or {}).get("steer_key", "corpus")
         if prefix is not None:  # its ops first, recorded like drawn ones
             for op in prefix.ops:
                 self.do(op)

@@ -20,7 +20,8 @@ a drafter and a sliding window, V1 and a Mamba group, ...) the examples run
 under it are counted, and :data:`CONFIG_EIGHTHS` of examples take the config
 of one of the :data:`RAREST` least-run pairs and draw all their ops — bugs of
 this family live where two mechanisms meet, and a pair the geometry draws
-rarely can be missing from a run by chance.
+rarely can get few examples in a run by chance (a pair never drawn stays
+out: only configs seen can be re-used).
 
 The pools are recomputed between chunks (:data:`harness.search.fuzz.STEER_CHUNK`
 examples) and frozen within one.
@@ -92,8 +93,8 @@ def key(feature: str, config) -> str:
 
 def _order(table: dict, salt: int):
     """Sort key for the rarest: examples, then a hash of (key, ``salt``) — ties
-    go round the keys as the run goes on (``salt``: examples run so far),
-    not always to the same names."""
+    are reshuffled as the run goes on (``salt``: examples run so far), so they
+    do not always go to the same names (a tied key may still go unpicked)."""
     return lambda k: (table[k][0], zlib.crc32(f"{k}:{salt}".encode()))
 
 

@@ -283,6 +283,8 @@ def _steered_run(steering=True, examples=100, s=3):
                 self.stats.setdefault("rec", []).append(
                     (self.cfg, list(self.ops), self.prefix_len))
                 self.stats.setdefault("start_keys", []).append(self.start_key)
+                self.stats.setdefault("config_pools", []).append(
+                    [t.meta["steer_key"] for t in self.stats.get("steer_configs_pool", [])])
             super().teardown()
 
     stats, chunks = {}, []
@@ -319,6 +321,7 @@ def test_steering_gives_rare_pairs_of_config_traits_more_examples():
     for i, k in by_config:
         cfg, _, n = rec[i]
         assert n == 0 and i >= fuzz.STEER_CHUNK  # a config only, from the second chunk on
+        assert k in stats["config_pools"][i]  # one of the least-run pairs when its chunk began
         assert set(k[len("cfg:"):].split("+")) <= set(steer.traits(cfg))
         assert any(c == cfg for c, _, _ in rec[:i])  # an earlier example's config
     # Every pair is counted once per example whose config has it.

@@ -128,6 +128,14 @@ def test_a_row_whose_last_occupant_kept_another_count_is_a_coverage_feature():
         return out
 
     assert hits(trace.ops) == [False] * (len(trace.ops) - 1) + [True]
+    # A new request's count is 1 before it runs: one added into the row another
+    # request left with 3 is in the same situation (a late copy would land on it).
+    new = trace.ops[:3] + [
+        {"op": "spec_step", "scheduled": [[0, 3, 1], [1, 3, 3]], "cudagraph_mode": "NONE"},
+        {"op": "remove", "req": 1},
+        {"op": "add", "req": 2, "blocks": [[5, 7], [8, 9, 10]], "prompt_len": 5},
+        {"op": "step", "scheduled": [[0, 1], [2, 5]], "cudagraph_mode": "NONE"}]
+    assert hits(new)[-1]
     stay = [op for op in trace.ops if op["op"] != "remove"][:-1] + [
         {"op": "spec_step", "scheduled": [[0, 1, 1], [1, 1, 1]], "cudagraph_mode": "NONE"}]
     assert not any(hits(stay))
