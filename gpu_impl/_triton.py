@@ -6,9 +6,19 @@ kernel emits those checks only in debug builds, and the interpreter evaluating
 them for every int32 operation cost about a quarter of all kernel time
 (``bench/revisions.py``; README, "Benchmarks").  ``BLOCKFUZZ_SANITIZE_OVERFLOW=1``
 keeps them.
+
+Under the interpreter, ``triton.language`` is also patched once per process
+rather than once per launch.  The interpreter swaps the language's builtins
+for its NumPy versions at every launch and swaps them back after it (about
+1.5 ms per launch, an eighth of a spec-decode step's kernel time).  In this
+process every kernel is interpreted and host code calls no ``tl`` function,
+so the swapped-in versions can stay: the launch then finds the language
+patched and does nothing.  ``BLOCKFUZZ_PATCH_PER_LAUNCH=1`` keeps Triton's
+per-launch patching (to compare: any bench run with it set and without).
 """
 
 import dataclasses
+import inspect
 import os
 
 from .device import current_device
@@ -33,6 +43,38 @@ def _interpreter_without_overflow_checks() -> None:
         builder.options = dataclasses.replace(options, sanitize_overflow=False)
 
 
+def _interpreter_patches_language_once() -> None:
+    if os.environ.get("TRITON_INTERPRET") != "1" or \
+            os.environ.get("BLOCKFUZZ_PATCH_PER_LAUNCH") == "1":
+        return
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    per_launch = getattr(interpreter, "_patch_lang", None)
+    scope_type = getattr(interpreter, "_LangPatchScope", None)
+    if per_launch is None or scope_type is None:  # another Triton: leave it as it is
+        return
+    patched: set = set()  # ids of the language modules patched (and left patched)
+
+    class _Kept(scope_type):
+        """A scope whose ``restore`` keeps the patches (the launch's ``finally``)."""
+
+        def restore(self) -> None:
+            self._changes.clear()
+
+    def patch_once(fn):
+        langs = frozenset(id(v) for v in fn.__globals__.values()
+                          if inspect.ismodule(v) and (v is tl or v is tl.core))
+        if not langs <= patched:
+            per_launch(fn)  # its scope is dropped unrestored: the patches stay
+            patched.update(langs)
+        return _Kept()
+
+    interpreter._patch_lang = patch_once
+
+
 _interpreter_without_overflow_checks()
+_interpreter_patches_language_once()
 
 __all__ = ["triton", "tl"]

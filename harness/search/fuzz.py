@@ -29,7 +29,6 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from hypothesis import Phase, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.stateful import run_state_machine_as_test
 
@@ -120,12 +119,8 @@ def _search(config, seed, examples, faults, target, device, profile, stats, runn
                          seed_corpus=seed_corpus, base=base, steering=steering)
     machine = type("BlockFuzzMachine_counted", (_CountEndings, bound), {})
     hypothesis_seed(seed)(machine)
-    # Hypothesis's own shrinker re-runs hundreds of examples through the Triton
-    # interpreter; our trace shrinker (harness/shrink.py) needs tens of replays.
-    run_settings = settings(profiles.get(profile), max_examples=examples, derandomize=False,
-                            phases=[Phase.explicit, Phase.generate])
     try:
-        run_state_machine_as_test(machine, settings=run_settings)
+        run_state_machine_as_test(machine, settings=profiles.search_settings(profile, examples))
     except InvariantViolationError as e:
         return e
     return None

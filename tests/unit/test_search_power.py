@@ -412,3 +412,18 @@ def test_prefix_resourcing_moves_a_shared_prefix_only_to_later_lenders():
     # them (req 2 from req 1, up to req 1's 8 tokens); req 3's lender is the last one.
     assert got == [[[], [0, 8], [1, 8], [2, 4]]]
     assert all("blocks" not in cand[2] for cand in _resource_prefixes(ops))  # re-recorded
+
+
+def test_examples_are_drawn_afresh_not_copies_of_earlier_ones(monkeypatch):
+    """Hypothesis's own backend follows each new example with copies of it
+    (spans duplicated) and opens runs with all-simplest draws; the search's
+    backend draws every example afresh (profiles.FreshExamples)."""
+    def openings(rec):
+        return len({(json.dumps(c.to_json(), sort_keys=True), json.dumps(o[:5], sort_keys=True))
+                    for c, o, _ in rec})
+
+    rec, _, _ = _steered_run(steering=False, examples=50)
+    assert len(rec) == 50 and openings(rec) >= 48  # a chance repeat or two at most
+    monkeypatch.setattr(profiles, "SEARCH_BACKEND", "hypothesis")  # the engine's own
+    copied, _, _ = _steered_run(steering=False, examples=50)
+    assert openings(copied) < 40  # what the check above guards against
