@@ -14,7 +14,12 @@ prints both, their ratio and whether the shrunk traces are the same (they
 must be: a resumed replay is the replay from the start).  ``--no-cache``
 shrinks without them.
 
-Usage: python bench/shrink_speed.py DIR [--json OUT] [--compare-cache | --no-cache]
+``DIR`` defaults to ``bench/shrink_set/``: 8 unshrunk findings kept in the
+repository (the longest finding of each of the 8 faults with the longest
+ones in a find-rate run, 2026-12-01), so every checkout is measured on the
+same inputs; a ``--save`` directory of another run can be passed instead.
+
+Usage: python bench/shrink_speed.py [DIR] [--json OUT] [--compare-cache | --no-cache]
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("dir")
+    p.add_argument("dir", nargs="?", default=str(Path(__file__).resolve().parent / "shrink_set"))
     p.add_argument("--json", dest="json_out", default=None)
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--compare-cache", action="store_true")
@@ -49,8 +54,12 @@ def main(argv=None) -> int:
         small, replays = shrink_mod.shrink(trace, trace.expect["invariant"], trace.faults)
         return small, replays, round(time.perf_counter() - start, 2)
 
+    paths = sorted(Path(args.dir).glob("*.json"))
+    if not paths:
+        print(f"shrink_speed: {args.dir}: no *.json traces", file=sys.stderr)
+        return 2
     rows = []
-    for path in sorted(Path(args.dir).glob("*.json")):
+    for path in paths:
         trace = load(path)
         small, replays, secs = timed(trace, not args.no_cache)
         row = {"trace": path.stem, "ops_before": len(trace.ops), "ops_after": len(small.ops),
