@@ -91,6 +91,13 @@ FEATURES: dict[str, str] = {
                   "its first new token are the null block",
     "mamba-state-restored": "align mode: a request's first step starts from its prefix hit's "
                             "cached Mamba state, copied into its new state block",
+    "mamba-state-restored-larger-block": "align mode: a Mamba state restored from a prefix hit "
+                                         "where the state block is larger than an attention "
+                                         "group's block (one hit, counted in different blocks "
+                                         "per group: vLLM issue #55600)",
+    "window-hit-drafter": "a window hit in a drafter config: EAGLE's lookup searches a run one "
+                          "block longer than the window needs, then drops its last block for "
+                          "the drafter to compute again (vLLM PR #17398)",
     "mamba-state-carried": "align mode: a running request's state copied into a new state "
                            "block as its tokens cross a Mamba block boundary",
     **{f"forward:{m}:{r}:{k}": f"a forward dispatched {m} on runner {r}, config with {k} group(s)"
@@ -226,6 +233,8 @@ class Tracker:
             if any(self.config.groups[g].sliding_window and ids and ids[0] == 0
                    for g, ids in enumerate(blocks)):
                 out.append("window-hit")
+                if self.config.num_speculative_tokens:
+                    out.append("window-hit-drafter")
         for g, ids in enumerate(blocks):
             n_hit = self.config.hit_columns(g, hit)
             if any(refs[g][b] == 0 for b in ids[:n_hit] if 0 < b < len(refs[g])):
@@ -271,6 +280,8 @@ class Tracker:
         if not fwd.dummy and reference is not None:
             for _, _, _, first in getattr(reference, "mamba_copies", ()):
                 hit.append("mamba-state-restored" if first else "mamba-state-carried")
+                if first and _state_blocks_larger(cfg):
+                    hit.append("mamba-state-restored-larger-block")
         if (fwd.metadata and fwd.num_tokens_padded > fwd.num_tokens
                 and any(g.slot_buffer for g in cfg.groups)):
             hit.append("backend-slots-padded")
@@ -328,6 +339,13 @@ def _window(c) -> bool:
     return any(g.sliding_window for g in c.groups)
 
 
+def _state_blocks_larger(c) -> bool:
+    """Align mode with a Mamba state block larger than some attention group's block."""
+    return c.mamba_cache_mode == "align" and bool(c.attention_groups) and \
+        max(c.tokens_per_block(g) for g in c.mamba_groups) > \
+        min(c.tokens_per_block(g) for g in c.attention_groups)
+
+
 NEEDS = {
     "spec-tokens-rejected": lambda c: c.num_speculative_tokens > 0,
     "mamba-running-column": lambda c: c.num_speculative_tokens > 0 and bool(c.mamba_groups),
@@ -347,10 +365,25 @@ NEEDS = {
     "window-blocks-freed": _window,
     "window-hit": lambda c: _window(c) and c.enable_prefix_caching,
     "mamba-state-restored": lambda c: c.mamba_cache_mode == "align",
+    "mamba-state-restored-larger-block": _state_blocks_larger,
+    "window-hit-drafter": lambda c: (_window(c) and c.enable_prefix_caching
+                                     and c.num_speculative_tokens > 0),
     "mamba-state-carried": lambda c: c.mamba_cache_mode == "align",
     "page-reused-across-groups": lambda c: c.kv_sharing,
 }
 """What a pinned config needs for a feature to be reachable at all."""
+
+NARROWS = {
+    "window-hit": "prefix-hit",
+    "window-hit-drafter": "prefix-hit",
+    "mamba-state-restored": "prefix-hit",
+    "mamba-state-restored-larger-block": "prefix-hit",
+}
+"""Feature -> the broader feature met on the way to it (every window hit and every
+Mamba state restored is a prefix hit).  For a feature a run has not hit yet,
+steering (:func:`harness.search.steer.learn`) keeps the prefixes that hit its
+broader feature in a config where it is reachable (its :data:`NEEDS`): the
+frontier the search goes on from."""
 
 
 def possible(feature: str, runner: str | None, config=None) -> bool:

@@ -23,6 +23,17 @@ this family live where two mechanisms meet, and a pair the geometry draws
 rarely can get few examples in a run by chance (a pair never drawn stays
 out: only configs seen can be re-used).
 
+A feature the run has not hit yet gets a frontier: for each feature that
+narrows a broader one (:data:`harness.search.coverage.NARROWS`: a window hit
+is a prefix hit in a window config), the run keeps, under
+``towards:feature@runner[+mamba]``, the shortest prefix that hit the broader
+feature in a config where the narrow one is reachable, and how many examples
+got there without it.  Until the feature is hit on that runner and group
+kinds, up to :data:`FRONTIER` of the :data:`RAREST` prefixes an example may
+start from are such frontier prefixes (fewest tries first), so a run
+continues from where it came closest; once the feature is hit its ordinary
+key takes over.
+
 The pools are recomputed between chunks (:data:`harness.search.fuzz.STEER_CHUNK`
 examples) and frozen within one.
 
@@ -38,11 +49,14 @@ import zlib
 from itertools import combinations
 
 from harness.core.trace import Trace
+from harness.search.coverage import NARROWS, NEEDS
 
 SHARE_EIGHTHS = 2  # of examples start from a rare prefix (once there is one)
 CONFIG_EIGHTHS = 1  # of examples take the config of a rare pair of config traits
 RAREST = 6  # keys whose prefixes an example may start from
 MAX_PREFIX_OPS = 40  # longer prefixes are not kept (an example's own ops come after)
+FRONTIER = 3  # of the RAREST prefixes at most this many are frontier prefixes
+TOWARDS = "towards:"  # key prefix of a frontier entry
 
 
 def traits(config) -> list[str]:
@@ -101,10 +115,15 @@ def _order(table: dict, salt: int):
 def learn(stats: dict, config, ops: list[dict], first: dict) -> None:
     """Record one finished example: ``first`` is {feature: op index of its first
     hit}; ``stats["steer"]`` maps key -> [examples that hit it, config, shortest
-    prefix ops]."""
+    prefix ops], and a frontier key (``towards:``) -> [examples that hit the
+    broader feature but not this one where it was reachable, config, shortest
+    prefix to the broader feature's first hit]."""
     table = stats.setdefault("steer", {})
-    for f, i in first.items():
-        k = key(f, config)
+    reached = {key(f, config): i for f, i in first.items()}
+    for f, broad in NARROWS.items():  # got as far as the broader feature, not to f
+        if broad in first and f not in first and NEEDS[f](config):
+            reached[TOWARDS + key(f, config)] = first[broad]
+    for k, i in reached.items():
         entry = table.get(k)
         if entry is None:
             entry = table[k] = [0, None, None]
@@ -131,9 +150,16 @@ def rarest_configs(stats: dict) -> list[Trace]:
 
 
 def rarest(stats: dict) -> list[Trace]:
-    """Prefixes of the :data:`RAREST` least-hit keys (ties by :func:`_order`), as traces."""
+    """Prefixes of the :data:`RAREST` least-hit keys (ties by :func:`_order`), as traces:
+    first up to :data:`FRONTIER` frontier prefixes of features not hit yet (fewest
+    tries first), then the least-hit features' prefixes."""
     table = stats.get("steer", {})
-    keys = sorted((k for k, e in table.items() if e[2] is not None),
-                  key=_order(table, stats.get("examples", 0)))[:RAREST]
+    order = _order(table, stats.get("examples", 0))
+    kept = [k for k, e in table.items() if e[2] is not None]
+    frontier = sorted((k for k in kept
+                       if k.startswith(TOWARDS) and k[len(TOWARDS):] not in table),
+                      key=order)[:FRONTIER]
+    keys = frontier + sorted((k for k in kept if not k.startswith(TOWARDS)),
+                             key=order)[:RAREST - len(frontier)]
     return [Trace(table[k][1], table[k][2], {"verdict": "pass"}, {"steer_key": k})
             for k in keys]

@@ -427,3 +427,67 @@ def test_examples_are_drawn_afresh_not_copies_of_earlier_ones(monkeypatch):
     monkeypatch.setattr(profiles, "SEARCH_BACKEND", "hypothesis")  # the engine's own
     copied, _, _ = _steered_run(steering=False, examples=50)
     assert openings(copied) < 40  # what the check above guards against
+
+
+def _corpus_features(name, **config_changes):
+    """Features each op of corpus trace ``name`` hits on the reference, with its
+    config changed by ``config_changes`` (the targets' recorded choices dropped)."""
+    from pathlib import Path
+
+    from harness.core.ops.scheduler import without_recorded
+    from harness.core.trace import load
+
+    t = load(Path(__file__).resolve().parents[2] / "corpora" / "seeds" / f"{name}.json")
+    fields = t.config.to_json() | config_changes
+    config = RunnerConfig.from_json(fields)
+    session, tracker, hits = Session(config, (), "reference"), Tracker(config), set()
+    for op in t.ops:
+        op = without_recorded(op) if config_changes else op
+        tracker.before(op, session.ledger, session.reference)
+        session.apply(op)
+        hits |= set(tracker.after(op, session.reference))
+    return hits
+
+
+def test_narrow_hit_features_fire_only_in_the_config_that_makes_them():
+    eagle = "sliding-window-eagle-drop-unextended"
+    assert {"window-hit", "window-hit-drafter"} <= _corpus_features(eagle)
+    plain = _corpus_features(eagle, num_speculative_tokens=0)
+    assert "window-hit" in plain and "window-hit-drafter" not in plain
+    align = "mamba-align-seed-attention-block-size"
+    assert {"mamba-state-restored", "mamba-state-restored-larger-block"} <= \
+        _corpus_features(align)
+    same = _corpus_features(align, groups=[{"block_size": 8, "kernel_block_size": 8,
+                                            "kind": "attention"},
+                                           {"block_size": 8, "kernel_block_size": 8,
+                                            "kind": "mamba"}])
+    assert "mamba-state-restored" in same and "mamba-state-restored-larger-block" not in same
+
+
+def test_steering_keeps_a_frontier_towards_features_not_hit_yet():
+    """An example that got a prefix hit in a window + drafter config without a
+    window hit is the frontier towards window-hit-drafter until one is hit."""
+    from harness.search import steer
+    from harness.search.coverage import NARROWS
+    from harness.core.trace import load
+    from pathlib import Path
+
+    t = load(Path(__file__).resolve().parents[2] / "corpora" / "seeds"
+             / "sliding-window-eagle-drop-unextended.json")
+    assert NARROWS["window-hit-drafter"] == "prefix-hit"
+    stats: dict = {}
+    many = [{"op": "dummy_run", "num_reqs": 1, "num_tokens": 1, "cudagraph_mode": "NONE"}]
+    for i in range(8):  # eight ordinary keys, each hit once: rarer than nothing else
+        steer.learn(stats, t.config, many * (i + 1), {f"forward:NONE:v1:x{i}": i})
+    steer.learn(stats, t.config, t.ops, {"prefix-hit": 2})  # got as far as the hit
+    towards = steer.TOWARDS + steer.key("window-hit-drafter", t.config)
+    assert stats["steer"][towards][0] == 1 and stats["steer"][towards][2] == t.ops[:3]
+    assert steer.TOWARDS + steer.key("window-hit", t.config) in stats["steer"]
+    pool = [p.meta["steer_key"] for p in steer.rarest(stats)]
+    assert towards in pool and len(pool) == steer.RAREST
+    assert sum(k.startswith(steer.TOWARDS) for k in pool) <= steer.FRONTIER
+    steer.learn(stats, t.config, t.ops, {"prefix-hit": 2, "window-hit": 2,
+                                        "window-hit-drafter": 2})  # now hit
+    assert stats["steer"][towards][0] == 1  # no longer counted as short of it
+    pool = [p.meta["steer_key"] for p in steer.rarest(stats)]
+    assert not any(k.startswith(steer.TOWARDS) for k in pool)  # hit: the frontier is gone
