@@ -32,7 +32,9 @@ got there without it.  Until the feature is hit on that runner and group
 kinds, up to :data:`FRONTIER` of the :data:`RAREST` prefixes an example may
 start from are such frontier prefixes (fewest tries first), so a run
 continues from where it came closest; once the feature is hit its ordinary
-key takes over.
+key takes over.  Configs get a frontier too: until the feature is hit, up to
+:data:`FRONTIER` of the configs an example may take are configs where it is
+reachable (fewest examples first), for a feature whose configs are rare.
 
 The pools are recomputed between chunks (:data:`harness.search.fuzz.STEER_CHUNK`
 examples) and frozen within one.
@@ -133,19 +135,29 @@ def learn(stats: dict, config, ops: list[dict], first: dict) -> None:
 
 
 def learn_config(stats: dict, config) -> None:
-    """Count one example under each of its config's trait pairs:
+    """Count one example under each of its config's trait pairs, and under each
+    narrow feature it makes reachable (a frontier key, ``towards:``):
     ``stats["steer_configs"]`` maps key -> [examples, the first config with it]."""
     table = stats.setdefault("steer_configs", {})
-    for k in config_keys(config):
+    keys = config_keys(config) + [TOWARDS + key(f, config) for f in NARROWS if NEEDS[f](config)]
+    for k in keys:
         entry = table.setdefault(k, [0, config])
         entry[0] += 1
 
 
 def rarest_configs(stats: dict) -> list[Trace]:
     """Configs of the :data:`RAREST` least-run trait pairs (ties by :func:`_order`), as
-    traces without ops: an example that starts from one draws all its ops."""
-    table = stats.get("steer_configs", {})
-    keys = sorted(table, key=_order(table, stats.get("examples", 0)))[:RAREST]
+    traces without ops: an example that starts from one draws all its ops.  First
+    up to :data:`FRONTIER` of them are configs where a narrow feature not hit yet
+    is reachable (fewest examples first): a window hit with a drafter needs a
+    config with both before it needs any op."""
+    table, hit = stats.get("steer_configs", {}), stats.get("steer", {})
+    order = _order(table, stats.get("examples", 0))
+    frontier = sorted((k for k in table
+                       if k.startswith(TOWARDS) and k[len(TOWARDS):] not in hit),
+                      key=order)[:FRONTIER]
+    keys = frontier + sorted((k for k in table if not k.startswith(TOWARDS)),
+                             key=order)[:RAREST - len(frontier)]
     return [Trace(table[k][1], [], {"verdict": "pass"}, {"steer_key": k}) for k in keys]
 
 

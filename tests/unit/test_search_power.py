@@ -326,7 +326,8 @@ def test_steering_gives_rare_pairs_of_config_traits_more_examples():
         assert any(c == cfg for c, _, _ in rec[:i])  # an earlier example's config
     # Every pair is counted once per example whose config has it.
     for k, (n, _) in stats["steer_configs"].items():
-        assert n == sum(k in steer.config_keys(c) for c, _, _ in rec), k
+        if not k.startswith(steer.TOWARDS):
+            assert n == sum(k in steer.config_keys(c) for c, _, _ in rec), k
 
 
 def test_config_traits_pair_the_mechanisms_a_config_turns_on():
@@ -347,7 +348,9 @@ def test_config_traits_pair_the_mechanisms_a_config_turns_on():
     rare = steer.rarest_configs(stats)
     assert len(rare) == steer.RAREST and all(not t.ops for t in rare)
     once = {k for k, e in stats["steer_configs"].items() if e[0] == 1}
-    assert len(once) == 15 and {t.meta["steer_key"] for t in rare} < once
+    frontier = {k for k in once if k.startswith(steer.TOWARDS)}  # window-hit(-drafter)@v2
+    assert len(once - frontier) == 15 and len(frontier) == 2
+    assert {t.meta["steer_key"] for t in rare} < once
     assert stats["steer_configs"]["cfg:mamba+v2"][0] == 2
     assert rare[0].config == cfg
 
@@ -491,3 +494,26 @@ def test_steering_keeps_a_frontier_towards_features_not_hit_yet():
     assert stats["steer"][towards][0] == 1  # no longer counted as short of it
     pool = [p.meta["steer_key"] for p in steer.rarest(stats)]
     assert not any(k.startswith(steer.TOWARDS) for k in pool)  # hit: the frontier is gone
+
+
+def test_steering_offers_configs_where_a_feature_not_hit_yet_is_reachable():
+    from harness.search import steer
+    from harness.core.trace import load
+    from pathlib import Path
+
+    t = load(Path(__file__).resolve().parents[2] / "corpora" / "seeds"
+             / "sliding-window-eagle-drop-unextended.json")
+    stats: dict = {}
+    for _ in range(3):
+        steer.learn_config(stats, V1)  # no window: neither narrow window feature reachable
+    steer.learn_config(stats, t.config)  # window + drafter + caching
+    towards = steer.TOWARDS + steer.key("window-hit-drafter", t.config)
+    assert stats["steer_configs"][towards] == [1, t.config]
+    assert steer.TOWARDS + steer.key("window-hit", t.config) in stats["steer_configs"]
+    assert not any(k.startswith(steer.TOWARDS) and "@" in k and "window" not in k
+                   and "mamba" not in k for k in stats["steer_configs"])
+    pool = [p.meta["steer_key"] for p in steer.rarest_configs(stats)]
+    assert towards in pool and sum(k.startswith(steer.TOWARDS) for k in pool) <= steer.FRONTIER
+    stats["steer"] = {steer.key("window-hit-drafter", t.config): [1, t.config, t.ops]}  # hit
+    pool = [p.meta["steer_key"] for p in steer.rarest_configs(stats)]
+    assert towards not in pool
