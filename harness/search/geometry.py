@@ -20,7 +20,8 @@ import zlib
 from hypothesis import strategies as st
 
 from reference import ATTENTION, MAMBA, GroupSpec, RunnerConfig
-from reference.config import ALWAYS, UNIFORM_BATCH, hybrid_attention_block_size
+from reference.config import (ALWAYS, MAX_NUM_BLOCKS_PER_REQ_MAX, UNIFORM_BATCH,
+                              hybrid_attention_block_size)
 
 HEAD_SIZE = 4  # drawn configs keep RunnerConfig's default head_size
 
@@ -185,9 +186,13 @@ def runner_configs(draw, runner: str | None = None,
         # with a drafter, whose hit drops its last block), and a config whose rows
         # hold one unit (a 16-token Mamba state block beside 4-token attention
         # rows of 4 columns) could never hit. Rows get one unit more than that,
-        # so hits can also span two units.
+        # so hits can also span two units. With a sliding window, all of that
+        # past the window: a window hit (its blocks before the window null)
+        # needs a hit longer than the window by a block, and a window of two
+        # blocks beside rows of three units could never have one with a drafter.
         unit = math.lcm(*(g.block_size for g in groups if g.kind == ATTENTION or align))
-        need = min((2 + (k > 0)) * unit + 1, 256)  # a drafter's hit drops its last block
+        window = max(g.sliding_window or 0 for g in groups)
+        need = min(window + (2 + (k > 0)) * unit + 1, row_tokens_max(groups))
         if model_len:
             model_len = max(model_len, need)
         else:
@@ -231,6 +236,13 @@ def runner_configs(draw, runner: str | None = None,
         max_num_batched_tokens=max_num_batched_tokens,
         cudagraph_capture_sizes=tuple(s for s in sizes if s <= max_num_batched_tokens),
     )
+
+
+def row_tokens_max(groups) -> int:
+    """The longest rows a drawn config may get for prefix hits: 256 tokens, or what
+    :data:`MAX_NUM_BLOCKS_PER_REQ_MAX` blocks of its smallest attention block hold."""
+    return min(256, MAX_NUM_BLOCKS_PER_REQ_MAX * min(g.block_size for g in groups
+                                                     if g.kind == ATTENTION))
 
 
 def target_limits(target: str) -> dict:

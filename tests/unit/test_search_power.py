@@ -357,19 +357,22 @@ def test_config_traits_pair_the_mechanisms_a_config_turns_on():
 
 def test_drawn_prefix_caching_configs_hold_prompts_longer_than_two_prefix_units():
     """A hit is a multiple of the prefix unit and never the whole prompt (and
-    with a drafter loses its last block): rows that hold one unit (a 16-token Mamba state block beside 4-token attention
-    blocks, 4 columns) would make every hit impossible."""
+    with a drafter loses its last block): rows that hold one unit (a 16-token
+    Mamba state block beside 4-token attention blocks, 4 columns) would make
+    every hit impossible; a window hit also needs the hit past the window."""
     from hypothesis import HealthCheck, given
 
-    from harness.search.geometry import runner_configs
+    from harness.search.geometry import row_tokens_max, runner_configs
 
-    @settings(max_examples=400, derandomize=True, database=None,
+    @settings(max_examples=2000, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck))
     @given(runner_configs())
     def check(cfg):
         if cfg.enable_prefix_caching:
             units = 2 + (cfg.num_speculative_tokens > 0)  # a drafter's hit drops a block
-            assert cfg.max_model_len >= min(units * cfg.prefix_unit + 1, 256), cfg
+            window = max(g.sliding_window or 0 for g in cfg.groups)  # a window hit passes it
+            assert cfg.max_model_len >= min(window + units * cfg.prefix_unit + 1,
+                                            row_tokens_max(cfg.groups)), cfg
 
     check()
 
