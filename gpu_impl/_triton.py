@@ -66,7 +66,7 @@ def _interpreter_patches_language_once() -> None:
     def patch_once(fn):
         langs = frozenset(id(v) for v in fn.__globals__.values()
                           if inspect.ismodule(v) and (v is tl or v is tl.core))
-        if not langs <= patched:
+        if not langs or not langs <= patched:  # none visible: Triton's own assert says so
             per_launch(fn)  # its scope is dropped unrestored: the patches stay
             patched.update(langs)
         return _Kept()

@@ -130,6 +130,9 @@ class Tracker:
     row_count: dict = field(default_factory=dict)  # batch row -> (request, count it kept)
     _rows_before: object = None
 
+    def __post_init__(self) -> None:
+        self._larger_state_blocks = _state_blocks_larger(self.config)
+
     def before(self, op: dict, ledger, reference) -> None:
         self._sched_before = self._scheduler_state(op, ledger)
         self._pending_free = []
@@ -280,7 +283,7 @@ class Tracker:
         if not fwd.dummy and reference is not None:
             for _, _, _, first in getattr(reference, "mamba_copies", ()):
                 hit.append("mamba-state-restored" if first else "mamba-state-carried")
-                if first and _state_blocks_larger(cfg):
+                if first and self._larger_state_blocks:
                     hit.append("mamba-state-restored-larger-block")
         if (fwd.metadata and fwd.num_tokens_padded > fwd.num_tokens
                 and any(g.slot_buffer for g in cfg.groups)):

@@ -69,14 +69,16 @@ SEARCH_BACKEND = "blockfuzz-fresh"
 class FreshExamples(providers.HypothesisProvider):
     """Hypothesis's own random draws, every example drawn afresh from the seed's stream.
 
-    Registered as the :data:`SEARCH_BACKEND` (Hypothesis's documented extension
-    point for other backends: ``AVAILABLE_PROVIDERS`` and ``settings.backend``).
-    Each choice is drawn as Hypothesis draws it, from the engine's random
-    stream (so a run stays a pure function of its seed), but the engine then
-    generates every example from scratch.  With its own backend it would
-    instead, after each new example, run up to five copies of it with spans
-    duplicated (its structure mutator), and start each run with examples
-    whose draws after a shared prefix are all the simplest choice.  Both help
+    Registered as the :data:`SEARCH_BACKEND` (Hypothesis's extension point for
+    other backends, marked experimental there: ``AVAILABLE_PROVIDERS`` and
+    ``settings.backend``).  Each choice is drawn as Hypothesis draws it, from
+    the engine's random stream (so a run stays a pure function of its seed),
+    but the engine then generates every example from scratch, except the
+    first of each Hypothesis run (each chunk), which it always draws all
+    simplest on its own backend.  With its own backend it would instead, after
+    each new example, run a few copies of it (up to six) with spans duplicated
+    (its structure mutator), and start each run with examples whose draws
+    after a shared prefix are all the simplest choice.  Both help
     a property test find a small failing input; here they spent a run's
     examples on near-copies: on seeds 0..2 a 200-example run had about 55
     distinct geometries and 100 distinct (geometry, first ten ops) openings
@@ -86,13 +88,14 @@ class FreshExamples(providers.HypothesisProvider):
     starts examples from the run's rarest prefixes and configs.  Failing
     examples are still replayed by Hypothesis's backend before it reports
     them (they replay: a machine example is deterministic), and its shrink
-    phase is off (:mod:`harness.search.shrink` shrinks traces).
+    phase is off (:mod:`harness.search.shrink` shrinks traces).  A failing
+    example therefore runs three times (found, replayed on Hypothesis's
+    backend, replayed when reported), and ``stats`` counts its steps each time.
     """
 
-    lifetime = "test_case"
 
-
-providers.AVAILABLE_PROVIDERS[SEARCH_BACKEND] = FreshExamples
+# A dotted path, as every Hypothesis release with backends accepts.
+providers.AVAILABLE_PROVIDERS[SEARCH_BACKEND] = f"{__name__}.FreshExamples"
 
 
 def search_settings(profile: str, examples: int) -> settings:

@@ -364,7 +364,7 @@ def test_drawn_prefix_caching_configs_hold_prompts_longer_than_two_prefix_units(
 
     from harness.search.geometry import row_tokens_max, runner_configs
 
-    @settings(max_examples=2000, derandomize=True, database=None,
+    @settings(max_examples=1000, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck))
     @given(runner_configs())
     def check(cfg):
@@ -513,8 +513,8 @@ def test_steering_offers_configs_where_a_feature_not_hit_yet_is_reachable():
     towards = steer.TOWARDS + steer.key("window-hit-drafter", t.config)
     assert stats["steer_configs"][towards] == [1, t.config]
     assert steer.TOWARDS + steer.key("window-hit", t.config) in stats["steer_configs"]
-    assert not any(k.startswith(steer.TOWARDS) and "@" in k and "window" not in k
-                   and "mamba" not in k for k in stats["steer_configs"])
+    assert not any(k.startswith(steer.TOWARDS + "mamba-state-restored")
+                   for k in stats["steer_configs"])  # no align config learned: not reachable
     pool = [p.meta["steer_key"] for p in steer.rarest_configs(stats)]
     assert towards in pool and sum(k.startswith(steer.TOWARDS) for k in pool) <= steer.FRONTIER
     stats["steer"] = {steer.key("window-hit-drafter", t.config): [1, t.config, t.ops]}  # hit

@@ -1,0 +1,54 @@
+"""The interpreter's language patching, once per process (gpu_impl/_triton.py)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = r'''
+import json
+import torch
+from gpu_impl._triton import tl, triton
+from triton.runtime import interpreter
+
+@triton.jit
+def _helper(x):
+    return x * 3 + 1
+
+@triton.jit
+def _kernel(x_ptr, out_ptr, n, B: tl.constexpr):
+    o = tl.arange(0, B)
+    m = o < n
+    v = tl.load(x_ptr + o, mask=m, other=0)
+    tl.store(out_ptr + o, _helper(v) - (v // 2), mask=m)
+
+x = torch.arange(0, 16, dtype=torch.int32)
+out = []
+for n in (16, 7, 0, 16):  # the same kernel again after the patches stayed
+    y = torch.full((16,), -99, dtype=torch.int32)
+    _kernel[(1,)](x, y, n, B=16)
+    out.append(y.tolist())
+print(json.dumps({"out": out, "once": interpreter._patch_lang.__name__ == "patch_once"}))
+'''
+
+
+def _run(per_launch: bool) -> dict:
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    env.pop("BLOCKFUZZ_PATCH_PER_LAUNCH", None)
+    if per_launch:
+        env["BLOCKFUZZ_PATCH_PER_LAUNCH"] = "1"
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(os.environ.get("BLOCKFUZZ_DEVICE") == "cuda", reason="interpreter only")
+def test_language_patched_once_computes_what_per_launch_patching_does():
+    once, per_launch = _run(False), _run(True)
+    assert once["once"] and not per_launch["once"]  # each process took its path
+    expected = [[(3 * v + 1) - (v // 2) if i < n else -99 for i, v in enumerate(range(16))]
+                for n in (16, 7, 0, 16)]
+    assert once["out"] == per_launch["out"] == expected
