@@ -13,6 +13,17 @@ On both devices a graph keeps its recorded :class:`Launch` records, so the
 ``GRAPH_ADDRESSES_STABLE`` invariant can compare the ``data_ptr`` each recorded
 launch reads with the tensor the runner would launch with now
 (:func:`record_launches` records launches without running them).
+
+Under the Triton interpreter a launch costs milliseconds, and a trace
+shrinker's replays repeat many launches on identical memory (a third to
+three quarters of them on the shrink bench's findings).  Inside
+:func:`memoized_launches` an interpreted launch whose kernel, grid, scalar
+arguments and the full bytes of every storage its tensors view are those of
+an earlier launch does not run again: the storages are set to what that
+launch left (:class:`LaunchMemo`).  An interpreted kernel is a deterministic
+function of exactly that (it reaches memory only through its tensor
+arguments), so the result is the launch's own.  Off by default; never on a
+GPU.
 """
 
 from __future__ import annotations
@@ -61,7 +72,105 @@ def launch(kernel, grid, *args, **kwargs) -> None:
         _recording.append(Launch(kernel, grid, args, kwargs))
         if _record_only:
             return
-    kernel[grid](*args, **kwargs)
+    _run(kernel, grid, args, kwargs)
+
+
+def _run(kernel, grid, args, kwargs) -> None:
+    if _memo is not None:
+        _memo.run(kernel, grid, args, kwargs)
+    else:
+        kernel[grid](*args, **kwargs)
+
+
+class LaunchMemo:
+    """What interpreted launches left in memory, keyed by everything they could read.
+
+    Key: the kernel, the grid, each argument in order — a tensor as (which of
+    the launch's distinct storages it views, dtype, shape, strides, offset),
+    anything else by type and ``repr`` — and the bytes of each distinct
+    storage (so two views of one buffer stay one buffer).  Value: the new
+    bytes of each storage the launch changed.  A launch that raises stores
+    nothing.  ``max_bytes``: stored bytes kept (least recently used dropped
+    first).  ``hits`` / ``misses`` count launches spared / run.
+    """
+
+    def __init__(self, max_bytes: int = 256 << 20):
+        from collections import OrderedDict
+
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict = OrderedDict()
+        self._bytes = 0
+        self.hits = 0
+        self.misses = 0
+
+    @staticmethod
+    def _storages(args, kwargs):
+        """(distinct storages as flat uint8 tensors, key parts of every argument)."""
+        storages: dict[int, torch.Tensor] = {}
+        parts = []
+        for name, a in [(None, a) for a in args] + sorted(kwargs.items()):
+            if isinstance(a, torch.Tensor):
+                st = a.untyped_storage()
+                ptr = st.data_ptr()
+                if ptr not in storages:
+                    storages[ptr] = torch.empty(0, dtype=torch.uint8).set_(
+                        st, 0, (st.nbytes(),), (1,))
+                parts.append((name, list(storages).index(ptr), str(a.dtype), tuple(a.shape),
+                              a.stride(), a.storage_offset()))
+            else:
+                parts.append((name, type(a).__name__, repr(a)))
+        return list(storages.values()), parts
+
+    def run(self, kernel, grid, args, kwargs) -> None:
+        import hashlib
+
+        flat, parts = self._storages(args, kwargs)
+        if any(t.device.type != "cpu" for t in flat):
+            kernel[grid](*args, **kwargs)
+            return
+        h = hashlib.blake2b(repr((parts, [t.numel() for t in flat])).encode(), digest_size=20)
+        for t in flat:
+            h.update(t.numpy().data)
+        key = (id(kernel), repr(grid), h.digest())
+        hit = self._entries.get(key)
+        if hit is not None:
+            self._entries.move_to_end(key)
+            self.hits += 1
+            for t, after in zip(flat, hit[0]):
+                if after is not None:
+                    t.copy_(after)
+            return
+        before = [t.clone() for t in flat]
+        kernel[grid](*args, **kwargs)
+        self.misses += 1
+        changed = [None if torch.equal(b, t) else t.clone() for b, t in zip(before, flat)]
+        size = sum(c.numel() for c in changed if c is not None) + 64
+        self._entries[key] = (changed, size)
+        self._bytes += size
+        while self._bytes > self.max_bytes and self._entries:
+            _, (_, dropped) = self._entries.popitem(last=False)
+            self._bytes -= dropped
+
+
+_memo: LaunchMemo | None = None
+
+
+@contextlib.contextmanager
+def memoized_launches(max_bytes: int = 256 << 20):
+    """Context manager: interpreted launches in its body go through a fresh
+    :class:`LaunchMemo` (yielded); nothing changes on a GPU or when the
+    interpreter is off (a compiled launch is microseconds and asynchronous)."""
+    import os
+
+    global _memo
+    if os.environ.get("TRITON_INTERPRET") != "1" or _memo is not None:
+        yield _memo
+        return
+    _memo = LaunchMemo(max_bytes)
+    try:
+        yield _memo
+    finally:
+        _memo = None
 
 
 @contextlib.contextmanager
@@ -123,7 +232,7 @@ class Graph:
             self._cuda_graph.replay()
             return
         for kernel, grid, args, kwargs in self._launches:
-            kernel[grid](*args, **kwargs)
+            _run(kernel, grid, args, kwargs)
 
     @property
     def launches(self) -> tuple[Launch, ...]:

@@ -2,8 +2,12 @@
 same invariant.
 
 Hypothesis shrinks the draws of its state machine; this works on traces, so it
-also serves traces from elsewhere.  Passes (:data:`PASSES`), each repeated on
-its own candidates while it helps, in rounds until no pass helps (bounded):
+also serves traces from elsewhere.  Passes (:data:`PASSES`), in rounds until
+no pass helps (bounded).  Each pass yields ``(position, ops)`` candidates in
+increasing position; after a candidate is kept, the pass goes on from that
+position on the new trace rather than from its start (the candidates before
+it failed a moment ago; the next round tries them again, so the result is
+still a fixpoint of every pass):
 
 1. drop chunks of ops, delta-debugging style (halves, quarters, ... pairs) —
    a long Hypothesis trace loses most of its ops in a few replays; the last
@@ -12,14 +16,19 @@ its own candidates while it helps, in rounds until no pass helps (bounded):
 3. drop single ops, last first, then sliding pairs;
 4. fold a request's work onto another (the op's ``fold``: a step keeps its
    token count), take an admit's shared prefix from another earlier request
-   (so a request that only lent its prompt can go), merge a request's allocations (``allocator: engine``: its
-   next ``allocate`` into its ``admit``), then merge adjacent ops (two steps
-   of the same requests become one), then narrow each op (its registry entry: drop scheduled
-   requests, lower token counts, a simpler cudagraph mode, ...);
+   (so a request that only lent its prompt can go), merge a request's
+   allocations (``allocator: engine``: its next ``allocate`` into its
+   ``admit``), then merge adjacent ops (two steps of the same requests
+   become one), then narrow each op (its registry entry: drop scheduled
+   requests, a simpler cudagraph mode, ...), then lower each op's integers
+   (its registry entry's ``sizes``: token counts) by bisection, the
+   smallest value first;
 5. renumber requests and blocks to small ids in order of first use;
 6. simplify the geometry (one DCP rank, no drafter, no kernel-block split),
-   then lower config limits (pool size, batch limits, capture sizes) one at
-   a time; when the config changed, steps 1-5 run once more.
+   then lower each config limit (pool size, batch limits) by bisection —
+   the smallest value that keeps the trace legal first, then halving the
+   gap to the value known to fail — and drop capture sizes one at a time;
+   when the config changed, steps 1-5 run once more.
 
 Each candidate is repaired before it is replayed: ops that became illegal
 (a step of a request no longer added, a block no longer free) are dropped, by
@@ -29,6 +38,7 @@ fixed order.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 from reference import ConfigError, OpError, RunnerConfig, reference_runner
@@ -39,7 +49,10 @@ from harness.core.trace import Trace
 
 MAX_PASSES = 200  # accepted config improvements
 MAX_REPLAYS = 400
-USE_CACHE = True  # resume replays from snapshots of shared prefixes (bench: False to compare)
+# Resume replays from snapshots of shared prefixes, and let an interpreted kernel
+# launch on memory an earlier launch saw take that launch's result
+# (gpu_impl.cuda_graph.memoized_launches). The bench sets False to compare.
+USE_CACHE = True
 
 
 def _without_req(ops: list[dict], req: int) -> list[dict]:
@@ -71,9 +84,14 @@ def renumber(ops: list[dict]) -> list[dict]:
     return [spec_of(op).rename(op, req, blk) for op in ops]
 
 
-def _smaller_configs(config):
-    """Simpler geometry first (one DCP rank, no kernel-block split), then configs
-    with one limit lowered (validity checked by the caller)."""
+LIMITS = ("num_blocks", "max_num_reqs", "max_num_blocks_per_req", "max_num_batched_tokens")
+LEAST = {"num_blocks": 2}  # the null block and one more; every other limit: 1
+
+
+def _simpler_configs(config):
+    """Simpler geometry (one DCP rank, no kernel-block split, default cache
+    layouts), then each capture size dropped (validity checked by the
+    caller); the numeric limits are :func:`_lower_limit`'s."""
     fields = config.to_json()
     if fields.get("dcp_world_size", 1) > 1:
         yield dict(fields, dcp_world_size=1, dcp_rank=0, cp_kv_cache_interleave_size=1)
@@ -98,11 +116,6 @@ def _smaller_configs(config):
             groups = copy.deepcopy(fields["groups"])
             del groups[g]["conv_size"]
             yield dict(fields, groups=groups)
-    yield dict(fields, num_blocks=2)  # the smallest pool first, then one at a time
-    for name in ("num_blocks", "max_num_reqs", "max_num_blocks_per_req",
-                 "max_num_batched_tokens"):
-        if fields[name] > 1:
-            yield dict(fields, **{name: fields[name] - 1})
     sizes = fields["cudagraph_capture_sizes"]
     for k in range(len(sizes)):
         yield dict(fields, cudagraph_capture_sizes=sizes[:k] + sizes[k + 1:])
@@ -132,9 +145,9 @@ def _added(ops: list[dict]) -> list[int]:
 
 
 def _drop_requests(ops: list[dict]):
-    """Each request dropped with every op that mentions it."""
+    """Each request dropped with every op that mentions it (position: its id)."""
     for req in _added(ops):
-        yield _without_req(ops, req)
+        yield req, _without_req(ops, req)
 
 
 def _fold_requests(ops: list[dict]):
@@ -146,30 +159,34 @@ def _fold_requests(ops: list[dict]):
             if into != req:
                 folded = _folded(ops, req, into)
                 if folded is not None:
-                    yield folded
+                    yield (req, into), folded
 
 
 def _drop_chunks(ops: list[dict]):
     """Delta debugging's complements: aligned chunks of half the trace, then a
     quarter, ... down to pairs, last chunk first.  The last op (the one that
     fails: a shrunk candidate is cut there) is never dropped — without it the
-    trace passes, and the replay would only prove it."""
+    trace passes, and the replay would only prove it.  Position: (-size,
+    -start), so after a cut the pass goes on at the same chunk size, further
+    towards the front (ddmin keeping its granularity)."""
     body, last = ops[:-1], ops[-1:]
     size = len(body) // 2
     while size >= 2:
         for start in range((len(body) - 1) // size * size, -1, -size):
-            yield body[:start] + body[start + size:] + last
+            yield (-size, -start), body[:start] + body[start + size:] + last
         size //= 2
 
 
 def _drop_singles(ops: list[dict]):
-    """Single ops, last first (but the failing last op); then sliding pairs (two
-    swaps only cancel out together)."""
+    """Single ops, last first (but the failing last op); then adjacent pairs of
+    the same op (two swaps only cancel out together; an op and the ops that
+    need it go together anyway: the candidate is legalized)."""
     body, last = ops[:-1], ops[-1:]
     for i in reversed(range(len(body))):
-        yield body[:i] + body[i + 1:] + last
+        yield (0, -i), body[:i] + body[i + 1:] + last
     for start in range(len(body) - 2, -1, -1):
-        yield body[:start] + body[start + 2:] + last
+        if body[start]["op"] == body[start + 1]["op"]:
+            yield (1, -start), body[:start] + body[start + 2:] + last
 
 
 def _resource_prefixes(ops: list[dict]):
@@ -187,8 +204,8 @@ def _resource_prefixes(ops: list[dict]):
         src, n = op["prefix"] if op["prefix"] else (None, 0)
         if src in order:  # only later lenders than the current one: no cycle
             for r in list(order)[list(order).index(src) + 1:]:
-                yield ops[:i] + [dict(without_recorded(op),
-                                      prefix=[r, min(n, order[r])])] + ops[i + 1:]
+                yield i, ops[:i] + [dict(without_recorded(op),
+                                         prefix=[r, min(n, order[r])])] + ops[i + 1:]
         order[op["req"]] = op["prompt_len"]
 
 
@@ -198,7 +215,7 @@ def _merge_adjacent(ops: list[dict]):
         merge = spec_of(ops[i]).merge
         merged = merge(ops[i], ops[i + 1]) if merge is not None else None
         if merged is not None:
-            yield ops[:i] + [merged] + ops[i + 2:]
+            yield i, ops[:i] + [merged] + ops[i + 2:]
 
 
 def _merge_allocations(ops: list[dict]):
@@ -224,26 +241,30 @@ def _merge_allocations(ops: list[dict]):
         for n in sizes:
             if op["op"] == "admit" and n > op["prompt_len"] - (hit or 0):
                 continue
-            yield ops[:i] + [dict(without_recorded(op), num_new_tokens=n)] + rest
+            yield i, ops[:i] + [dict(without_recorded(op), num_new_tokens=n)] + rest
 
 
 def _narrow_ops(ops: list[dict]):
     """Each op's simpler variants (its registry entry)."""
     for i, op in enumerate(ops):
         for simpler in spec_of(op).narrow(op):
-            yield ops[:i] + [simpler] + ops[i + 1:]
+            yield i, ops[:i] + [simpler] + ops[i + 1:]
 
 
 # Cheap, large cuts first: chunks (a replay stops at the failure, and a chunk cut
 # early leaves a short trace), then requests, single ops, folds, merges, narrowing.
 PASSES = (_drop_chunks, _drop_requests, _drop_singles, _fold_requests, _resource_prefixes,
           _merge_allocations, _merge_adjacent, _narrow_ops)
+# Passes that remove what sat at a position: after a cut there, what now sits
+# at it was tried a moment ago, so the pass goes on strictly after it.  (A pass
+# that rewrites the op at a position tries it again: it has new variants.)
+DROPS = (_drop_chunks, _drop_requests, _drop_singles, _fold_requests)
 
 
 def _candidates(ops: list[dict]):
     """Every candidate of every pass, in pass order (what one round tries)."""
     for make in PASSES:
-        yield from make(ops)
+        yield from (cand for _, cand in make(ops))
 
 
 def legalize(config, ops: list[dict]) -> list[dict]:
@@ -338,12 +359,15 @@ def shrink(trace: Trace, invariant: str, faults=(), target: str = "gpu_impl",
     from harness.core.session import SnapshotCache
     from harness.targets import TargetUnavailable
 
+    from gpu_impl.cuda_graph import memoized_launches
+
     try:
         _CACHE[0] = SnapshotCache.for_target(target, device) if USE_CACHE else None
     except (TargetUnavailable, ValueError):  # the first replay reports it
         _CACHE[0] = None
     try:
-        return _shrink(trace, invariant, faults, target, device)
+        with memoized_launches() if USE_CACHE else contextlib.nullcontext():
+            return _shrink(trace, invariant, faults, target, device)
     finally:
         _CACHE[0] = None
 
@@ -373,11 +397,15 @@ def _shrink_ops(best, invariant, faults, target, device, replays, seen):
     while improved_any:  # rounds of every pass until none improves
         improved_any = False
         for make in PASSES:
-            while True:  # a pass restarts on its own candidates after each improvement
+            resume = None  # the position of the pass's last kept candidate
+            while True:  # after a kept candidate, the pass goes on from its position
                 if replays >= MAX_REPLAYS:
                     return best, replays
                 found = None
-                for ops in make(best.ops):
+                for pos, ops in make(best.ops):
+                    if resume is not None and (pos < resume or (pos == resume
+                                                                and make in DROPS)):
+                        continue  # tried in this sweep, on a trace that differed only after it
                     if replays >= MAX_REPLAYS:
                         return best, replays
                     ops = legalize(best.config, ops)
@@ -391,6 +419,7 @@ def _shrink_ops(best, invariant, faults, target, device, replays, seen):
                                  faults, target, device)
                     if ran is not None:
                         found = Trace(best.config, list(_LAST_OPS), best.expect, best.meta)
+                        resume = pos
                         break
                 if found is None:
                     break
@@ -400,6 +429,9 @@ def _shrink_ops(best, invariant, faults, target, device, replays, seen):
                     replays += 1
                     if _fails(plain, invariant, faults, target, device) is not None:
                         best = plain
+        best, replays, lowered = _lower_sizes(best, invariant, faults, target, device,
+                                              replays, seen)
+        improved_any = improved_any or lowered
     ops = renumber(best.ops)
     if ops != best.ops and legalize(best.config, ops) == ops:
         replays += 1
@@ -409,25 +441,143 @@ def _shrink_ops(best, invariant, faults, target, device, replays, seen):
     return best, replays
 
 
+def _lower_sizes(best, invariant, faults, target, device, replays, seen):
+    """Each op's integers (:class:`harness.core.ops.Size`) lowered by bisection;
+    returns (best, replays, whether anything was lowered).
+
+    Per integer: its least value first (most often enough), then halving the
+    gap between the highest value seen to pass and the lowest seen to fail —
+    about log2(value) replays where lowering it one at a time took one per
+    unit.  A candidate is legalized like every other (an op the reference
+    then refuses is dropped); one already tried counts as passing.
+    """
+    lowered = False
+    i = 0
+    while i < len(best.ops):
+        for key in [z.key for z in spec_of(best.ops[i]).sizes(best.ops[i])]:
+            now = _size(best.ops, i, key)
+            if now is None:
+                continue
+            passes, fails_at = now.least - 1, now.value  # bisect in (passes, fails_at]
+            candidate = now.least
+            while passes < candidate < fails_at:
+                if replays >= MAX_REPLAYS:
+                    return best, replays, lowered
+                now = _size(best.ops, i, key)
+                if now is None:  # the op changed shape (a replay cut the trace before it)
+                    break
+                ops = legalize(best.config, best.ops[:i] + [now.make(candidate)]
+                               + best.ops[i + 1:])
+                tried = repr(ops)
+                ran = None
+                if ops != best.ops and tried not in seen:
+                    seen.add(tried)
+                    replays += 1
+                    ran = _fails(Trace(best.config, ops, best.expect, best.meta), invariant,
+                                 faults, target, device)
+                if ran is not None:
+                    best = Trace(best.config, list(_LAST_OPS), best.expect, best.meta)
+                    seen.add(repr(best.ops))
+                    fails_at, lowered = candidate, True
+                else:
+                    passes = candidate
+                candidate = (passes + fails_at + 1) // 2
+                if candidate >= fails_at:
+                    break
+        i += 1
+    return best, replays, lowered
+
+
+def _size(ops: list[dict], i: int, key: str):
+    """Op ``i``'s integer ``key`` as it is now, or None (no such op or integer)."""
+    if i >= len(ops):
+        return None
+    return next((z for z in spec_of(ops[i]).sizes(ops[i]) if z.key == key), None)
+
+
 def _shrink_config(best, invariant, faults, target, device, replays):
-    """Simpler geometry and lower limits, the ops unchanged; returns (best, replays)."""
-    for _ in range(MAX_PASSES):  # smaller configs: the trace must stay legal unchanged
-        for fields in _smaller_configs(best.config):
-            if replays >= MAX_REPLAYS:
-                return best, replays
-            try:
-                config = RunnerConfig.from_json(fields)
-            except ConfigError:
-                continue
-            if config == best.config:
-                continue
-            if legalize(config, best.ops) != best.ops:
-                continue
-            replays += 1
-            cand = Trace(config, best.ops, best.expect, best.meta)
-            if _fails(cand, invariant, faults, target, device) is not None:
-                best = cand
-                break
-        else:
+    """Simpler geometry and lower limits, the ops unchanged; returns (best, replays).
+
+    Rounds until a round changes nothing: each simpler geometry / dropped
+    capture size in turn (kept when the trace still fails), then each limit
+    of :data:`LIMITS` lowered by :func:`_lower_limit`.
+    """
+    budget = [replays]
+
+    def fails(config) -> bool:
+        """Whether the unchanged ops are legal under ``config`` and still fail."""
+        if config == best.config or legalize(config, best.ops) != best.ops:
+            return False
+        budget[0] += 1
+        return _fails(Trace(config, best.ops, best.expect, best.meta), invariant, faults,
+                      target, device) is not None
+
+    for _ in range(MAX_PASSES):
+        before = best.config
+        simpler = True
+        while simpler:  # candidates are built from the current config: restart after a kept one
+            simpler = False
+            for fields in _simpler_configs(best.config):
+                if budget[0] >= MAX_REPLAYS:
+                    return best, budget[0]
+                config = _config_or_none(fields)
+                if config is not None and fails(config):
+                    best, simpler = Trace(config, best.ops, best.expect, best.meta), True
+                    break
+        for name in LIMITS:
+            if budget[0] >= MAX_REPLAYS:
+                return best, budget[0]
+            config = _lower_limit(best, name, fails)
+            if config is not None:
+                best = Trace(config, best.ops, best.expect, best.meta)
+        if best.config == before:
             break
-    return best, replays
+    return best, budget[0]
+
+
+def _config_or_none(fields: dict):
+    try:
+        return RunnerConfig.from_json(fields)
+    except ConfigError:
+        return None
+
+
+def _lower_limit(best: Trace, name: str, fails) -> RunnerConfig | None:
+    """The config with limit ``name`` as low as bisection finds it still
+    failing, or None when no lower value does.
+
+    First the smallest value under which the ops stay legal (bisected with
+    dry runs through the reference, no replay: legality only grows with a
+    limit), then replays halving the gap between the highest value seen to
+    pass and the lowest seen to fail — about log2(value) replays where
+    lowering one at a time took one per unit.  ``fails(config)`` replays.
+    """
+    fields = best.config.to_json()
+    high = fields[name]  # fails (the current config)
+
+    def at(value):
+        config = _config_or_none(dict(fields, **{name: value}))
+        legal = config is not None and legalize(config, best.ops) == best.ops
+        return config if legal else None
+
+    low = LEAST.get(name, 1)
+    if high <= low:
+        return None
+    while low < high:  # the smallest legal value in [low, high]
+        mid = (low + high) // 2
+        if at(mid) is not None:
+            high = mid
+        else:
+            low = mid + 1
+    fail_at, pass_below = fields[name], low - 1  # fails at fail_at; nothing legal <= pass_below
+    candidate = low
+    while candidate < fail_at:
+        config = at(candidate)
+        if config is not None and fails(config):
+            fail_at = candidate
+        else:
+            pass_below = candidate
+        candidate = (pass_below + fail_at + 1) // 2
+        if candidate >= fail_at or candidate <= pass_below:
+            break
+    return None if fail_at == fields[name] else at(fail_at)

@@ -96,3 +96,33 @@ def test_startup_warmup_forward_on_the_corpora(monkeypatch, path, device):
     assert verdict.violation is None, verdict.violation
     if trace.faults:
         assert_faulted_verdict(replay(trace, trace.faults, device="cpu"), trace)
+
+
+def test_memoized_launches_reuse_only_a_launch_on_the_same_memory(device):
+    """A repeated launch on identical storages is not run again and leaves what
+    the launch left; different contents, or the same contents aliased
+    differently, run the kernel (gpu_impl.cuda_graph.LaunchMemo)."""
+    if device.type == "cuda":
+        pytest.skip("the memo is the interpreter's")
+    from gpu_impl.cuda_graph import memoized_launches
+
+    def write(kv, hidden, slots, n):
+        reshape_and_cache(hidden, slots, kv, n)
+        return kv.clone()
+
+    hidden = torch.arange(16, dtype=torch.float32).reshape(4, 4)
+    slots = torch.tensor([5, 2, -1, 7])
+    with memoized_launches() as memo:
+        first = write(torch.zeros((2, 4, 4)), hidden, slots, 3)
+        again = write(torch.zeros((2, 4, 4)), hidden.clone(), slots.clone(), 3)  # new tensors
+        assert (memo.hits, memo.misses) == (1, 1) and torch.equal(first, again)
+        write(torch.zeros((2, 4, 4)), hidden, slots, 2)  # another scalar: runs
+        other = write(torch.ones((2, 4, 4)), hidden, slots, 3)  # other cache contents: runs
+        assert memo.misses == 3 and torch.equal(other[first != 0], first[first != 0])
+        # hidden and the cache as two views of one buffer: the same bytes, other aliasing
+        buf = torch.zeros(16 + 32)
+        buf[:16] = hidden.reshape(-1)
+        write(buf[16:].view(2, 4, 4), buf[:16].view(4, 4), slots, 3)
+        assert memo.misses == 4
+    plain = write(torch.zeros((2, 4, 4)), hidden, slots, 3)  # outside: no memo, same result
+    assert torch.equal(plain, first)

@@ -153,7 +153,7 @@ def test_usable_drops_traces_a_run_cannot_express():
 
 def test_chunk_pass_removes_halves_then_quarters_last_first_keeping_the_failing_op():
     ops = [{"op": "condense", "i": i} for i in range(9)]  # op 8 is the failing one
-    cands = [[o["i"] for o in c] for c in _drop_chunks(ops)]
+    cands = [[o["i"] for o in c] for _, c in _drop_chunks(ops)]
     assert cands[:2] == [[0, 1, 2, 3, 8], [4, 5, 6, 7, 8]]
     assert cands[2] == [0, 1, 2, 3, 4, 5, 8] and len(cands) == 2 + 4
     assert all(c[-1] == 8 for c in cands)
@@ -243,7 +243,9 @@ def test_shrinker_folds_a_request_into_another_keeping_the_batch_size():
     assert verdict.violation is not None
     small, _ = shrink(trace, verdict.violation.invariant, fault)
     assert [op["op"] for op in small.ops] == ["add", "step", "dummy_run"]
-    assert small.ops[1]["scheduled"] == [[0, 4]]
+    # One request left (the fold); its token count then bisected as low as still fails.
+    assert [r for r, _ in small.ops[1]["scheduled"]] == [0]
+    assert replay(small, fault).violation.invariant == verdict.violation.invariant
 
 
 def test_unhit_leaves_out_what_a_pinned_runner_cannot_hit():
@@ -413,11 +415,11 @@ def test_prefix_resourcing_moves_a_shared_prefix_only_to_later_lenders():
                 "num_new_tokens": 1, "blocks": [[1]], "num_cached_tokens": 0}
 
     ops = [admit(0, 16), admit(1, 8, (0, 8)), admit(2, 24, (0, 24)), admit(3, 4, (2, 4))]
-    got = [[op["prefix"] for op in cand] for cand in _resource_prefixes(ops)]
+    got = [[op["prefix"] for op in cand] for _, cand in _resource_prefixes(ops)]
     # req 1 and req 2 may borrow from a request admitted after their lender and before
     # them (req 2 from req 1, up to req 1's 8 tokens); req 3's lender is the last one.
     assert got == [[[], [0, 8], [1, 8], [2, 4]]]
-    assert all("blocks" not in cand[2] for cand in _resource_prefixes(ops))  # re-recorded
+    assert all("blocks" not in cand[2] for _, cand in _resource_prefixes(ops))  # re-recorded
 
 
 def test_examples_are_drawn_afresh_not_copies_of_earlier_ones(monkeypatch):
@@ -520,3 +522,58 @@ def test_steering_offers_configs_where_a_feature_not_hit_yet_is_reachable():
     stats["steer"] = {steer.key("window-hit-drafter", t.config): [1, t.config, t.ops]}  # hit
     pool = [p.meta["steer_key"] for p in steer.rarest_configs(stats)]
     assert towards not in pool
+
+
+def _fake_fails(monkeypatch, fails):
+    """The shrinker's replay replaced by ``fails(trace) -> bool`` (no kernel
+    runs); returns the list of traces it was asked about."""
+    import harness.search.shrink as shrink_mod
+
+    asked = []
+
+    def fake(trace, invariant, faults, target, device):
+        asked.append(trace)
+        if not fails(trace):
+            return None
+        shrink_mod._LAST_OPS[:] = trace.ops
+        return len(trace.ops)
+    monkeypatch.setattr(shrink_mod, "_fails", fake)
+    return asked
+
+
+def test_shrinker_bisects_an_op_integer_in_log_replays(monkeypatch):
+    """An op's token count (its registry entry's ``sizes``) is lowered by
+    bisection: a prompt that must keep 37 of 200 tokens gets there in about
+    log2(200) replays, not 163 (lowering one at a time)."""
+    from harness.search.shrink import _lower_sizes
+
+    cfg = RunnerConfig.from_json({"runner": "v1", "groups": [{"kind": "attention",
+                                                              "block_size": 16}],
+                                  "num_blocks": 64, "max_num_blocks_per_req": 16})
+    ops = [{"op": "add", "req": 0, "blocks": [list(range(1, 14))], "prompt_len": 200}]
+    asked = _fake_fails(monkeypatch, lambda t: bool(t.ops) and t.ops[0]["prompt_len"] >= 37)
+    best, replays, lowered = _lower_sizes(Trace(cfg, ops), "X", (), "reference", None, 0, set())
+    assert lowered and best.ops[0]["prompt_len"] == 37
+    assert asked[0].ops[0]["prompt_len"] == 1  # the least value first
+    assert replays == len(asked) <= 9
+
+
+def test_shrinker_bisects_a_config_limit(monkeypatch):
+    """A config limit goes to the smallest value the trace stays legal under
+    first (dry runs, no replay), then bisects towards the smallest that fails."""
+    from harness.search.shrink import _lower_limit
+
+    cfg = RunnerConfig.from_json({"runner": "v1", "groups": [{"kind": "attention",
+                                                              "block_size": 4}],
+                                  "num_blocks": 64})
+    ops = [{"op": "add", "req": 0, "blocks": [[1, 2, 3]], "prompt_len": 9}]
+    replays = []
+
+    def fails(config):
+        replays.append(config.num_blocks)
+        return config.num_blocks >= 57
+    config = _lower_limit(Trace(cfg, ops), "num_blocks", fails)
+    assert config.num_blocks == 57
+    assert replays[0] == 4  # blocks 1..3 and the null block: the least legal pool
+    assert len(replays) <= 9
+    assert _lower_limit(Trace(cfg, ops), "num_blocks", lambda c: False) is None

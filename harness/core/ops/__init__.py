@@ -7,7 +7,8 @@ Everything the harness knows about an op lives in its family's module:
 - how it is applied to a target (``apply``: calls the target's op method);
 - which requests it mentions and how it changes when a request is dropped or
   renamed (``requests``, ``without_request``, ``rename``: the shrinker);
-- simpler versions of it, merged or folded forms (``narrow``, ``merge``, ``fold``: the shrinker);
+- simpler versions of it, merged or folded forms (``narrow``, ``merge``, ``fold``: the shrinker),
+  and the integers the shrinker may lower by bisection (``sizes``: token counts);
 - how the state machine draws it (``draw``) and when it may (``enabled``);
 - the cache cells it may write (``permit``: ``NO_STALE_WRITE`` and ``explain``);
 - whether it runs a forward (``forward``: ``"real"`` / ``"dummy"``), which the
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 INT = {"type": "integer"}
 BLOCK_IDS = {"type": "array", "items": {"type": "array", "items": INT}}
@@ -55,6 +57,24 @@ def _rename_nothing(op: dict, req, block) -> dict:
 
 def _no_narrowing(op: dict) -> Iterable[dict]:
     return ()
+
+
+def _no_sizes(op: dict) -> list:
+    return []
+
+
+class Size(NamedTuple):
+    """One integer of an op the shrinker may lower (an op's ``sizes`` entry):
+    ``key`` names it (stable while the op is resized), ``value`` is its value
+    now, ``least`` the smallest legal-looking value, ``make(v)`` the op with
+    it set to ``v`` (fields that depend on it adjusted, recorded choices
+    dropped).  The shrinker bisects between ``least`` and ``value``, the
+    reference's dry run deciding legality."""
+
+    key: str
+    value: int
+    least: int
+    make: Callable[[int], dict]
 
 
 @dataclass(frozen=True)
@@ -90,6 +110,7 @@ class OpSpec:
     without_request: Callable | None = None
     rename: Callable = _rename_nothing
     narrow: Callable = _no_narrowing
+    sizes: Callable = _no_sizes
     merge: Callable | None = None
     fold: Callable | None = None
     permit: Callable | None = None

@@ -18,7 +18,7 @@ import numpy as np
 from reference.dcp import local_slots
 from reference.payload import POSITION_MAX
 
-from harness.core.ops import CUDAGRAPH_MODE, INT, OpSpec, register
+from harness.core.ops import CUDAGRAPH_MODE, INT, OpSpec, Size, register
 
 MODES = ("FULL", "PIECEWISE", "NONE")  # draw order: FULL first, shrinking prefers it
 
@@ -105,12 +105,19 @@ def _narrow_step(op: dict):
     for k in range(len(sched)):
         if len(sched) > 1:
             yield dict(op, scheduled=sched[:k] + sched[k + 1:])
-        if sched[k][1] > 1:
-            smaller = copy.deepcopy(sched)
-            smaller[k][1] = 1
-            yield dict(op, scheduled=smaller)
     if op["cudagraph_mode"] != "NONE":
         yield dict(op, cudagraph_mode="NONE")
+
+
+def _step_sizes(op: dict) -> list[Size]:
+    """Each scheduled request's token count (keyed by the request)."""
+    def make(k):
+        def at(n):
+            sched = copy.deepcopy(op["scheduled"])
+            sched[k][1] = n
+            return dict(op, scheduled=sched)
+        return at
+    return [Size(f"req {r}", n, 1, make(k)) for k, (r, n) in enumerate(op["scheduled"])]
 
 
 def _merge_steps(op: dict, nxt: dict) -> dict | None:
@@ -184,8 +191,8 @@ register(OpSpec(
     apply=lambda t, op: t.step([list(x) for x in op["scheduled"]], op["cudagraph_mode"]),
     draw=_draw_step, enabled=lambda m: bool(_steppable(m)),
     requests=lambda op: [r for r, _ in op["scheduled"]], without_request=_step_without,
-    rename=_step_rename, narrow=_narrow_step, merge=_merge_steps, fold=_fold_step,
-    permit=_permit_step,
+    rename=_step_rename, narrow=_narrow_step, sizes=_step_sizes, merge=_merge_steps,
+    fold=_fold_step, permit=_permit_step,
     forward="real"))
 
 
@@ -203,12 +210,16 @@ def _draw_dummy(m, data) -> dict:
 
 
 def _narrow_dummy(op: dict):
-    if op["num_tokens"] > op["num_reqs"]:
-        yield dict(op, num_tokens=op["num_tokens"] - 1)
-    if op["num_reqs"] > 1:
-        yield dict(op, num_reqs=op["num_reqs"] - 1, num_tokens=op["num_tokens"] - 1)
     if op["cudagraph_mode"] != "NONE":
         yield dict(op, cudagraph_mode="NONE")
+
+
+def _dummy_sizes(op: dict) -> list[Size]:
+    """Rows (each dropped row takes one token with it), then tokens (at least one a row)."""
+    reqs, tokens = op["num_reqs"], op["num_tokens"]
+    return [Size("num_reqs", reqs, 1,
+                 lambda n: dict(op, num_reqs=n, num_tokens=tokens - (reqs - n))),
+            Size("num_tokens", tokens, reqs, lambda n: dict(op, num_tokens=n))]
 
 
 register(OpSpec(
@@ -216,4 +227,4 @@ register(OpSpec(
     fields={"num_reqs": INT, "num_tokens": INT, "cudagraph_mode": CUDAGRAPH_MODE},
     example={"op": "dummy_run", "num_reqs": 2, "num_tokens": 2, "cudagraph_mode": "FULL"},
     apply=lambda t, op: t.dummy_run(op["num_reqs"], op["num_tokens"], op["cudagraph_mode"]),
-    draw=_draw_dummy, narrow=_narrow_dummy, forward="dummy"))
+    draw=_draw_dummy, narrow=_narrow_dummy, sizes=_dummy_sizes, forward="dummy"))

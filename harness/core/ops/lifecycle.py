@@ -13,7 +13,7 @@ import copy
 
 from reference.payload import POSITION_MAX, REQ_ID_MAX
 
-from harness.core.ops import BLOCK_IDS, INT, OpSpec, register
+from harness.core.ops import BLOCK_IDS, INT, OpSpec, Size, register
 
 
 def _req(op: dict) -> list[int]:
@@ -76,14 +76,15 @@ def _draw_add(m, data) -> dict:
 
 
 def _narrow_add(op: dict):
-    if op["prompt_len"] > 1:
-        yield dict(op, prompt_len=1)
-        yield dict(op, prompt_len=op["prompt_len"] - 1)
     for g, ids in enumerate(op["blocks"]):
         if len(ids) > 1:
             fewer = copy.deepcopy(op["blocks"])
             fewer[g].pop()
             yield dict(op, blocks=fewer)
+
+
+def _add_sizes(op: dict) -> list[Size]:
+    return [Size("prompt_len", op["prompt_len"], 1, lambda n: dict(op, prompt_len=n))]
 
 
 def _merge_add(op: dict, nxt: dict) -> dict | None:
@@ -100,7 +101,7 @@ register(OpSpec(
     example={"op": "add", "req": 0, "blocks": [[1, 2], [3]], "prompt_len": 5},
     apply=lambda t, op: t.add(op["req"], op["blocks"], op["prompt_len"]),
     draw=_draw_add, enabled=_can_add, requests=_req, rename=_rename, narrow=_narrow_add,
-    merge=_merge_add))
+    sizes=_add_sizes, merge=_merge_add))
 
 
 # -- append ----------------------------------------------------------------------------

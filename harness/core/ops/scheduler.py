@@ -27,7 +27,7 @@ import numpy as np
 from reference.ledger import RequestLedger
 from reference.payload import REQ_ID_MAX
 
-from harness.core.ops import BLOCK_IDS, INT, OpSpec, register
+from harness.core.ops import BLOCK_IDS, INT, OpSpec, Size, register
 
 RECORDED_BLOCKS = {"anyOf": [{"type": "null"},
                              {"type": "array", "items": {"type": "array", "items": INT}}]}
@@ -151,12 +151,18 @@ def _narrow_admit(op: dict):
     if first < op["prompt_len"]:  # the prompt ends with its first chunk: no more chunks
         yield dict(base, prompt_len=first,
                    prefix=[op["prefix"][0], min(op["prefix"][1], first)] if op["prefix"] else [])
-    if op["num_new_tokens"] > 1:
-        yield dict(base, num_new_tokens=1)
-    if op["prompt_len"] > 1:
-        smaller = op["prompt_len"] - 1
-        yield dict(base, prompt_len=smaller, num_new_tokens=min(op["num_new_tokens"], smaller),
-                   prefix=[op["prefix"][0], min(op["prefix"][1], smaller)] if op["prefix"] else [])
+
+
+def _admit_sizes(op: dict) -> list[Size]:
+    """The prompt (its first chunk and shared prefix clamped to it), then the first chunk."""
+    base = without_recorded(op)
+
+    def prompt(n):
+        return dict(base, prompt_len=n, num_new_tokens=min(op["num_new_tokens"], n),
+                    prefix=[op["prefix"][0], min(op["prefix"][1], n)] if op["prefix"] else [])
+    return [Size("prompt_len", op["prompt_len"], 1, prompt),
+            Size("num_new_tokens", op["num_new_tokens"], 1,
+                 lambda n: dict(base, num_new_tokens=n))]
 
 
 def _permit_new_blocks(config, ledger, op):
@@ -190,7 +196,7 @@ ADMIT = register(OpSpec(
     example={"op": "admit", "req": 1, "prompt_len": 9, "prefix": [0, 8], "num_new_tokens": 1,
              "blocks": [[3, 4, 7]], "num_cached_tokens": 8},
     apply=_admit, draw=_draw_admit, enabled=_can_admit, requests=_admit_requests,
-    without_request=_admit_without, rename=_admit_rename, narrow=_narrow_admit,
+    without_request=_admit_without, rename=_admit_rename, narrow=_narrow_admit, sizes=_admit_sizes,
     permit=_permit_new_blocks, family="scheduler", records=("blocks", "num_cached_tokens"),
     check=lambda ref, op: ref.ledger.check_admit(op["req"], op["prompt_len"], op["prefix"],
                                                  op["num_new_tokens"])))
@@ -223,9 +229,9 @@ def _draw_allocate(m, data) -> dict:
     return {"op": "allocate", "req": req, "num_new_tokens": n}
 
 
-def _narrow_allocate(op: dict):
-    if op["num_new_tokens"] > 1:
-        yield dict(without_recorded(op), num_new_tokens=1)
+def _allocate_sizes(op: dict) -> list[Size]:
+    return [Size("num_new_tokens", op["num_new_tokens"], 1,
+                 lambda n: dict(without_recorded(op), num_new_tokens=n))]
 
 
 def _allocate(t, op):
@@ -240,6 +246,6 @@ ALLOCATE = register(OpSpec(
     apply=_allocate, draw=_draw_allocate, enabled=lambda m: bool(_allocatable(m)),
     requests=lambda op: [op["req"]],
     rename=lambda op, req, block: dict(copy.deepcopy(op), req=req(op["req"])),
-    narrow=_narrow_allocate, permit=_permit_new_blocks, family="scheduler",
+    sizes=_allocate_sizes, permit=_permit_new_blocks, family="scheduler",
     records=("blocks", "freed"),
     check=lambda ref, op: ref.ledger.check_allocate(op["req"], op["num_new_tokens"])))

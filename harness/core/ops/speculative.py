@@ -20,7 +20,7 @@ drafter or Mamba group (the earlier, narrower model).
 
 from __future__ import annotations
 
-from harness.core.ops import CUDAGRAPH_MODE, INT, OpSpec, register
+from harness.core.ops import CUDAGRAPH_MODE, INT, OpSpec, Size, register
 from harness.core.ops.forward import _draw_step, _steppable, permit_forward
 
 
@@ -105,9 +105,8 @@ def _draw_rollback(m, data) -> dict:
     return {"op": "rollback", "req": req, "num_tokens": data.draw(st.integers(1, most))}
 
 
-def _narrow_rollback(op: dict):
-    if op["num_tokens"] > 1:
-        yield dict(op, num_tokens=1)
+def _rollback_sizes(op: dict) -> list[Size]:
+    return [Size("num_tokens", op["num_tokens"], 1, lambda n: dict(op, num_tokens=n))]
 
 
 register(OpSpec(
@@ -118,4 +117,4 @@ register(OpSpec(
     apply=lambda t, op: t.rollback(op["req"], op["num_tokens"]),
     draw=_draw_rollback, enabled=lambda m: bool(_rollbackable(m)),
     requests=lambda op: [op["req"]], rename=lambda op, req, block: dict(op, req=req(op["req"])),
-    narrow=_narrow_rollback, family="spec-decode"))
+    sizes=_rollback_sizes, family="spec-decode"))
