@@ -9,7 +9,9 @@ the same DIR to compare shrinkers on identical inputs; the replay counts are
 deterministic, seconds depend on load.
 
 ``--compare-cache`` shrinks each finding twice back to back, without and with
-the replay snapshots (:class:`harness.core.session.SnapshotCache`), and
+the replay snapshots (:class:`harness.core.session.SnapshotCache`) and the
+reuse of interpreted launches on identical memory
+(:func:`gpu_impl.cuda_graph.memoized_launches`), and
 prints both, their ratio and whether the shrunk traces are the same (they
 must be: a resumed replay is the replay from the start).  ``--no-cache``
 shrinks without them.
@@ -72,10 +74,10 @@ def main(argv=None) -> int:
         rows.append(row)
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     table = Table(title=f"shrink speed ({Path(harness.__file__).parent.parent})"
-                  + (", without replay snapshots" if args.no_cache else ""))
+                  + (", without replay snapshots or launch reuse" if args.no_cache else ""))
     cols = ["trace", "ops before", "ops after", "replays", "seconds"]
     if args.compare_cache:
-        cols += ["seconds without snapshots", "ratio", "same shrunk trace"]
+        cols += ["seconds without snapshots or launch reuse", "ratio", "same shrunk trace"]
     for col in cols:
         table.add_column(col)
     for r in sorted(rows, key=lambda r: -r["seconds"]):

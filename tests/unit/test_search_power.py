@@ -151,12 +151,14 @@ def test_usable_drops_traces_a_run_cannot_express():
     assert usable([v1, v2]) == [v1, v2]
 
 
-def test_chunk_pass_removes_halves_then_quarters_last_first_keeping_the_failing_op():
+def test_chunk_pass_removes_halves_then_quarters_first_first_keeping_the_failing_op():
     ops = [{"op": "condense", "i": i} for i in range(9)]  # op 8 is the failing one
-    cands = [[o["i"] for o in c] for _, c in _drop_chunks(ops)]
-    assert cands[:2] == [[0, 1, 2, 3, 8], [4, 5, 6, 7, 8]]
-    assert cands[2] == [0, 1, 2, 3, 4, 5, 8] and len(cands) == 2 + 4
-    assert all(c[-1] == 8 for c in cands)
+    cands = [(pos, [o["i"] for o in c]) for pos, c in _drop_chunks(ops)]
+    assert [c for _, c in cands[:2]] == [[4, 5, 6, 7, 8], [0, 1, 2, 3, 8]]
+    assert cands[2][1] == [2, 3, 4, 5, 6, 7, 8] and len(cands) == 2 + 4
+    assert all(c[-1] == 8 for _, c in cands)
+    # Positions grow along the pass: after a cut it goes on from where it was.
+    assert [p for p, _ in cands] == sorted(p for p, _ in cands)
 
 
 def test_fuzz_coverage_flag_prints_every_feature(capsys):
