@@ -448,45 +448,40 @@ def _lower_sizes(best, invariant, faults, target, device, replays, seen):
     """Each op's integers (:class:`harness.core.ops.Size`) lowered by bisection;
     returns (best, replays, whether anything was lowered).
 
-    Per integer: its least value first (most often enough), then halving the
-    gap between the highest value seen to pass and the lowest seen to fail —
-    about log2(value) replays where lowering it one at a time took one per
-    unit.  A candidate is legalized like every other (an op the reference
-    then refuses is dropped); one already tried counts as passing.
+    Per integer, :func:`_bisect_down` from its least value, each try a replay.
+    A candidate is legalized like every other (an op the reference then
+    refuses is dropped); one already tried counts as passing.
     """
     lowered = False
+
+    def lower(value):
+        """Whether op ``i`` with integer ``key`` at ``value`` still fails (kept
+        if so); None when out of replays or the op is gone (a replay cut the
+        trace before it)."""
+        nonlocal best, replays, lowered
+        now = _size(best.ops, i, key)
+        if replays >= MAX_REPLAYS or now is None:
+            return None
+        ops = legalize(best.config, best.ops[:i] + [now.make(value)] + best.ops[i + 1:])
+        tried = repr(ops)
+        if ops == best.ops or tried in seen:
+            return False
+        seen.add(tried)
+        replays += 1
+        if _fails(Trace(best.config, ops, best.expect, best.meta), invariant, faults, target,
+                  device) is None:
+            return False
+        best = Trace(best.config, list(_LAST_OPS), best.expect, best.meta)
+        seen.add(repr(best.ops))
+        lowered = True
+        return True
+
     i = 0
     while i < len(best.ops):
         for key in [z.key for z in spec_of(best.ops[i]).sizes(best.ops[i])]:
             now = _size(best.ops, i, key)
-            if now is None:
-                continue
-            passes, fails_at = now.least - 1, now.value  # bisect in (passes, fails_at]
-            candidate = now.least
-            while passes < candidate < fails_at:
-                if replays >= MAX_REPLAYS:
-                    return best, replays, lowered
-                now = _size(best.ops, i, key)
-                if now is None:  # the op changed shape (a replay cut the trace before it)
-                    break
-                ops = legalize(best.config, best.ops[:i] + [now.make(candidate)]
-                               + best.ops[i + 1:])
-                tried = repr(ops)
-                ran = None
-                if ops != best.ops and tried not in seen:
-                    seen.add(tried)
-                    replays += 1
-                    ran = _fails(Trace(best.config, ops, best.expect, best.meta), invariant,
-                                 faults, target, device)
-                if ran is not None:
-                    best = Trace(best.config, list(_LAST_OPS), best.expect, best.meta)
-                    seen.add(repr(best.ops))
-                    fails_at, lowered = candidate, True
-                else:
-                    passes = candidate
-                candidate = (passes + fails_at + 1) // 2
-                if candidate >= fails_at:
-                    break
+            if now is not None:
+                _bisect_down(now.least, now.value, lower)
         i += 1
     return best, replays, lowered
 
@@ -545,15 +540,33 @@ def _config_or_none(fields: dict):
         return None
 
 
+def _bisect_down(least: int, value: int, fails) -> int:
+    """The lowest value in [least, value] found to fail: ``least`` first (most
+    often enough), then halving the gap between the highest value seen to
+    pass and the lowest seen to fail (``value`` fails) — about log2(value -
+    least) calls of ``fails(v)`` where lowering one at a time took one per
+    unit.  ``fails`` may return None: stop, keeping what was found."""
+    passes, fails_at, candidate = least - 1, value, least
+    while passes < candidate < fails_at:
+        verdict = fails(candidate)
+        if verdict is None:
+            break
+        if verdict:
+            fails_at = candidate
+        else:
+            passes = candidate
+        candidate = (passes + fails_at + 1) // 2
+    return fails_at
+
+
 def _lower_limit(best: Trace, name: str, fails) -> RunnerConfig | None:
     """The config with limit ``name`` as low as bisection finds it still
     failing, or None when no lower value does.
 
     First the smallest value under which the ops stay legal (bisected with
     dry runs through the reference, no replay: legality only grows with a
-    limit), then replays halving the gap between the highest value seen to
-    pass and the lowest seen to fail — about log2(value) replays where
-    lowering one at a time took one per unit.  ``fails(config)`` replays.
+    limit), then :func:`_bisect_down` from there, each try a replay
+    (``fails(config)``).
     """
     fields = best.config.to_json()
     high = fields[name]  # fails (the current config)
@@ -572,15 +585,9 @@ def _lower_limit(best: Trace, name: str, fails) -> RunnerConfig | None:
             high = mid
         else:
             low = mid + 1
-    fail_at, pass_below = fields[name], low - 1  # fails at fail_at; nothing legal <= pass_below
-    candidate = low
-    while candidate < fail_at:
-        config = at(candidate)
-        if config is not None and fails(config):
-            fail_at = candidate
-        else:
-            pass_below = candidate
-        candidate = (pass_below + fail_at + 1) // 2
-        if candidate >= fail_at or candidate <= pass_below:
-            break
+
+    def still_fails(value):
+        config = at(value)
+        return config is not None and fails(config)
+    fail_at = _bisect_down(low, fields[name], still_fails)
     return None if fail_at == fields[name] else at(fail_at)
