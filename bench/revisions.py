@@ -93,13 +93,20 @@ def checkout(rev: str, tmp: Path) -> Path:
     return where
 
 
-def time_revision(tree: Path, workload: Path) -> dict:
+def run_in(tree: Path, script: str, *args: str, what: str = "the script") -> dict:
+    """Run ``script`` (``python -c``) with ``tree`` first on the path, on the CPU;
+    its last stdout line, parsed as JSON.  SystemExit with its stderr tail
+    when it fails."""
     env = dict(os.environ, PYTHONPATH=str(tree), BLOCKFUZZ_DEVICE="cpu")
-    proc = subprocess.run([sys.executable, "-c", TIMER, str(workload)], cwd=tree, env=env,
+    proc = subprocess.run([sys.executable, "-c", script, *args], cwd=tree, env=env,
                           capture_output=True, text=True)
     if proc.returncode:
-        raise SystemExit(f"{tree}: the timer failed:\n{proc.stderr[-2000:]}")
+        raise SystemExit(f"{tree}: {what} failed:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def time_revision(tree: Path, workload: Path) -> dict:
+    return run_in(tree, TIMER, str(workload), what="the timer")
 
 
 def main() -> int:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -29,7 +28,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from revisions import ROOT, checkout  # bench/ is sys.path[0] when run as a script
+from revisions import ROOT, checkout, run_in  # bench/ is sys.path[0] when run as a script
 
 RUN = r'''
 import json, os, sys
@@ -42,12 +41,7 @@ print(json.dumps({"steps": r.steps, "seconds": r.search_seconds, "examples": r.e
 
 
 def run_revision(tree: Path, seed: int, examples: int, target: str) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(tree), BLOCKFUZZ_DEVICE="cpu")
-    proc = subprocess.run([sys.executable, "-c", RUN, str(seed), str(examples), target],
-                          cwd=tree, env=env, capture_output=True, text=True)
-    if proc.returncode:
-        raise SystemExit(f"{tree}: the search failed:\n{proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_in(tree, RUN, str(seed), str(examples), target, what="the search")
 
 
 def main() -> int:
