@@ -43,7 +43,7 @@ from harness.search.shrink import renumber, shrink
 from harness.core.trace import Trace
 
 CHUNK_EXAMPLES = 25  # examples per chunk of a time-budgeted run
-STEER_CHUNK = 50  # examples per Hypothesis run of an --examples run (steering updates between)
+STEER_CHUNK = 25  # examples per Hypothesis run of an --examples run (steering updates between)
 
 
 @dataclass
@@ -115,6 +115,7 @@ def _search(config, seed, examples, faults, target, device, profile, stats, runn
     # the same choices to draw the same way within a run (harness.search.steer).
     stats["steer_pool"] = steer.rarest(stats)
     stats["steer_configs_pool"] = steer.rarest_configs(stats)
+    stats["steer_frontier_pool"] = steer.frontier(stats)
     bound = make_machine(config, faults, target, device, stats, runner,
                          seed_corpus=seed_corpus, base=base, steering=steering)
     machine = type("BlockFuzzMachine_counted", (_CountEndings, bound), {})

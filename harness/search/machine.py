@@ -93,14 +93,19 @@ class BlockFuzzMachine(RuleBasedStateMachine):
         prefix = None
         if self.seed_corpus and data.draw(st.booleans(), label="from corpus"):
             prefix = data.draw(st.sampled_from(self.seed_corpus), label="corpus trace")
-        rare, configs = ((self.stats.get("steer_pool", []), self.stats.get("steer_configs_pool", []))
-                         if self.use_steer and prefix is None else ([], []))
-        if rare or configs:
+        rare, configs, front = ((self.stats.get("steer_pool", []),
+                                 self.stats.get("steer_configs_pool", []),
+                                 self.stats.get("steer_frontier_pool", []))
+                                if self.use_steer and prefix is None else ([], [], []))
+        if rare or configs or front:
             pick = data.draw(st.integers(0, 7), label="steer")
             if rare and pick < steer.SHARE_EIGHTHS:
                 prefix = data.draw(st.sampled_from(rare), label="rare prefix")
             elif configs and 0 <= pick - steer.SHARE_EIGHTHS < steer.CONFIG_EIGHTHS:
                 prefix = data.draw(st.sampled_from(configs), label="rare config")
+            elif front and 0 <= pick - steer.SHARE_EIGHTHS - steer.CONFIG_EIGHTHS \
+                    < steer.FRONTIER_EIGHTHS:
+                prefix = data.draw(st.sampled_from(front), label="frontier")
         config = prefix.config if prefix is not None else self.config or data.draw(
             runner_configs(self.runner, **target_limits(self.target)), label="config")
         self.cfg = config

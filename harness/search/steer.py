@@ -35,9 +35,13 @@ continues from where it came closest; once the feature is hit its ordinary
 key takes over.  Configs get a frontier too: until the feature is hit, up to
 :data:`FRONTIER` of the configs an example may take are configs where it is
 reachable (fewest examples first), for a feature whose configs are rare.
+Besides those shares, while any frontier is open :data:`FRONTIER_EIGHTHS`
+of examples start from a frontier entry (:func:`frontier`): a narrow feature
+whose config is rare (a window hit with a drafter, a Mamba state restored on
+V2 where the state block is larger) otherwise got a few examples in a run.
 
 The pools are recomputed between chunks (:data:`harness.search.fuzz.STEER_CHUNK`
-examples) and frozen within one.
+examples, 25: the first chunk has no pool) and frozen within one.
 
 Determinism: the records are a function of the examples before, which are a
 function of the seed, so a run stays a pure function of (seed, corpus).  A
@@ -55,6 +59,7 @@ from harness.search.coverage import NARROWS, NEEDS
 
 SHARE_EIGHTHS = 2  # of examples start from a rare prefix (once there is one)
 CONFIG_EIGHTHS = 1  # of examples take the config of a rare pair of config traits
+FRONTIER_EIGHTHS = 1  # of examples start from a frontier entry (while one is open)
 RAREST = 6  # keys whose prefixes an example may start from
 MAX_PREFIX_OPS = 40  # longer prefixes are not kept (an example's own ops come after)
 FRONTIER = 3  # of the RAREST prefixes at most this many are frontier prefixes
@@ -175,3 +180,23 @@ def rarest(stats: dict) -> list[Trace]:
                              key=order)[:RAREST - len(frontier)]
     return [Trace(table[k][1], table[k][2], {"verdict": "pass"}, {"steer_key": k})
             for k in keys]
+
+
+def frontier(stats: dict) -> list[Trace]:
+    """Up to :data:`FRONTIER` frontier entries of features not hit yet, fewest
+    tries first: a frontier prefix (the shortest op prefix that reached the
+    broader feature where the narrow one is reachable) where there is one, else
+    a frontier config (one where it is reachable, all ops drawn).  While any is
+    open, :data:`FRONTIER_EIGHTHS` of examples start from one of them, besides
+    the frontier share of the rare pools: a narrow feature whose config is rare
+    is otherwise tried in a few examples of a run."""
+    prefixes, configs = stats.get("steer", {}), stats.get("steer_configs", {})
+    entries = {}
+    for k, e in configs.items():
+        if k.startswith(TOWARDS) and k[len(TOWARDS):] not in prefixes:
+            entries[k] = (e[0], Trace(e[1], [], {"verdict": "pass"}, {"steer_key": k}))
+    for k, e in prefixes.items():  # a prefix, where one is kept, over the bare config
+        if k.startswith(TOWARDS) and k[len(TOWARDS):] not in prefixes and e[2] is not None:
+            entries[k] = (e[0], Trace(e[1], e[2], {"verdict": "pass"}, {"steer_key": k}))
+    order = _order({k: v for k, v in entries.items()}, stats.get("examples", 0))
+    return [entries[k][1] for k in sorted(entries, key=order)[:FRONTIER]]

@@ -526,6 +526,74 @@ def test_steering_offers_configs_where_a_feature_not_hit_yet_is_reachable():
     assert towards not in pool
 
 
+def test_frontier_pool_offers_the_prefix_where_one_is_kept_else_the_config():
+    """While a narrow feature is not hit, the frontier pool (its own share of
+    examples) holds its frontier: the bare config where it is reachable, then
+    the prefix that reached its broader feature once there is one; hit, it is
+    gone."""
+    from harness.search import steer
+    from harness.core.trace import load
+    from pathlib import Path
+
+    t = load(Path(__file__).resolve().parents[2] / "corpora" / "seeds"
+             / "sliding-window-eagle-drop-unextended.json")
+    stats: dict = {}
+    assert steer.frontier(stats) == []
+    steer.learn_config(stats, t.config)
+    towards = steer.TOWARDS + steer.key("window-hit-drafter", t.config)
+    pool = {p.meta["steer_key"]: p for p in steer.frontier(stats)}
+    assert towards in pool and pool[towards].ops == [] and pool[towards].config == t.config
+    assert len(pool) <= steer.FRONTIER
+    steer.learn(stats, t.config, t.ops, {"prefix-hit": 2})  # got as far as the hit
+    pool = {p.meta["steer_key"]: p for p in steer.frontier(stats)}
+    assert pool[towards].ops == t.ops[:3]
+    steer.learn(stats, t.config, t.ops, {"prefix-hit": 2, "window-hit": 2,
+                                        "window-hit-drafter": 2})
+    assert steer.frontier(stats) == []
+
+
+def test_hit_requests_run_in_the_next_step_mostly():
+    """A request admitted with a prefix hit is in most steps drawn before it
+    has run (vLLM schedules an admitted request in the step that admits it),
+    not in every one (a step without it stays possible)."""
+    from hypothesis import HealthCheck, given, settings, strategies as st
+    from harness.core.ops import REGISTRY
+    from harness.core.session import Session
+    from harness.core.trace import load
+    from harness.search import swarm as swarm_mod
+    from pathlib import Path
+
+    t = load(Path(__file__).resolve().parents[2] / "corpora" / "seeds"
+             / "sliding-window-eagle-drop-unextended.json")
+    cfg = RunnerConfig.from_json(dict(t.config.to_json(), max_num_reqs=8, num_blocks=64))
+    ops = []
+    for req in range(6):  # six running requests, request 0 the prefix source
+        ops += [{"op": "admit", "req": req, "prompt_len": 8, "prefix": [], "num_new_tokens": 8},
+                {"op": "step", "scheduled": [[req, 8]], "cudagraph_mode": "NONE"}]
+    ops.append({"op": "admit", "req": 6, "prompt_len": 10, "prefix": [0, 8],
+                "num_new_tokens": 2})  # the last in every order a draw starts from
+    session = Session(cfg, (), "reference", record=True)
+    for op in ops:
+        assert not session.apply(op)
+    assert session.ledger.requests[6].num_cached_tokens > 0  # a prefix hit
+    ran = []
+
+    class M:  # what a step's draw reads of the machine
+        swarm = swarm_mod.DEFAULT
+
+    M.cfg, M.session, M.ledger = cfg, session, session.ledger
+
+    @settings(max_examples=60, database=None, deadline=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def draw(data):
+        ran.append(any(r == 6 for r, _ in REGISTRY["step"].draw(M(), data)["scheduled"]))
+
+    draw()
+    # 45 of 60 here; without the rule 29 (a request drawn at random).
+    assert 0.6 * len(ran) <= sum(ran) < len(ran)
+
+
 def _fake_fails(monkeypatch, fails):
     """The shrinker's replay replaced by ``fails(trace) -> bool`` (no kernel
     runs); returns the list of traces it was asked about."""

@@ -45,6 +45,12 @@ def _sizes(m, req: int, most: int) -> list[int]:
             if m.ledger.align_problem(r, r.num_computed_tokens, n, step=True) is None]
 
 
+def _hit_not_run(m, req: int) -> bool:
+    """``req`` was admitted with a prefix-cache hit and has not run a step since."""
+    r = m.ledger.requests[req]
+    return r.num_cached_tokens > 0 and not r.stepped
+
+
 def _steppable(m) -> list[int]:
     return [r for r in m.ledger.live() if _room(m, r) > 0
             and _sizes(m, r, min(_room(m, r), m.cfg.max_num_batched_tokens))]
@@ -63,6 +69,16 @@ def _draw_step(m, data) -> dict:
     else:
         reqs = data.draw(st.lists(st.sampled_from(cands), min_size=1, max_size=most,
                                   unique=True))
+    # A request admitted with a prefix hit runs in the next step, as in vLLM's
+    # scheduler, which admits a waiting request as part of the step it first
+    # runs in: what its hit left (cached KV, a restored Mamba state) is read
+    # then.  Not always (a draw of 0 in 0..3, which Hypothesis favours): other
+    # interleavings stay, a hit request preempted or removed before it runs.
+    # Only hit requests: leading every new request broke up the uniform decode
+    # batches padding bugs need (branch s10-pending-first, README).
+    hits = [r for r in cands if _hit_not_run(m, r) and r not in reqs]
+    if hits and data.draw(st.integers(0, 3)) > 0:
+        reqs = (hits + reqs)[:most]
     budget = m.cfg.max_num_batched_tokens - len(reqs)
     decode_only = m.swarm.decode(data)  # one token each: FULL graphs apply
     if decode_only and m.cfg.num_speculative_tokens and data.draw(st.booleans()):
