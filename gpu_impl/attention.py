@@ -133,7 +133,7 @@ def _reshape_and_cache_kernel(
     # A slot past the cache (an engine's wrong slot mapping) is dropped: on a GPU
     # it would fault or corrupt other memory; here MATCHES_REFERENCE reports it.
     keep = keep & (slot < NUM_SLOTS)
-    mask = keep[:, None] & (d[None, :] < HEAD)
+    mask = keep[:, None]  # d spans exactly HEAD (a power of 2, as tl.arange needs)
     if not QUANT:
         x = tl.load(hidden_ptr + t[:, None] * HEAD + d[None, :], mask=mask, other=0.0)
         tl.store(kv_cache_ptr + slot[:, None] * HEAD + d[None, :], x, mask=mask)

@@ -231,17 +231,28 @@ def _compute_slot_mapping_kernel(
     in_range = offs < num_tokens_padded
     row = tl.load(req_indices_ptr + offs, mask=in_range, other=-1)
     pos = tl.load(positions_ptr + offs, mask=in_range, other=0)
-    virtual = pos % (ALLOC_BLOCK_SIZE * WORLD)
-    column = pos // (ALLOC_BLOCK_SIZE * WORLD)
-    local = (virtual // INTERLEAVE) % WORLD == RANK
-    offset = (virtual // (WORLD * INTERLEAVE)) * INTERLEAVE + virtual % INTERLEAVE
-    if IGNORE_KERNEL_BLOCKS:
-        kernel_column = column
+    # Branches on constexprs are what a compiler folds; the interpreter pays per
+    # operation, so the plain cases (one DCP rank, kernel block = allocation
+    # block) skip arithmetic that is the identity there.
+    if WORLD == 1 and RANK == 0:  # every position is this rank's; offset = virtual
+        column = pos // ALLOC_BLOCK_SIZE
+        offset = pos % ALLOC_BLOCK_SIZE
+        real = in_range & (row >= 0)
+    else:
+        virtual = pos % (ALLOC_BLOCK_SIZE * WORLD)
+        column = pos // (ALLOC_BLOCK_SIZE * WORLD)
+        local = (virtual // INTERLEAVE) % WORLD == RANK
+        offset = (virtual // (WORLD * INTERLEAVE)) * INTERLEAVE + virtual % INTERLEAVE
+        real = in_range & (row >= 0) & local
+    if IGNORE_KERNEL_BLOCKS or ALLOC_BLOCK_SIZE == BLOCK_SIZE:
+        kernel_column = column  # (offset // BLOCK_SIZE is 0 when the sizes are equal)
     else:
         kernel_column = column * (ALLOC_BLOCK_SIZE // BLOCK_SIZE) + offset // BLOCK_SIZE
-    real = in_range & (row >= 0) & local
     block_id = tl.load(block_table_ptr + row * block_table_stride + kernel_column,
                        mask=real, other=0)
-    slot = block_id.to(tl.int64) * BLOCK_SIZE + offset % BLOCK_SIZE
+    if ALLOC_BLOCK_SIZE == BLOCK_SIZE:
+        slot = block_id.to(tl.int64) * BLOCK_SIZE + offset
+    else:
+        slot = block_id.to(tl.int64) * BLOCK_SIZE + offset % BLOCK_SIZE
     slot = tl.where(real, slot, PAD)
     tl.store(slot_mapping_ptr + offs, slot, mask=in_range)

@@ -117,18 +117,18 @@ def _mamba_state_update_kernel(
         src = tl.where(src < 0, PAD_TO, src)
     tl.store(read_out_ptr + r, src, mask=row_ok)
     src_ok = row_ok & (src >= 0) & (src < NUM_SLOTS)
+    # d spans exactly HEAD (a power of 2, as tl.arange needs): no mask on it.
+    loaded = src_ok & (init != 0)
     old = tl.load(state_ptr + src[:, None] * STATE_STRIDE + CONV * HEAD + d[None, :],
-                  mask=src_ok[:, None] & (init[:, None] != 0), other=0.0)
+                  mask=loaded[:, None], other=0.0)
     if CONV > 0:
         # The old conv part, loaded before any column writes (a column may be the source).
         k = tl.arange(0, BLOCK_C)
         old_conv = tl.load(state_ptr + src[:, None, None] * STATE_STRIDE
                            + k[None, :, None] * HEAD + d[None, None, :],
-                           mask=(src_ok[:, None, None] & (init[:, None, None] != 0)
-                                 & (k[None, :, None] < CONV)), other=0.0)
+                           mask=(loaded[:, None] & (k < CONV)[None, :])[:, :, None], other=0.0)
     tok_ok = t < NUM_TOKENS
-    x = tl.load(hidden_ptr + t[:, None] * HEAD + d[None, :],
-                mask=tok_ok[:, None] & (d[None, :] < HEAD), other=0.0)
+    x = tl.load(hidden_ptr + t[:, None] * HEAD + d[None, :], mask=tok_ok[:, None], other=0.0)
     # Every column at once: the interpreter's cost is per operation, so no loop
     # over columns or conv entries. Columns lie on axis 0 and rows on axis 1, so
     # under the interpreter (which stores element by element in C order) two
@@ -156,7 +156,7 @@ def _mamba_state_update_kernel(
     if SKIP_NULL:
         write = write & (dst != 0)
     tl.store(state_ptr + dst[:, :, None] * STATE_STRIDE + CONV * HEAD + d[None, None, :],
-             old[None, :, :] + xs, mask=write[:, :, None] & (d[None, None, :] < HEAD))
+             old[None, :, :] + xs, mask=write[:, :, None])
     if CONV > 0:
         # Conv part: entry kk of a column is entry n + kk of [old conv, tokens
         # lo..end), n = end - lo: an old entry while n + kk < CONV.
@@ -167,10 +167,9 @@ def _mamba_state_update_kernel(
                                old_conv[None, :, None, :, :], 0.0), axis=3)  # [C, R, K, D]
         tok = lo[None, :, None] + at - CONV
         xk = tl.load(hidden_ptr + tok[:, :, :, None] * HEAD + d[None, None, None, :],
-                     mask=(row_ok[None, :, None] & ~from_old & (tok < NUM_TOKENS))[:, :, :, None]
-                     & (d[None, None, None, :] < HEAD), other=0.0)
+                     mask=(row_ok[None, :, None] & ~from_old & (tok < NUM_TOKENS))[:, :, :, None],
+                     other=0.0)
         tl.store(state_ptr + dst[:, :, None, None] * STATE_STRIDE
                  + k[None, None, :, None] * HEAD + d[None, None, None, :],
                  tl.where(from_old[:, :, :, None], prev, xk),
-                 mask=(write[:, :, None] & (k[None, None, :] < CONV))[:, :, :, None]
-                 & (d[None, None, None, :] < HEAD))
+                 mask=(write[:, :, None] & (k < CONV)[None, None, :])[:, :, :, None])

@@ -647,3 +647,29 @@ def test_shrinker_bisects_a_config_limit(monkeypatch):
     assert replays[0] == 4  # blocks 1..3 and the null block: the least legal pool
     assert len(replays) <= 9
     assert _lower_limit(Trace(cfg, ops), "num_blocks", lambda c: False) is None
+
+
+def test_shrinker_tries_every_config_simplification_in_one_replay_first(monkeypatch):
+    """The config shrink replays the simplest config first (every simpler
+    geometry, capture size dropped and limit at its least legal value, dry runs
+    deciding legality); a finding that needs none of it takes one config replay,
+    and one that needs something falls back to one simplification at a time."""
+    from harness.search.shrink import _shrink_config, _simplest_config
+
+    cfg = RunnerConfig.from_json({"runner": "v1", "groups": [{"kind": "attention",
+                                                              "block_size": 4,
+                                                              "kernel_block_size": 2}],
+                                  "num_blocks": 64, "max_num_reqs": 8,
+                                  "cudagraph_capture_sizes": [1, 2, 4, 8]})
+    ops = [{"op": "add", "req": 0, "blocks": [[1, 2, 3]], "prompt_len": 9}]
+    simplest = _simplest_config(cfg, ops)
+    assert simplest.num_blocks == 4 and simplest.max_num_reqs == 1
+    assert simplest.groups[0].kernel_block_size == 4 and not simplest.cudagraph_capture_sizes
+    asked = _fake_fails(monkeypatch, lambda t: True)
+    best, replays = _shrink_config(Trace(cfg, ops), "X", (), "reference", None, 0)
+    assert best.config == simplest and replays == len(asked) == 1
+    # A finding that needs its capture sizes: the one-at-a-time rounds after it.
+    asked = _fake_fails(monkeypatch, lambda t: t.config.cudagraph_capture_sizes == (1, 2, 4, 8))
+    best, replays = _shrink_config(Trace(cfg, ops), "X", (), "reference", None, 0)
+    assert asked[0].config == simplest and best.config.cudagraph_capture_sizes == (1, 2, 4, 8)
+    assert best.config.num_blocks == 4 and best.config.groups[0].kernel_block_size == 4
