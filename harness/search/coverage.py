@@ -74,6 +74,11 @@ FEATURES: dict[str, str] = {
                               "previous forward, neither count a mid-prompt chunk's 0 (a new "
                               "request's count is 1): a count copied by row, not by request, "
                               "lands on it (vLLM PR #45100)",
+    "spec-count-foreign-next-forward": "spec-row-count-foreign for a request past its first "
+                                       "chunk (it continues from a state column), in the "
+                                       "forward right after the one whose counts are in the "
+                                       "rows (a dummy run between empties the batch first: "
+                                       "a late copy lands on no request)",
     "prefix-hit": "a request admitted with a prefix-cache hit (allocator engine)",
     "prompt-all-cached": "a request admitted whose whole prompt is in cached full blocks (the "
                          "hit must stop short of it: its last token is computed again)",
@@ -141,6 +146,8 @@ class Tracker:
             self._pending_free = [(g, b) for g, ids in enumerate(r.blocks) for b in ids]
         self._rows_before = reference.rows.req_ids.copy()
         self._counts_before = dict(getattr(reference, "num_accepted_of", {}))
+        self._computed_before = {req: r.num_computed_tokens
+                                 for req, r in ledger.requests.items()}
         rows = reference.rows
         self._prefilling_before = rows.num_computed_tokens < rows.num_prompt_tokens
 
@@ -316,6 +323,10 @@ class Tracker:
             was, own = self.row_count.get(b), self._counts_before.get(req, 0)
             if was is not None and was[0] != req and min(was[1], own) >= 1 and was[1] != own:
                 hit.append("spec-row-count-foreign")
+                if self.prev_real_forward is not None and self._computed_before.get(req, 0):
+                    # No dummy run's update between, and a request with state to
+                    # continue from (a first chunk reads no state column).
+                    hit.append("spec-count-foreign-next-forward")
         after = getattr(reference, "num_accepted_of", {})
         for b, req in enumerate(fwd.req_ids):
             self.row_count[b] = (req, after.get(req, 1))
@@ -355,6 +366,7 @@ NEEDS = {
     "draft-full-padded": lambda c: c.num_speculative_tokens > 1,
     "spec-row-moved": lambda c: c.num_speculative_tokens > 0,
     "spec-row-count-foreign": lambda c: c.num_speculative_tokens > 0,
+    "spec-count-foreign-next-forward": lambda c: c.num_speculative_tokens > 0,
     "mamba-decodes-with-prefills": lambda c: bool(c.mamba_groups),
     "full-replay-mixed-batch": lambda c: c.cudagraph_support == "ALWAYS",
     "backend-slots-padded": lambda c: any(g.slot_buffer for g in c.groups),
@@ -381,6 +393,7 @@ NARROWS = {
     "window-hit-drafter": "prefix-hit",
     "mamba-state-restored": "prefix-hit",
     "mamba-state-restored-larger-block": "prefix-hit",
+    "spec-count-foreign-next-forward": "spec-row-count-foreign",
 }
 """Feature -> the broader feature met on the way to it (every window hit and every
 Mamba state restored is a prefix hit).  For a feature a run has not hit yet,

@@ -673,3 +673,22 @@ def test_shrinker_tries_every_config_simplification_in_one_replay_first(monkeypa
     best, replays = _shrink_config(Trace(cfg, ops), "X", (), "reference", None, 0)
     assert asked[0].config == simplest and best.config.cudagraph_capture_sizes == (1, 2, 4, 8)
     assert best.config.num_blocks == 4 and best.config.groups[0].kernel_block_size == 4
+
+
+def test_foreign_count_in_the_next_forward_is_narrower_than_a_foreign_count():
+    """``spec-count-foreign-next-forward`` (vLLM PR #45100's situation: counts copied
+    by row land after the next update moved the rows) fires where the request
+    continues from state in the forward right after the one that kept the
+    count, and not across a dummy run, whose update empties the batch first."""
+    from harness.core.trace import load
+    from harness.search.coverage import NARROWS
+    from pathlib import Path
+
+    t = load(Path(__file__).resolve().parents[2] / "corpora" / "seeds"
+             / "accepted-counts-land-after-condense.json")
+    assert NARROWS["spec-count-foreign-next-forward"] == "spec-row-count-foreign"
+    last = _features(t.config, t.ops)[-1]
+    assert {"spec-row-count-foreign", "spec-count-foreign-next-forward"} <= last
+    dummy = {"op": "dummy_run", "num_reqs": 1, "num_tokens": 1, "cudagraph_mode": "NONE"}
+    last = _features(t.config, t.ops[:-1] + [dummy, t.ops[-1]])[-1]
+    assert "spec-row-count-foreign" in last and "spec-count-foreign-next-forward" not in last
