@@ -74,8 +74,8 @@ FEATURES: dict[str, str] = {
                               "previous forward, neither count a mid-prompt chunk's 0 (a new "
                               "request's count is 1): a count copied by row, not by request, "
                               "lands on it (vLLM PR #45100)",
-    "spec-count-foreign-next-forward": "spec-row-count-foreign for a request past its first "
-                                       "chunk (it continues from a state column), in the "
+    "spec-count-foreign-next-forward": "V1, hybrid: spec-row-count-foreign for a request past "
+                                       "its first chunk (it continues from a state column), in the "
                                        "forward right after the one whose counts are in the "
                                        "rows (a dummy run between empties the batch first: "
                                        "a late copy lands on no request)",
@@ -137,6 +137,7 @@ class Tracker:
 
     def __post_init__(self) -> None:
         self._larger_state_blocks = _state_blocks_larger(self.config)
+        self._late_copy_lands = NEEDS["spec-count-foreign-next-forward"](self.config)
 
     def before(self, op: dict, ledger, reference) -> None:
         self._sched_before = self._scheduler_state(op, ledger)
@@ -323,7 +324,8 @@ class Tracker:
             was, own = self.row_count.get(b), self._counts_before.get(req, 0)
             if was is not None and was[0] != req and min(was[1], own) >= 1 and was[1] != own:
                 hit.append("spec-row-count-foreign")
-                if self.prev_real_forward is not None and self._computed_before.get(req, 0):
+                if self._late_copy_lands and self.prev_real_forward is not None \
+                        and self._computed_before.get(req, 0):
                     # No dummy run's update between, and a request with state to
                     # continue from (a first chunk reads no state column).
                     hit.append("spec-count-foreign-next-forward")
@@ -341,8 +343,10 @@ def table_rows(counts: dict, examples: dict | None = None) -> list[tuple]:
             for f, meaning in FEATURES.items()]
 
 
-V1_ONLY = ("dummy-after-condense", "dummy-after-swap", "padding-over-prefilling-row")
-"""Features only the V1 persistent batch has (condense and swap are V1 ops)."""
+V1_ONLY = ("dummy-after-condense", "dummy-after-swap", "padding-over-prefilling-row",
+           "spec-count-foreign-next-forward")
+"""Features only the V1 persistent batch has (condense and swap are V1 ops; V2
+keeps accepted counts by request, not by batch row)."""
 
 
 def _engine(c) -> bool:
@@ -366,7 +370,8 @@ NEEDS = {
     "draft-full-padded": lambda c: c.num_speculative_tokens > 1,
     "spec-row-moved": lambda c: c.num_speculative_tokens > 0,
     "spec-row-count-foreign": lambda c: c.num_speculative_tokens > 0,
-    "spec-count-foreign-next-forward": lambda c: c.num_speculative_tokens > 0,
+    "spec-count-foreign-next-forward": lambda c: (c.num_speculative_tokens > 0 and c.runner == "v1"
+                                                  and bool(c.mamba_groups)),
     "mamba-decodes-with-prefills": lambda c: bool(c.mamba_groups),
     "full-replay-mixed-batch": lambda c: c.cudagraph_support == "ALWAYS",
     "backend-slots-padded": lambda c: any(g.slot_buffer for g in c.groups),
