@@ -496,7 +496,8 @@ def _size(ops: list[dict], i: int, key: str):
 def _shrink_config(best, invariant, faults, target, device, replays):
     """Simpler geometry and lower limits, the ops unchanged; returns (best, replays).
 
-    Rounds until a round changes nothing: each simpler geometry / dropped
+    First every simplification at once (:func:`_simplest_config`, one replay),
+    then rounds until a round changes nothing: each simpler geometry / dropped
     capture size in turn (kept when the trace still fails), then each limit
     of :data:`LIMITS` lowered by :func:`_lower_limit`.
     """
