@@ -245,7 +245,9 @@ def _compute_slot_mapping_kernel(
         offset = (virtual // (WORLD * INTERLEAVE)) * INTERLEAVE + virtual % INTERLEAVE
         real = in_range & (row >= 0) & local
     if IGNORE_KERNEL_BLOCKS or ALLOC_BLOCK_SIZE == BLOCK_SIZE:
-        kernel_column = column  # (offset // BLOCK_SIZE is 0 when the sizes are equal)
+        # offset < ALLOC_BLOCK_SIZE, so offset // BLOCK_SIZE is 0 when the sizes are
+        # equal (RunnerConfig requires INTERLEAVE to divide the block size).
+        kernel_column = column
     else:
         kernel_column = column * (ALLOC_BLOCK_SIZE // BLOCK_SIZE) + offset // BLOCK_SIZE
     block_id = tl.load(block_table_ptr + row * block_table_stride + kernel_column,

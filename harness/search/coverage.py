@@ -74,8 +74,9 @@ FEATURES: dict[str, str] = {
                               "previous forward, neither count a mid-prompt chunk's 0 (a new "
                               "request's count is 1): a count copied by row, not by request, "
                               "lands on it (vLLM PR #45100)",
-    "spec-count-foreign-next-forward": "V1, hybrid: spec-row-count-foreign for a request past "
-                                       "its first chunk (it continues from a state column), in the "
+    "spec-count-foreign-next-forward": "V1, hybrid: spec-row-count-foreign for a request with "
+                                       "computed tokens (a step or a prefix hit before: it "
+                                       "continues from a state column), in the "
                                        "forward right after the one whose counts are in the "
                                        "rows (a dummy run between empties the batch first: "
                                        "a late copy lands on no request)",

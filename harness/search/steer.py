@@ -189,7 +189,10 @@ def frontier(stats: dict) -> list[Trace]:
     a frontier config (one where it is reachable, all ops drawn).  While any is
     open, :data:`FRONTIER_EIGHTHS` of examples start from one of them, besides
     the frontier share of the rare pools: a narrow feature whose config is rare
-    is otherwise tried in a few examples of a run."""
+    is otherwise tried in a few examples of a run.  The two kinds count tries
+    apart (a config: examples where the feature was reachable; a prefix:
+    examples that reached the broader feature), so a kept prefix, whose count
+    starts later, tends to come before a bare config."""
     prefixes, configs = stats.get("steer", {}), stats.get("steer_configs", {})
     entries = {}
     for k, e in configs.items():
