@@ -16,6 +16,9 @@ from reference import ForwardInfo
 
 ROWS_BY_BATCH_ROW = "batch_row"  # V1: the persistent batch, one row per batch slot
 ROWS_BY_STATE_INDEX = "state_index"  # V2: staged tables, one row per request state index
+# An engine's own model runner (the vllm target's runner mode): rows where the
+# engine's persistent batch put them, from scheduler outputs, not op by op.
+ROWS_BY_ENGINE = "engine_row"
 
 
 @dataclass

@@ -1,0 +1,317 @@
+"""The model runner mode registers with vLLM: vLLM's own layer classes, gpu_impl's kernels.
+
+Imported only after :func:`harness.targets.vllm_engine.prepare` (its classes
+subclass vLLM's).  One layer per KV-cache group of the trace's config, in
+order: group ``g`` of kind attention is vLLM's ``Attention`` named
+``model.layers.{g}.self_attn.attn``, of kind mamba vLLM's ``MambaMixer2``
+named ``model.layers.{g}.mixer`` — so the KV-cache specs, the groups vLLM
+forms, the metadata builders (``TritonAttentionMetadataBuilder``,
+``Mamba2AttentionMetadataBuilder``) and what the runner hands each layer are
+the release's.  The layers' own kernels never run: :class:`ModelKernels`
+runs gpu_impl's on exactly what the forward context holds for each layer —
+
+- KV write (``gpu_impl.attention.reshape_and_cache``) through the layer's slot
+  mapping (the forward context's per-layer ``slot_mapping`` where the release
+  has one, else the metadata's), over every entry it holds, as vLLM's write
+  kernel covers its slot mapping's length (``PAD_SLOT_ID`` skipped);
+- Mamba update (``gpu_impl.mamba.mamba_state_update``): decode rows through
+  ``state_indices_tensor_d`` (as long as the metadata holds it: a FULL
+  replay's padded length, ``PAD_SLOT_ID`` rows skipped), then prefill rows
+  through ``state_indices_tensor_p`` with ``query_start_loc_p`` and
+  ``has_initial_states_p``;
+- paged-attention read (``gpu_impl.attention.paged_attention_read``) through
+  the metadata's ``block_table`` and ``seq_lens``, into ``attn_out``.
+
+The caches are the model's own, laid out as the trace's config says
+(``kv_cache[g]`` float32 (num_blocks, block_size, head_size), ``mamba_state[g]``
+float32 (num_blocks, state_floats)), indexed by vLLM's block ids and slots.
+The tensors vLLM allocates and binds to the layers (``layer.kv_cache``) are
+not written: vLLM's hybrid allocator lays every group's pages over one pool,
+which a trace whose groups have pools of their own cannot express.
+
+The token payload is ``gpu_impl.runner_shell.ids_payload`` of the input ids
+(``req * 256 + position``, the ids the target hands vLLM), NaN for a dummy run
+(:attr:`ModelKernels.garbage`) and for padded tokens.  The model's output
+carries each token's id so ``compute_logits`` makes the greedy sampler pick
+``id + 1``: the next position's id, what the reference's requests decode.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid
+from vllm.v1.attention.backends import triton_attn
+
+from gpu_impl.attention import paged_attention_read, reshape_and_cache
+from gpu_impl.mamba import mamba_state_update
+from gpu_impl.runner_shell import NULL_BLOCK_ID, SENTINEL, ids_payload
+
+HIDDEN = 16  # harness.targets.vllm_engine.MODEL_HIDDEN
+
+
+def architecture(hybrid: bool) -> str:
+    """The registered architecture name of the model for a config with / without Mamba."""
+    return "BlockfuzzHybridForCausalLM" if hybrid else "BlockfuzzAttentionForCausalLM"
+
+
+def layer_name(config, group: int) -> str:
+    """vLLM's layer name of the trace's KV-cache group ``group``."""
+    if config.groups[group].kind == "attention":
+        return f"model.layers.{group}.self_attn.attn"
+    return f"model.layers.{group}.mixer"
+
+
+class BlockfuzzTritonBackend(triton_attn.TritonAttentionBackend):
+    """vLLM's Triton attention backend (its metadata builder, cache layout and
+    impl) declaring any kernel block size: the kernels that read and write the
+    caches are gpu_impl's, which take any block size, so the trace's small
+    blocks (4 tokens) need no kernel-block split."""
+
+    @staticmethod
+    def get_supported_kernel_block_sizes():
+        return [triton_attn.MultipleOf(1)]
+
+    @classmethod
+    def supports_block_size(cls, block_size) -> bool:
+        return True
+
+    @staticmethod
+    def get_kv_cache_shape(num_blocks, block_size, *args, **kwargs):
+        """The release's cache shape, its block-size check aside (the layout
+        differs between releases: asked of vLLM with a stand-in block size)."""
+        stand_in = 16 * 1031
+        shape = triton_attn.TritonAttentionBackend.get_kv_cache_shape(
+            num_blocks, stand_in, *args, **kwargs)
+        return tuple(block_size if d == stand_in else d for d in shape)
+
+
+class ModelKernels:
+    """One example's caches and kernels (the model is built once per geometry;
+    the target hands it a fresh one per runner).  config: the trace's
+    ``reference.RunnerConfig``.
+
+    ``kv_cache`` / ``mamba_state``: per group, as in the module docstring;
+    ``attn_out[g]`` float32 (rows, head_size); ``garbage``: True while the
+    target runs ``_dummy_run`` or ``capture_model`` (the payload is NaN);
+    ``forwards``: one record per model forward since the target last cleared
+    it (runtime mode, tokens, rows).
+    """
+
+    def __init__(self, config):
+        self.config = config
+        head, n = config.head_size, config.num_blocks
+        self.kv_cache = {g: self._cache((n, config.groups[g].block_size, head))
+                         for g in config.attention_groups}
+        self.mamba_state = {g: self._cache((n, config.state_floats(g)))
+                            for g in config.mamba_groups}
+        rows = max(config.max_num_reqs, config.max_num_batched_tokens,
+                   *config.cudagraph_capture_sizes)
+        self.attn_out = {g: torch.zeros((rows, head)) for g in config.attention_groups}
+        self.mamba_read = {g: torch.zeros(rows, dtype=torch.int32) for g in config.mamba_groups}
+        self.garbage = False
+        self.forwards: list[dict] = []
+
+    @staticmethod
+    def _cache(shape) -> torch.Tensor:
+        cache = torch.full(shape, SENTINEL, dtype=torch.float32)
+        cache[NULL_BLOCK_ID] = 0.0
+        return cache
+
+    def poison(self, group: int, ids: list[int]) -> None:
+        """What the allocator does to blocks it frees: they hold ``SENTINEL``."""
+        if ids:
+            cache = self.kv_cache.get(group, self.mamba_state.get(group))
+            cache[torch.tensor(ids, dtype=torch.long)] = SENTINEL
+
+    def forward(self, ctx, input_ids: torch.Tensor) -> None:
+        """The layers' work for one model forward (module docstring)."""
+        metadata = ctx.attn_metadata
+        if isinstance(metadata, list):  # micro-batches: not driven (one batch here)
+            raise NotImplementedError("micro-batched forwards are not modelled")
+        num_tokens = int(input_ids.shape[0])
+        record = {"mode": getattr(ctx.cudagraph_runtime_mode, "name",
+                                  str(ctx.cudagraph_runtime_mode)),
+                  "num_tokens": num_tokens, "rows": 0, "metadata": bool(metadata)}
+        self.forwards.append(record)
+        if not metadata:  # vLLM's layers write nothing without metadata
+            return
+        cfg = self.config
+        slots = getattr(ctx, "slot_mapping", None)
+        first = metadata[layer_name(cfg, cfg.attention_groups[0])]
+        hidden = self._payload(input_ids, int(first.num_actual_tokens), slots, metadata)
+        for g in cfg.attention_groups:
+            name = layer_name(cfg, g)
+            md = metadata[name]
+            slot = slots[name] if isinstance(slots, dict) and name in slots else md.slot_mapping
+            slot = slot.to(torch.int64)
+            reshape_and_cache(hidden, slot, self.kv_cache[g], int(slot.shape[0]))
+        for g in cfg.mamba_groups:
+            self._mamba(g, metadata[layer_name(cfg, g)], hidden)
+        for g in cfg.attention_groups:
+            md = metadata[layer_name(cfg, g)]
+            rows = int(md.seq_lens.shape[0])
+            record["rows"] = rows
+            paged_attention_read(md.block_table.to(torch.int32).contiguous(),
+                                 md.seq_lens.to(torch.int32), self.kv_cache[g],
+                                 self.attn_out[g], rows, cfg.groups[g].block_size)
+
+    def _payload(self, input_ids, num_actual: int, slots, metadata) -> torch.Tensor:
+        """float32 (tokens, head_size): the ids' payload, NaN for padding and dummy runs;
+        as many rows as the longest slot mapping a layer holds."""
+        longest = max([int(input_ids.shape[0])] + [
+            int(m.slot_mapping.shape[0]) for m in metadata.values()
+            if getattr(m, "slot_mapping", None) is not None] + (
+            [int(v.shape[0]) for v in slots.values()] if isinstance(slots, dict) else []))
+        ids = np.zeros(longest, np.int64)
+        ids[:input_ids.shape[0]] = input_ids.detach().cpu().numpy()
+        hidden = torch.from_numpy(ids_payload(ids, self.config.head_size))
+        hidden[num_actual:] = float("nan")
+        if self.garbage:
+            hidden[:] = float("nan")
+        return hidden
+
+    def _mamba(self, g: int, md, hidden: torch.Tensor) -> None:
+        """Group ``g``'s Mamba update over vLLM's Mamba2 metadata (decode rows first)."""
+        parts, starts, init = [], [0], []
+        decode = md.state_indices_tensor_d
+        if md.num_decodes and decode is not None:
+            decode = decode if decode.dim() == 1 else decode[:, 0]
+            parts.append(decode.to(torch.int32))
+            starts += list(range(1, decode.shape[0] + 1))
+            init += [1] * decode.shape[0]
+        if md.num_prefills:
+            prefill = md.state_indices_tensor_p
+            prefill = prefill if prefill.dim() == 1 else prefill[:, 0]
+            parts.append(prefill[:md.num_prefills].to(torch.int32))
+            offset = starts[-1]
+            qsl = md.query_start_loc_p.to(torch.int64).tolist()
+            starts += [offset + q for q in qsl[1:md.num_prefills + 1]]
+            init += [int(x) for x in md.has_initial_states_p[:md.num_prefills].tolist()]
+        if not parts:
+            return
+        indices = torch.cat(parts)
+        rows = int(indices.shape[0])
+        self.forwards[-1]["mamba_rows"] = rows
+        self.forwards[-1].setdefault("state_indices", {})[g] = indices.tolist()
+        mamba_state_update(hidden, torch.tensor(starts, dtype=torch.int32), indices,
+                           torch.tensor(init, dtype=torch.int32), self.mamba_state[g], rows,
+                           read_out=self.mamba_read[g][:rows],
+                           conv_size=self.config.groups[g].conv_size)
+
+
+def _attention_cls():
+    try:
+        from vllm.model_executor.layers.attention import Attention  # 0.33
+    except ImportError:
+        from vllm.attention.layer import Attention  # older releases
+    return Attention
+
+
+class _BlockfuzzModel(nn.Module):
+    """vLLM's layers, one per trace group; forward runs :attr:`kernels`."""
+
+    supports_pp = False
+
+    def __init__(self, *, vllm_config, prefix: str = ""):
+        super().__init__()
+        hf = vllm_config.model_config.hf_config
+        self.vocab = hf.vocab_size
+        self.kernels: ModelKernels | None = None
+        attention = set(hf.attn_layer_indices)
+        layers = []
+        for i in range(hf.num_hidden_layers):
+            layers.append(self._attention(hf, vllm_config, i) if i in attention
+                          else self._mixer(hf, vllm_config, i))
+        self.blockfuzz_layers = nn.ModuleList(layers)
+        self.dummy = nn.Parameter(torch.zeros(1))
+
+    @staticmethod
+    def _attention(hf, vllm_config, i):
+        head = hf.hidden_size // hf.num_attention_heads
+        return _attention_cls()(num_heads=hf.num_attention_heads, head_size=head,
+                                scale=head ** -0.5, num_kv_heads=hf.num_key_value_heads,
+                                cache_config=vllm_config.cache_config,
+                                prefix=f"model.layers.{i}.self_attn.attn")
+
+    @staticmethod
+    def _mixer(hf, vllm_config, i):
+        from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
+
+        return MambaMixer2(
+            hidden_size=hf.hidden_size, ssm_state_size=hf.mamba_d_state,
+            conv_kernel_size=hf.mamba_d_conv, intermediate_size=hf.mamba_expand * hf.hidden_size,
+            use_conv_bias=True, use_bias=False, n_groups=hf.mamba_n_groups,
+            num_heads=hf.mamba_n_heads, head_dim=hf.mamba_d_head, rms_norm_eps=1e-5,
+            activation="silu", model_config=vllm_config.model_config,
+            cache_config=vllm_config.cache_config, prefix=f"model.layers.{i}.mixer")
+
+    def embed_input_ids(self, input_ids):
+        return torch.zeros(input_ids.shape[0], HIDDEN)
+
+    get_input_embeddings = embed_input_ids
+
+    def forward(self, input_ids=None, positions=None, intermediate_tensors=None,
+                inputs_embeds=None, **kwargs):
+        from vllm.forward_context import get_forward_context
+
+        if self.kernels is not None and input_ids is not None:
+            self.kernels.forward(get_forward_context(), input_ids)
+        n = input_ids.shape[0] if input_ids is not None else inputs_embeds.shape[0]
+        out = torch.zeros(n, HIDDEN)
+        if input_ids is not None:
+            out[:, 0] = input_ids.to(torch.float32)
+        return out
+
+    def compute_logits(self, hidden_states, *args, **kwargs):
+        """Greedy picks ``id + 1`` (the next position's id) for every row."""
+        nxt = (hidden_states[:, 0].to(torch.int64) + 1) % self.vocab
+        logits = torch.zeros(hidden_states.shape[0], self.vocab)
+        logits[torch.arange(hidden_states.shape[0]), nxt] = 1.0
+        return logits
+
+    def load_weights(self, weights):
+        return set()
+
+
+class BlockfuzzAttentionModel(_BlockfuzzModel):
+    """Attention layers only."""
+
+
+class BlockfuzzHybridModel(_BlockfuzzModel, HasInnerState, IsHybrid):
+    """Attention and Mamba2 layers (vLLM's hybrid-model interfaces: its runner
+    sizes Mamba state from these classmethods)."""
+
+    @classmethod
+    def get_mamba_state_dtype_from_config(cls, vllm_config):
+        from vllm.model_executor.layers.mamba.mamba_utils import MambaStateDtypeCalculator
+
+        c = vllm_config.cache_config
+        return MambaStateDtypeCalculator.mamba2_state_dtype(
+            vllm_config.model_config.dtype, c.mamba_cache_dtype, c.mamba_ssm_cache_dtype)
+
+    @classmethod
+    def get_mamba_state_shape_from_config(cls, vllm_config):
+        from vllm.model_executor.layers.mamba.mamba_utils import MambaStateShapeCalculator
+
+        hf = vllm_config.model_config.hf_config
+        return MambaStateShapeCalculator.mamba2_state_shape(
+            intermediate_size=hf.mamba_expand * hf.hidden_size,
+            tp_world_size=vllm_config.parallel_config.tensor_parallel_size,
+            n_groups=hf.mamba_n_groups, num_heads=hf.mamba_n_heads, head_dim=hf.mamba_d_head,
+            state_size=hf.mamba_d_state, conv_kernel=hf.mamba_d_conv)
+
+    @classmethod
+    def get_mamba_state_copy_func(cls):
+        from vllm.model_executor.layers.mamba.mamba_utils import MambaStateCopyFuncCalculator
+
+        return MambaStateCopyFuncCalculator.mamba2_state_copy_func()
+
+
+def register() -> None:
+    """Register both model classes with vLLM's ``ModelRegistry`` (idempotent)."""
+    from vllm import ModelRegistry
+
+    ModelRegistry.register_model(architecture(True), BlockfuzzHybridModel)
+    ModelRegistry.register_model(architecture(False), BlockfuzzAttentionModel)

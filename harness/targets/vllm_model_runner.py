@@ -1,0 +1,337 @@
+"""Runner mode of the ``vllm`` target: vLLM's own V1 ``GPUModelRunner`` under test.
+
+A trace's ops become what vLLM's runner is handed by its worker
+(``vllm/v1/worker/gpu_model_runner.py``): ``SchedulerOutput`` s through
+``execute_model`` + ``sample_tokens``, and ``_dummy_run`` for dummy runs.
+``_update_states``, ``_prepare_inputs``, the persistent batch, block tables,
+metadata builders, ``_dummy_run`` and CUDA-graph dispatch are the release's;
+the model (:mod:`harness.targets.vllm_model`) runs gpu_impl's kernels on what
+the runner handed each layer.
+
+How trace ops map — the one place runner mode departs from the reference's
+op-by-op row layout, by design of vLLM's runner:
+
+- ``add``: the request waits for its first scheduled step, where it arrives as
+  ``NewRequestData`` (prompt ids ``req * 256 + position``, its blocks, its
+  computed tokens — the prompt after a ``kv_load``); ``append``: its blocks join
+  that, or the next step's ``new_block_ids`` once vLLM knows it;
+- ``step``: one ``SchedulerOutput`` — new requests, cached ones with their
+  computed tokens and new blocks, the finished ids since the last one; the
+  requested ``cudagraph_mode`` is not vLLM's to take (its dispatcher picks the
+  runtime mode from the batch and ``cudagraph_mode`` FULL_AND_PIECEWISE as
+  vLLM lowered it for the model): what ran is in ``last_forward``;
+- ``remove``: the request's id is in the next output's finished ids; its
+  blocks are freed (poisoned) at once, as the scheduler frees them;
+- ``dummy_run``: pending finished ids first reach the runner through an empty
+  ``SchedulerOutput`` (an idle rank's engine step), then ``_dummy_run(num_tokens,
+  uniform_decode=num_tokens == num_reqs)`` — with ``cudagraph_mode`` NONE the
+  runtime mode NONE, else vLLM's dispatcher's pick, as ``execute_dummy_batch``;
+- ``condense`` / ``swap``: nothing — vLLM's runner condenses after every
+  scheduler output's removals and orders rows itself (decode-first reorder);
+- ``kv_load``: the connector writes the prompt's KV and final state into the
+  model's caches.
+
+Observations come from vLLM's objects: its persistent batch's rows and
+counters (``rows_indexed_by`` :data:`~harness.core.observation.ROWS_BY_ENGINE`:
+rows where vLLM put them, so ``MATCHES_REFERENCE`` compares what kernels left
+— caches, and attention outputs by request — not rows), the committed block
+tables, vLLM's slot-mapping buffers, the model's caches and what each forward ran.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import torch
+
+from harness.core.observation import ROWS_BY_ENGINE, Observation
+from harness.targets.registry import TargetRefused
+from reference.payload import mamba_state_of, token_payload
+from reference.runner import ForwardInfo
+
+MODE = "vLLM's GPUModelRunner"
+VOCAB_SIZE = 1 << 14  # token ids req * 256 + position: requests 0..63
+
+
+def runner_refusal(config, vllm) -> TargetRefused | None:
+    """Why runner mode cannot run ``config`` (the component adapter then runs it);
+    None when it can.  One line each, naming the field."""
+    if config.runner != "v1":
+        return TargetRefused("runner", "runner mode drives vLLM's V1 GPUModelRunner; V2's "
+                             "ModelRunner is not driven yet")
+    attention = config.attention_groups
+    if len(attention) != 1 or len(config.mamba_groups) > 1:
+        return TargetRefused("groups", "runner mode models one attention group and at most "
+                             "one Mamba group (vLLM unifies attention block sizes)")
+    checks = (
+        ("groups[*].kernel_block_size", any(
+            s.kernel_block_size != s.block_size for s in config.groups), "kernel-block split"),
+        ("groups[*].sliding_window", any(s.sliding_window for s in config.groups),
+         "sliding-window layers"),
+        ("groups[*].slot_buffer", any(s.slot_buffer for s in config.groups),
+         "a backend slot buffer of its own"),
+        ("groups[*].conv_size", any(s.conv_size for s in config.groups), "a conv state"),
+        ("num_speculative_tokens", config.num_speculative_tokens, "a drafter"),
+        ("allocator", config.allocator != "trace", "vLLM's KV-cache manager"),
+        ("kv_sharing", config.kv_sharing, "pages shared between groups"),
+        ("dcp_world_size", config.dcp_world_size > 1, "decode context parallelism"),
+        ("kv_cache_dtype", config.kv_cache_dtype != "auto", "a quantized KV cache"),
+        ("mamba_padding", config.mamba_padding != "null", "non-null Mamba padding"),
+        ("cudagraph_support", config.cudagraph_support != "uniform_batch" and
+         not config.mamba_groups, "backends capturing mixed batches"),
+    )
+    for field, present, what in checks:
+        if present:
+            return TargetRefused(field, f"runner mode does not model {what} yet; the "
+                                 "component adapter runs it")
+    return None
+
+
+class VllmModelRunnerTarget:
+    """The ``vllm`` target in runner mode for ``config`` (a ``reference.RunnerConfig``
+    that :func:`runner_refusal` accepts).  Construction builds the runner,
+    vLLM's KV-cache config (``num_blocks`` as the trace's) and, with capture
+    sizes, captures its graphs (``capture_model``, emulated)."""
+
+    name = "vllm"
+    mode = MODE
+
+    def __init__(self, config):
+        from harness.targets import vllm_model
+        from harness.targets.vllm_engine import init_distributed, prepare, vllm_config
+
+        self.engine = prepare()
+        vllm_model.register()
+        from vllm.config import set_current_vllm_config
+
+        self.config = config
+        self.vc = vllm_config(config, VOCAB_SIZE)
+        self._ctx = lambda: set_current_vllm_config(self.vc)
+        init_distributed(self.vc)
+        with self._ctx():
+            self.runner = self.engine.gmr.GPUModelRunner(self.vc, torch.device("cpu"))
+            self.runner.load_model()
+        model = self.runner.get_model()
+        self.kernels = model.kernels = vllm_model.ModelKernels(config)
+        self.groups = self._init_kv_cache(vllm_model)
+        self.requests: dict[int, dict] = {}
+        self.finished: set[str] = set()
+        self.last_forward: ForwardInfo | None = None
+        if self.vc.compilation_config.cudagraph_mode.name != "NONE":
+            self._garbage(self.runner.capture_model)
+        self.kernels.forwards.clear()
+
+    def _init_kv_cache(self, vllm_model) -> dict[int, int]:
+        """vLLM's KV-cache config for the runner's specs (the engine core's
+        steps), then ``initialize_kv_cache``; returns {trace group: vLLM group}."""
+        import vllm.v1.core.kv_cache_utils as kcu
+
+        try:
+            import vllm.v1.core.kv_cache_planning as kcp
+        except ImportError:
+            kcp = kcu
+        spec = self.runner.get_kv_cache_spec()
+        memory = 64 << 20
+        with self._ctx():
+            self._resolve_layout(spec)
+            if "global_kv_cache_groups" in inspect.signature(kcp.get_kv_cache_configs).parameters:
+                groups = kcp.get_global_kv_cache_groups(self.vc, [spec])
+                kv = kcp.get_kv_cache_configs(self.vc, [spec], [memory], groups)[0]
+            else:
+                kv = kcu.get_kv_cache_configs(self.vc, [spec], [memory])[0]
+            self.runner.initialize_kv_cache(kv)
+        where = {name: i for i, grp in enumerate(kv.kv_cache_groups) for name in grp.layer_names}
+        return {g: where[vllm_model.layer_name(self.config, g)]
+                for g in range(len(self.config.groups))}
+
+    def _resolve_layout(self, spec) -> None:
+        """0.33's engine core resolves one KV-cache layout before allocation."""
+        utils = self.engine.backend_utils
+        if not hasattr(utils, "resolve_kv_cache_layout"):
+            return
+        from types import SimpleNamespace
+
+        from vllm.v1.worker.worker_base import WorkerBase
+
+        worker = SimpleNamespace(vllm_config=self.vc)
+        layouts = WorkerBase.get_supported_kv_cache_layouts(worker)
+        layout = utils.resolve_kv_cache_layout(self.vc, [layouts], list(spec.values()))
+        if len(inspect.signature(WorkerBase.set_kv_cache_layout).parameters) > 2:
+            WorkerBase.set_kv_cache_layout(worker, layout.name,
+                                           self.vc.parallel_config.cp_kv_cache_interleave_size)
+        else:
+            WorkerBase.set_kv_cache_layout(worker, layout.name)
+
+    def _garbage(self, fn, *args, **kwargs):
+        """Run ``fn`` with the model's payload NaN (a dummy run's garbage)."""
+        self.kernels.garbage = True
+        try:
+            with self._ctx():
+                return fn(*args, **kwargs)
+        finally:
+            self.kernels.garbage = False
+
+    # -- ops ------------------------------------------------------------------
+    def add(self, req, blocks, prompt_len):
+        self.requests[req] = {"prompt_len": prompt_len, "blocks": [list(b) for b in blocks],
+                              "computed": 0, "sent": False,
+                              "new": [[] for _ in self.config.groups]}
+
+    def append(self, req, blocks):
+        r = self.requests[req]
+        for g, ids in enumerate(blocks):
+            (r["new"] if r["sent"] else r["blocks"])[g].extend(ids)
+
+    def remove(self, req):
+        r = self.requests.pop(req)
+        for g, ids in enumerate(r["blocks"]):
+            self.kernels.poison(g, ids)
+        if r["sent"]:
+            self.finished.add(str(req))
+
+    def condense(self):
+        """vLLM's runner condenses in ``_update_states`` itself (module docstring)."""
+
+    def swap(self, i, j):
+        """vLLM's runner orders its rows itself (module docstring)."""
+
+    def kv_load(self, req):
+        """The P/D connector's write: the prompt's KV and its final Mamba state."""
+        r, cfg = self.requests[req], self.config
+        pos = np.arange(r["prompt_len"])
+        values = token_payload(req * 256 + pos, cfg.head_size)
+        for g in cfg.attention_groups:
+            bs = cfg.groups[g].block_size
+            blocks = np.asarray(r["blocks"][g])[pos // bs]
+            self.kernels.kv_cache[g][torch.from_numpy(blocks), torch.from_numpy(pos % bs)] = \
+                torch.from_numpy(values)
+        for g in cfg.mamba_groups:
+            self.kernels.mamba_state[g][r["blocks"][g][0]] = torch.from_numpy(
+                mamba_state_of(values, cfg.groups[g].conv_size))
+        r["computed"] = r["prompt_len"]
+
+    def rollback(self, req, num_tokens):
+        raise TargetRefused("num_speculative_tokens", "runner mode drives no drafter")
+
+    def step(self, scheduled, cudagraph_mode, accepted=None):
+        output = self._scheduler_output(scheduled)
+        self.kernels.forwards.clear()
+        with self._ctx():
+            self.runner.execute_model(output)
+            if hasattr(self.runner, "sample_tokens"):
+                self.runner.sample_tokens(None)
+        for req, n in scheduled:
+            self.requests[req]["computed"] += n
+        order = self.runner.input_batch.req_ids[:len(scheduled)]
+        self._record(False, len(scheduled), sum(n for _, n in scheduled),
+                     tuple(int(r) for r in order))
+
+    def dummy_run(self, num_reqs, num_tokens, cudagraph_mode):
+        from vllm.config import CUDAGraphMode
+
+        if self.finished:  # an idle rank's engine step delivers them first
+            with self._ctx():
+                self.runner.execute_model(self._scheduler_output([]))
+        self.kernels.forwards.clear()
+        mode = CUDAGraphMode.NONE if cudagraph_mode == "NONE" else None
+        self._garbage(self.runner._dummy_run, num_tokens, cudagraph_runtime_mode=mode,
+                      uniform_decode=num_tokens == num_reqs)
+        self._record(True, 0, num_tokens, ())
+
+    def _record(self, dummy: bool, num_reqs: int, num_tokens: int, req_ids: tuple) -> None:
+        """``last_forward`` from the model forward the runner just made (none: a
+        step vLLM ran no forward for)."""
+        runs = [f for f in self.kernels.forwards if f["metadata"]] or self.kernels.forwards
+        if not runs:
+            self.last_forward = ForwardInfo(dummy, "NONE", num_reqs, num_reqs, num_tokens,
+                                            num_tokens, req_ids)
+            return
+        f = runs[-1]
+        self.last_forward = ForwardInfo(dummy, f["mode"], num_reqs, f["rows"] or num_reqs,
+                                        num_tokens, f["num_tokens"], req_ids)
+
+    def _scheduler_output(self, scheduled):
+        """vLLM's ``SchedulerOutput`` for the step ``scheduled`` [(req, tokens)]."""
+        from vllm.sampling_params import SamplingParams
+        from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+
+        new, cached = [], []
+        for req, _ in scheduled:
+            (cached if self.requests[req]["sent"] else new).append(req)
+        new_data = [NewRequestData(**_kw(NewRequestData, dict(
+            req_id=str(req), prompt_token_ids=self._prompt(req), mm_features=[], mm_kwargs=[],
+            mm_hashes=[], mm_positions=[], prefill_token_ids=self._prompt(req),
+            sampling_params=SamplingParams(temperature=0.0, max_tokens=1 << 20),
+            pooling_params=None, block_ids=self._vllm_blocks(self.requests[req]["blocks"]),
+            num_computed_tokens=self.requests[req]["computed"], lora_request=None)))
+            for req in new]
+        cached_data = CachedRequestData(**_kw(CachedRequestData, dict(
+            req_ids=[str(r) for r in cached], resumed_req_ids=set(),
+            resumed_from_preemption=[False] * len(cached),
+            new_token_ids=[[] for _ in cached], all_token_ids={},
+            new_block_ids=[self._vllm_blocks(self.requests[r]["new"])
+                           if any(self.requests[r]["new"]) else None for r in cached],
+            num_computed_tokens=[self.requests[r]["computed"] for r in cached],
+            num_output_tokens=[max(0, self.requests[r]["computed"] + 1
+                                   - self.requests[r]["prompt_len"]) for r in cached])))
+        for req in new:
+            self.requests[req]["sent"] = True
+        for req in cached:
+            self.requests[req]["blocks"] = [a + b for a, b in zip(self.requests[req]["blocks"],
+                                                                   self.requests[req]["new"])]
+            self.requests[req]["new"] = [[] for _ in self.config.groups]
+        tokens = {str(req): n for req, n in scheduled}
+        finished, self.finished = self.finished, set()
+        return SchedulerOutput(**_kw(SchedulerOutput, dict(
+            scheduled_new_reqs=new_data, scheduled_cached_reqs=cached_data,
+            num_scheduled_tokens=tokens, total_num_scheduled_tokens=sum(tokens.values()),
+            scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={},
+            num_common_prefix_blocks=[0] * len(self.groups), finished_req_ids=finished,
+            free_encoder_mm_hashes=[], structured_output_request_ids={},
+            grammar_bitmask=None)))
+
+    def _prompt(self, req: int) -> list[int]:
+        return [req * 256 + p for p in range(self.requests[req]["prompt_len"])]
+
+    def _vllm_blocks(self, blocks: list[list[int]]) -> tuple:
+        """Per-trace-group block ids in vLLM's group order."""
+        out = [None] * len(blocks)
+        for g, ids in enumerate(blocks):
+            out[self.groups[g]] = list(ids)
+        return tuple(out)
+
+    # -- observation ----------------------------------------------------------
+    def observe(self) -> Observation:
+        cfg, batch = self.config, self.runner.input_batch
+        n = cfg.max_num_reqs
+        req_ids = np.full(n, -1, np.int64)
+        for row, req in enumerate(batch._req_ids[:n]):
+            if req is not None:
+                req_ids[row] = int(req)
+        tables, counts, device = [], [], []
+        for g in range(len(cfg.groups)):
+            table = batch.block_table[self.groups[g]]
+            width = cfg.blocks_per_req_max(g)
+            tables.append(table.block_table.np[:n, :width].astype(np.int32).copy())
+            counts.append(np.asarray(table.num_blocks_per_row[:n], np.int32).copy())
+            device.append(table.block_table.gpu[:n, :width].numpy().astype(np.int32).copy())
+        k = self.kernels
+        return Observation(
+            runner="v1", rows_indexed_by=ROWS_BY_ENGINE, host_block_table=tables,
+            host_num_blocks_per_row=counts, host_req_ids=req_ids,
+            num_computed_tokens=batch.num_computed_tokens_cpu[:n].astype(np.int32).copy(),
+            num_prompt_tokens=batch.num_prompt_tokens[:n].astype(np.int32).copy(),
+            device_block_table=device,
+            kv_cache={g: v.numpy().copy() for g, v in k.kv_cache.items()},
+            mamba_state={g: v.numpy().copy() for g, v in k.mamba_state.items()},
+            slot_mapping={g: batch.block_table[self.groups[g]].slot_mapping.gpu.numpy().copy()
+                          for g in cfg.attention_groups},
+            state_indices={g: k.mamba_read[g][:n].numpy().copy() for g in cfg.mamba_groups},
+            attn_out={g: v[:n].numpy().copy() for g, v in k.attn_out.items()},
+            last_forward=self.last_forward)
+
+
+def _kw(fn, candidates: dict) -> dict:
+    params = inspect.signature(fn).parameters
+    return {key: v for key, v in candidates.items() if key in params}
