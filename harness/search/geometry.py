@@ -51,7 +51,8 @@ def runner_configs(draw, runner: str | None = None,
     # Repeated entries weight the draw: most examples keep a Mamba group and
     # graph capture sizes (the seeds' bugs need both); geometry varies around them.
     block_size = draw(st.sampled_from([4, 8, 4, 2, 16]))
-    split = draw(st.sampled_from([1, 2, 1, 4])) if (kernel_split or {}).get(runner, True) else 1
+    split_ok = (kernel_split or {}).get(runner, True)
+    split = draw(st.sampled_from([1, 2, 1, 4])) if split_ok else 1
     kernel_block_size = max(1, block_size // split)
     groups = [GroupSpec(ATTENTION, block_size, kernel_block_size)]
     if draw(st.sampled_from([True, True, True, False])):
@@ -152,7 +153,7 @@ def runner_configs(draw, runner: str | None = None,
     if rng.random() < 0.25 and not caching and g0.block_size >= 4 \
             and (3 * g0.block_size // 2) % interleave == 0:
         bs = 3 * g0.block_size // 2
-        kbs = g0.kernel_block_size if bs % g0.kernel_block_size == 0 else bs
+        kbs = g0.kernel_block_size if split_ok and bs % g0.kernel_block_size == 0 else bs
         groups[0] = GroupSpec(ATTENTION, bs, kbs, g0.slot_buffer, g0.sliding_window)
     # A conv state before the SSM state in one Mamba group in two.
     conv = rng.choice([0, 0, 1, 3]) if mamba else 0
@@ -173,8 +174,10 @@ def runner_configs(draw, runner: str | None = None,
         derived = hybrid_attention_block_size((groups[mi].conv_size + 1) * HEAD_SIZE,
                                               HEAD_SIZE, ga.kernel_block_size)
         if derived > ga.block_size and derived % interleave == 0:
-            groups[ai] = GroupSpec(ATTENTION, derived, ga.kernel_block_size, ga.slot_buffer,
-                                   ga.sliding_window)
+            # A target that cannot split blocks gets kernel blocks of the derived size.
+            groups[ai] = GroupSpec(ATTENTION, derived,
+                                   ga.kernel_block_size if split_ok else derived,
+                                   ga.slot_buffer, ga.sliding_window)
         elif derived > ga.block_size:
             sharing, sharing_map = False, ()
         if uniform_pages and len({g.block_size for g in groups if g.kind == ATTENTION}) > 1:

@@ -70,7 +70,7 @@ class BlockfuzzTritonBackend(triton_attn.TritonAttentionBackend):
     blocks (4 tokens) need no kernel-block split."""
 
     @staticmethod
-    def get_supported_kernel_block_sizes():
+    def get_supported_kernel_block_sizes(*spec):  # 0.33 passes the layer's spec
         return [triton_attn.MultipleOf(1)]
 
     @classmethod

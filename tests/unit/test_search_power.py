@@ -691,3 +691,23 @@ def test_foreign_count_in_the_next_forward_is_narrower_than_a_foreign_count():
     dummy = {"op": "dummy_run", "num_reqs": 1, "num_tokens": 1, "cudagraph_mode": "NONE"}
     last = _features(t.config, t.ops[:-1] + [dummy, t.ops[-1]])[-1]
     assert "spec-row-count-foreign" in last and "spec-count-foreign-next-forward" not in last
+
+
+@pytest.mark.parametrize("runner", ["v1", "v2"])
+def test_a_target_that_cannot_split_blocks_never_draws_a_kernel_block_split(runner):
+    """A target whose block tables take no kernel block size (vLLM 0.33's V1
+    ``BlockTable``) says so with ``kernel_split``; no drawn config may split a
+    block then — neither the first draw nor the attention block a hybrid page
+    derives (the ``kv_sharing`` layout sized 4-token blocks of 2-token kernel
+    blocks before, and the vllm target crashed on seed 0)."""
+    from hypothesis import HealthCheck, given
+
+    from harness.search.geometry import runner_configs
+
+    @settings(max_examples=1500, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(runner_configs(runner, kernel_split={runner: False}))
+    def check(cfg):
+        assert all(g.kernel_block_size == g.block_size for g in cfg.groups), cfg
+
+    check()

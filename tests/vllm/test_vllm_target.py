@@ -435,3 +435,20 @@ def test_reference_reorder_is_vllms_reorder(vllm):
             vllm.reorder_batch(batch, out, decode_threshold=1)
             assert [int(r) for r in batch.req_ids] == reorder_decode_first(
                 sched, comp, prompt, 1), rows
+
+
+@pytest.mark.parametrize("runner", ["v1", "v2"])
+def test_drawn_geometry_is_never_refused_by_the_installed_release(vllm, runner):
+    """What the fuzzer may draw for the vllm target (its ``limits``) is what the
+    installed release can run: a refusal mid-run would be a crash, not a finding."""
+    from hypothesis import HealthCheck, given, settings
+
+    from harness.search.geometry import runner_configs, target_limits
+
+    @settings(max_examples=300, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(runner_configs(runner, **target_limits("vllm")))
+    def check(cfg):
+        assert vllm_target.refusal(cfg, vllm) is None, cfg
+
+    check()
