@@ -190,14 +190,19 @@ def _check_meta(trace: Trace, source: str) -> None:
     _check_expect_by_release(trace, source, (*ids(), IMPL_CRASH))
 
 
-RELEASE_VERDICT_KEYS = {"pass": set(), "n/a": {"reason"},
-                        "fail": {"invariant", "op_index", "op"}}
+RELEASE_VERDICT_KEYS = {"pass": {"mode"}, "n/a": {"reason", "mode"},
+                        "fail": {"invariant", "op_index", "op", "mode"}}
+VLLM_MODES = ("runner", "adapter")
+"""How the vllm target ran a trace (:func:`harness.targets.vllm.target_mode`): a
+verdict's optional ``mode``; absent means ``adapter``, the only mode before
+runner mode existed."""
 
 
 def _check_expect_by_release(trace: Trace, source: str, known: tuple) -> None:
     """``meta.expect_by_release``: {release "X.Y.Z": {"verdict": "pass"} |
     {"verdict": "fail", "invariant": ID, "op_index": N} | {"verdict": "n/a",
-    "reason": TEXT}} — what was measured on each vLLM release."""
+    "reason": TEXT}} — what was measured on each vLLM release, each with an
+    optional ``"mode"`` (:data:`VLLM_MODES`) saying which code ran it."""
     import re
 
     from harness.core.invariants import START_OP_INDEX
@@ -228,6 +233,8 @@ def _check_expect_by_release(trace: Trace, source: str, known: tuple) -> None:
                     not START_OP_INDEX <= index < len(trace.ops):
                 raise TraceError(source, f"{at}.op_index", f"{index!r} is not an op index "
                                  f"(0..{len(trace.ops) - 1}, or -1 for start-up)")
+        if v.get("mode", "adapter") not in VLLM_MODES:
+            raise TraceError(source, f"{at}.mode", f"must be one of {', '.join(VLLM_MODES)}")
         if v["verdict"] == "n/a" and not isinstance(v.get("reason", ""), str):
             raise TraceError(source, f"{at}.reason", "must be a string")
 

@@ -438,11 +438,70 @@ def version_string() -> str | None:
     return None if version is None else f"vLLM {version}"
 
 
+MODE_ENV = "BLOCKFUZZ_VLLM_MODE"
+"""``auto`` (default): runner mode wherever the release and config allow it, the
+component adapter elsewhere; ``runner``: refuse what runner mode cannot run;
+``adapter``: the component adapter always."""
+
+MODE_NAMES = {"runner": "vLLM's GPUModelRunner",
+              "adapter": "the component adapter (vLLM's block tables, batch and "
+                         "builders in blockfuzz's runner shell)"}
+
+
+def _mode_setting() -> str:
+    setting = os.environ.get(MODE_ENV, "auto") or "auto"
+    if setting not in ("auto", "runner", "adapter"):
+        raise TargetUnavailable(f"${MODE_ENV}={setting!r}: use auto, runner or adapter")
+    return setting
+
+
+def target_mode(config) -> tuple[str, str | None]:
+    """How the vllm target runs ``config`` here: (``"runner"`` | ``"adapter"``,
+    why not runner mode — None when runner mode runs it, or when ``$BLOCKFUZZ_VLLM_MODE``
+    is ``adapter``).  Raises :class:`TargetRefused` when the setting is ``runner``
+    and runner mode cannot run the config, :class:`TargetUnavailable` for a bad
+    setting."""
+    setting = _mode_setting()
+    if setting == "adapter":
+        return "adapter", None
+    from harness.targets.vllm_model_runner import runner_refusal
+
+    refused = runner_refusal(config, load())
+    if refused is None:
+        from harness.targets.vllm_engine import runner_missing
+
+        missing = runner_missing()
+        if missing is not None:
+            refused = TargetRefused("vllm", missing)
+    if refused is not None and setting == "runner":
+        raise refused
+    return ("adapter", str(refused)) if refused is not None else ("runner", None)
+
+
+def mode_line(config) -> str:
+    """One line naming the code a run of ``config`` drives (runs print it first)."""
+    mode, why = target_mode(config)
+    version = installed_version()
+    return f"vLLM {version}: {MODE_NAMES[mode]}" + (f" — runner mode: {why}" if why else "")
+
+
 def make_target(config, faults=(), device: str | None = None):
-    """The ``vllm`` target for ``config`` (faults are refused by the registry first)."""
+    """The ``vllm`` target for ``config`` (faults are refused by the registry first):
+    vLLM's own model runner where :func:`target_mode` says so, else the component
+    adapter."""
     from harness.targets.runner_target import RunnerTarget
 
     assert not faults, "faults live in gpu_impl"
+    if device not in (None, "auto", "cpu"):
+        raise TargetUnavailable("the vllm target runs vLLM's code on the CPU under the "
+                                "Triton interpreter; use --device cpu or auto")
+    if target_mode(config)[0] == "runner":
+        refused = refusal(config)
+        if refused is not None:
+            raise refused
+        from harness.targets.vllm_model_runner import VllmModelRunnerTarget
+
+        return VllmModelRunnerTarget(config)
     runner = make_vllm_runner(config, device)
     manager = None
     if config.allocator == "engine":

@@ -89,6 +89,22 @@ class _Stream:
         return False
 
 
+RUNNER_PACKAGES = ("einops", "compressed_tensors", "loguru")
+"""Imported on the model runner's import chain beyond the block-table modules'
+(``scripts/install-vllm-target.sh`` installs them)."""
+
+
+def runner_missing() -> str | None:
+    """Why vLLM's model runner cannot be imported here (a package missing), or None."""
+    import importlib.util
+
+    missing = [p for p in RUNNER_PACKAGES if importlib.util.find_spec(p) is None]
+    if missing:
+        return (f"the model runner's import chain needs {', '.join(missing)}; "
+                "scripts/install-vllm-target.sh installs them")
+    return None
+
+
 def prepare() -> SimpleNamespace:
     """Apply the shims (module docstring) once per process, after
     :func:`harness.targets.vllm.load`; returns the namespace of vLLM modules

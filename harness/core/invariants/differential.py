@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from harness.core.invariants import Invariant, Violation, register
-from harness.core.observation import ROWS_BY_STATE_INDEX, Observation
+from harness.core.observation import ROWS_BY_ENGINE, ROWS_BY_STATE_INDEX, Observation
 from reference import RunnerConfig
 
 
@@ -84,7 +84,11 @@ def check_matches_reference(impl: Observation, ref: Observation, op_index: int,
     device block-table rows it read ([0, num_reqs_padded)), slot mappings
     ([0, num_tokens_padded)), counters, caches, outputs.  Buffer regions no
     forward reads are the engine's business (vLLM PAD-fills slot mappings to the
-    end of the buffer; 0.33 zeroes device rows left by a larger batch)."""
+    end of the buffer; 0.33 zeroes device rows left by a larger batch).  An
+    engine's own runner (:data:`ROWS_BY_ENGINE`) is compared by request:
+    :func:`_engine_pairs`."""
+    if impl.rows_indexed_by == ROWS_BY_ENGINE:
+        return _first_difference(_engine_pairs(impl, ref, config), op_index, op)
     lf = ref.last_forward
     rows_used, tokens_used = (lf.num_reqs_padded, lf.num_tokens_padded) if lf else (0, 0)
     impl_rows, impl_counts = _live_part(impl)
@@ -125,7 +129,34 @@ def check_matches_reference(impl: Observation, ref: Observation, op_index: int,
     return _first_difference(pairs + _effect_pairs(impl, ref, config), op_index, op)
 
 
-def _effect_pairs(impl: Observation, ref: Observation, config: RunnerConfig) -> list:
+def _engine_pairs(impl: Observation, ref: Observation, config: RunnerConfig) -> list:
+    """The comparison with an engine's own model runner (the vllm target's runner
+    mode).  Its rows, padding, counters and graph dispatch are the engine's
+    decisions from scheduler outputs — it takes an unscheduled request out of
+    its batch, condenses after every output's removals, advances counters when
+    the next output arrives, picks the runtime mode from the batch — so they
+    are not the reference's op by op, and are not compared.  What is: the last
+    forward's kind (dummy or not), real tokens and requests, each request's
+    attention output (by request, whatever row it ran in), and the caches —
+    everything a kernel left (:func:`_effect_pairs`)."""
+    pairs = []
+    a, b = impl.last_forward, ref.last_forward
+    if b is not None:
+        got = () if a is None else (a.dummy, a.num_tokens, tuple(sorted(a.req_ids)))
+        pairs.append(("last_forward (dummy, tokens, requests)", np.array(got, object),
+                      np.array((b.dummy, b.num_tokens, tuple(sorted(b.req_ids))), object)))
+    if a is not None and b is not None and not b.dummy and sorted(a.req_ids) == \
+            sorted(b.req_ids):
+        row_of = {r: i for i, r in enumerate(a.req_ids)}
+        for g, v in ref.attn_out.items():
+            order = [row_of[r] for r in b.req_ids]
+            pairs.append((f"attn_out[{g}] (rows by request {list(b.req_ids)})",
+                          impl.attn_out[g][order], v[:len(order)], ("row", "element")))
+    return pairs + _effect_pairs(impl, ref, config, outputs=False)
+
+
+def _effect_pairs(impl: Observation, ref: Observation, config: RunnerConfig,
+                  outputs: bool = True) -> list:
     """What the kernels left: caches (a Mamba null block is scratch; under
     ``mamba_padding`` ``pad_slot_no_null`` block 0 is a state like any other)
     and outputs."""
@@ -138,7 +169,7 @@ def _effect_pairs(impl: Observation, ref: Observation, config: RunnerConfig) -> 
     pairs += [(f"draft_kv_cache[{g}]", (impl.draft_kv_cache or {}).get(g, np.zeros(0)), v, kv)
               for g, v in (ref.draft_kv_cache or {}).items()]
     pairs += [(f"attn_out[{g}]", impl.attn_out[g], v, ("row", "element"))
-              for g, v in ref.attn_out.items()]
+              for g, v in ref.attn_out.items() if outputs]
     for g, v in ref.mamba_state.items():
         a, b = impl.mamba_state[g].copy(), v.copy()
         if config.has_null_block(g):
@@ -153,6 +184,8 @@ def effects_differ(impl: Observation, ref: Observation, op_index: int,
     the consequence of a structural finding when no write lands where it may
     not — a write that went missing, or into scratch (not registered: the full
     differential check already covers it)."""
+    if impl.rows_indexed_by == ROWS_BY_ENGINE:  # already compared by effect
+        return _first_difference(_engine_pairs(impl, ref, config), op_index, op)
     return _first_difference(_effect_pairs(impl, ref, config), op_index, op)
 
 
