@@ -29,11 +29,13 @@ The tensors vLLM allocates and binds to the layers (``layer.kv_cache``) are
 not written: vLLM's hybrid allocator lays every group's pages over one pool,
 which a trace whose groups have pools of their own cannot express.
 
-The token payload is ``gpu_impl.runner_shell.ids_payload`` of the input ids
-(``req * 256 + position``, the ids the target hands vLLM), NaN for a dummy run
-(:attr:`ModelKernels.garbage`) and for padded tokens.  The model's output
-carries each token's id so ``compute_logits`` makes the greedy sampler pick
-``id + 1``: the next position's id, what the reference's requests decode.
+The token payload is ``gpu_impl.runner_shell.ids_payload`` of ``req * 256 +
+position`` — the request vLLM's persistent batch holds in the token's row and
+vLLM's own ``positions`` buffer — NaN for a dummy run
+(:attr:`ModelKernels.garbage`) and for padded tokens: the reference's payload
+of the same token.  Sampled token ids feed nothing (a request's token past
+its prompt that vLLM has not sampled, after a ``kv_load``, still has its
+payload).
 """
 
 from __future__ import annotations
@@ -111,6 +113,9 @@ class ModelKernels:
         self.attn_out = {g: torch.zeros((rows, head)) for g in config.attention_groups}
         self.mamba_read = {g: torch.zeros(rows, dtype=torch.int32) for g in config.mamba_groups}
         self.garbage = False
+        # () -> [(req, tokens)] per batch row of the forward being run, as the
+        # target reads vLLM's persistent batch; None: no real tokens (a dummy run).
+        self.rows = None
         self.forwards: list[dict] = []
 
     @staticmethod
@@ -125,12 +130,12 @@ class ModelKernels:
             cache = self.kv_cache.get(group, self.mamba_state.get(group))
             cache[torch.tensor(ids, dtype=torch.long)] = SENTINEL
 
-    def forward(self, ctx, input_ids: torch.Tensor) -> None:
+    def forward(self, ctx, positions: torch.Tensor) -> None:
         """The layers' work for one model forward (module docstring)."""
         metadata = ctx.attn_metadata
         if isinstance(metadata, list):  # micro-batches: not driven (one batch here)
             raise NotImplementedError("micro-batched forwards are not modelled")
-        num_tokens = int(input_ids.shape[0])
+        num_tokens = int(positions.shape[-1])
         record = {"mode": getattr(ctx.cudagraph_runtime_mode, "name",
                                   str(ctx.cudagraph_runtime_mode)),
                   "num_tokens": num_tokens, "rows": 0, "metadata": bool(metadata)}
@@ -139,8 +144,7 @@ class ModelKernels:
             return
         cfg = self.config
         slots = getattr(ctx, "slot_mapping", None)
-        first = metadata[layer_name(cfg, cfg.attention_groups[0])]
-        hidden = self._payload(input_ids, int(first.num_actual_tokens), slots, metadata)
+        hidden = self._payload(positions, slots, metadata)
         for g in cfg.attention_groups:
             name = layer_name(cfg, g)
             md = metadata[name]
@@ -157,19 +161,25 @@ class ModelKernels:
                                  md.seq_lens.to(torch.int32), self.kv_cache[g],
                                  self.attn_out[g], rows, cfg.groups[g].block_size)
 
-    def _payload(self, input_ids, num_actual: int, slots, metadata) -> torch.Tensor:
-        """float32 (tokens, head_size): the ids' payload, NaN for padding and dummy runs;
-        as many rows as the longest slot mapping a layer holds."""
-        longest = max([int(input_ids.shape[0])] + [
+    def _payload(self, positions: torch.Tensor, slots, metadata) -> torch.Tensor:
+        """float32 (tokens, head_size): token ``t`` of batch row ``r`` gets the payload
+        of id ``req * 256 + positions[t]`` — ``req`` the request vLLM's persistent
+        batch holds in row ``r`` (:attr:`rows`), ``positions`` vLLM's own buffer —
+        and NaN past the real tokens and in dummy runs; as many rows as the
+        longest slot mapping a layer holds."""
+        longest = max([int(positions.shape[-1])] + [
             int(m.slot_mapping.shape[0]) for m in metadata.values()
             if getattr(m, "slot_mapping", None) is not None] + (
             [int(v.shape[0]) for v in slots.values()] if isinstance(slots, dict) else []))
         ids = np.zeros(longest, np.int64)
-        ids[:input_ids.shape[0]] = input_ids.detach().cpu().numpy()
+        real = 0
+        if not self.garbage and self.rows is not None:
+            pos = positions.reshape(-1).detach().cpu().numpy().astype(np.int64)
+            for req, n in self.rows():
+                ids[real:real + n] = req * 256 + pos[real:real + n]
+                real += n
         hidden = torch.from_numpy(ids_payload(ids, self.config.head_size))
-        hidden[num_actual:] = float("nan")
-        if self.garbage:
-            hidden[:] = float("nan")
+        hidden[real:] = float("nan")
         return hidden
 
     def _mamba(self, g: int, md, hidden: torch.Tensor) -> None:
@@ -256,20 +266,15 @@ class _BlockfuzzModel(nn.Module):
                 inputs_embeds=None, **kwargs):
         from vllm.forward_context import get_forward_context
 
-        if self.kernels is not None and input_ids is not None:
-            self.kernels.forward(get_forward_context(), input_ids)
+        if self.kernels is not None and positions is not None:
+            self.kernels.forward(get_forward_context(), positions)
         n = input_ids.shape[0] if input_ids is not None else inputs_embeds.shape[0]
-        out = torch.zeros(n, HIDDEN)
-        if input_ids is not None:
-            out[:, 0] = input_ids.to(torch.float32)
-        return out
+        return torch.zeros(n, HIDDEN)
 
     def compute_logits(self, hidden_states, *args, **kwargs):
-        """Greedy picks ``id + 1`` (the next position's id) for every row."""
-        nxt = (hidden_states[:, 0].to(torch.int64) + 1) % self.vocab
-        logits = torch.zeros(hidden_states.shape[0], self.vocab)
-        logits[torch.arange(hidden_states.shape[0]), nxt] = 1.0
-        return logits
+        """Logits of zeros: greedy sampling picks token 0 (no payload depends on
+        sampled ids: :meth:`ModelKernels._payload`)."""
+        return torch.zeros(hidden_states.shape[0], self.vocab)
 
     def load_weights(self, weights):
         return set()

@@ -13,8 +13,9 @@ op-by-op row layout, by design of vLLM's runner:
 
 - ``add``: the request waits for its first scheduled step, where it arrives as
   ``NewRequestData`` (prompt ids ``req * 256 + position``, its blocks, its
-  computed tokens — the prompt after a ``kv_load``); ``append``: its blocks join
-  that, or the next step's ``new_block_ids`` once vLLM knows it;
+  computed tokens — the prompt after a ``kv_load``, as a P/D decode instance's
+  request whose prompt KV was loaded); ``append``: its blocks join that, or the
+  next step's ``new_block_ids`` once vLLM knows it;
 - ``step``: one ``SchedulerOutput`` — new requests, cached ones with their
   computed tokens and new blocks, the finished ids since the last one; the
   requested ``cudagraph_mode`` is not vLLM's to take (its dispatcher picks the
@@ -51,7 +52,7 @@ from reference.payload import mamba_state_of, token_payload
 from reference.runner import ForwardInfo
 
 MODE = "vLLM's GPUModelRunner"
-VOCAB_SIZE = 1 << 14  # token ids req * 256 + position: requests 0..63
+VOCAB_SIZE = 64  # sampled ids feed nothing (vllm_model.ModelKernels._payload)
 
 
 def runner_refusal(config, vllm) -> TargetRefused | None:
@@ -217,10 +218,16 @@ class VllmModelRunnerTarget:
     def step(self, scheduled, cudagraph_mode, accepted=None):
         output = self._scheduler_output(scheduled)
         self.kernels.forwards.clear()
-        with self._ctx():
-            self.runner.execute_model(output)
-            if hasattr(self.runner, "sample_tokens"):
-                self.runner.sample_tokens(None)
+        tokens = {str(req): n for req, n in scheduled}
+        batch = self.runner.input_batch
+        self.kernels.rows = lambda: [(int(r), tokens[r]) for r in batch.req_ids[:len(tokens)]]
+        try:
+            with self._ctx():
+                self.runner.execute_model(output)
+                if hasattr(self.runner, "sample_tokens"):
+                    self.runner.sample_tokens(None)
+        finally:
+            self.kernels.rows = None
         for req, n in scheduled:
             self.requests[req]["computed"] += n
         order = self.runner.input_batch.req_ids[:len(scheduled)]
