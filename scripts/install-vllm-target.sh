@@ -19,6 +19,10 @@ PY="${PYTHON:-python}"
 # pinned (scripts/vllm-target-requirements.txt). pip then lists vLLM's own pins
 # it did not follow ("vllm X requires ..."): expected with --no-deps.
 "$PY" -m pip install --quiet -r "$(dirname "$0")/vllm-target-requirements.txt"
+# The model runner's import chain beyond that (runner mode: vLLM's own
+# GPUModelRunner): einops, loguru, and compressed-tensors without its pins.
+"$PY" -m pip install --quiet einops==0.8.2 loguru==0.7.3
+"$PY" -m pip install --quiet --no-deps compressed-tensors==0.17.0
 "$PY" - <<'PY'
 import torch
 assert not torch.version.cuda, "a CUDA torch was installed; reinstall torch==2.13.0"

@@ -97,6 +97,10 @@ def _replay_one(args, path, trace, use, device, expect) -> tuple[bool, bool]:
     from harness.core.session import replay
 
     found_on = trace.meta.get("target", "gpu_impl")
+    if args.target == "vllm":
+        from harness.targets.vllm import mode_line
+
+        print(f"{path}: {mode_line(trace.config)}")
     if found_on != args.target and not args.check_expect:
         print(f"note: {path} was found on target {found_on}; replaying on {args.target} "
               f"(--target {found_on} replays it there)")
@@ -143,10 +147,13 @@ def cmd_replay(args) -> int:
             continue
         expect = trace.expect
         if by_release:  # the engine's verdict for the installed release, no faults
-            expect = trace.meta.get("expect_by_release", {}).get(version)
+            from harness.targets.vllm import recorded_verdict, target_mode
+
+            mode = target_mode(trace.config)[0]
+            expect = recorded_verdict(trace, version, mode)
             if expect is None:
-                print(f"SKIP {path}: no verdict recorded for vLLM {version} "
-                      "(meta.expect_by_release)")
+                print(f"SKIP {path}: no verdict recorded for vLLM {version} in {mode} mode "
+                      "(meta.expect_by_release; bisect --write records it)")
                 unchecked += 1
                 continue
             if expect.get("verdict") == "n/a":  # the bug's code path is ours, not vLLM's

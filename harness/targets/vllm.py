@@ -72,6 +72,11 @@ rows), graph buffers, attention backends' own slot buffers — is gpu_impl's
 fault-free shell.  A catalogue fault lives at ``Fault.sites``."""
 
 
+RUNNER_SITES = ("vllm/v1/worker/gpu_model_runner.py",)
+"""What runner mode adds to :data:`ENGINE_SITES` (V1): the model runner itself —
+``_update_states``, ``_prepare_inputs``, ``_dummy_run``, graph dispatch."""
+
+
 def unexercised(trace) -> str | None:
     """Why a passing replay of ``trace`` here says nothing about the bug it was
     recorded for: every one of its faults lived in engine code this target does
@@ -81,6 +86,8 @@ def unexercised(trace) -> str | None:
     from harness.targets.vllm_kv_cache import DRIVER_RULES, MANAGER_SITES
 
     driven = ENGINE_SITES[trace.config.runner]
+    if target_mode(trace.config)[0] == "runner":
+        driven = driven + RUNNER_SITES
     if trace.config.allocator == "engine":
         driven = driven + MANAGER_SITES
     faults = [CATALOGUE[f] for f in trace.faults if f in CATALOGUE]
@@ -483,6 +490,16 @@ def mode_line(config) -> str:
     mode, why = target_mode(config)
     version = installed_version()
     return f"vLLM {version}: {MODE_NAMES[mode]}" + (f" — runner mode: {why}" if why else "")
+
+
+def recorded_verdict(trace, version: str, mode: str) -> dict | None:
+    """The verdict ``trace.meta.expect_by_release`` records for ``version`` measured
+    in ``mode`` (an entry without ``mode`` was measured by the component adapter);
+    None when there is none for that release and mode."""
+    entry = trace.meta.get("expect_by_release", {}).get(version)
+    if entry is None or entry.get("mode", "adapter") != mode:
+        return None
+    return {k: v for k, v in entry.items() if k != "mode"}
 
 
 def make_target(config, faults=(), device: str | None = None):

@@ -239,9 +239,15 @@ def verdicts_main(paths: list[str]) -> int:
     from harness.core.trace import load as load_trace
     from harness.targets import TargetRefused, target_spec
 
+    from harness.targets.vllm import target_mode
+
     out = []
     for path in paths:
         trace = load_trace(path)
+        try:
+            mode = {"mode": target_mode(trace.config)[0]}
+        except TargetRefused:
+            mode = {}
         refused = target_spec("vllm").refusal(trace.config)
         if refused is not None:
             out.append({"verdict": "n/a", "reason": str(refused)})
@@ -253,10 +259,10 @@ def verdicts_main(paths: list[str]) -> int:
             continue
         if v.violation is None:
             reason = unexercised(trace)
-            out.append({"verdict": "pass"} if reason is None else
-                       {"verdict": "n/a", "reason": reason})
+            out.append({"verdict": "pass", **mode} if reason is None else
+                       {"verdict": "n/a", "reason": reason, **mode})
         else:
             out.append({"verdict": "fail", "invariant": v.violation.invariant,
-                        "op_index": v.violation.op_index, "op": v.violation.op})
+                        "op_index": v.violation.op_index, "op": v.violation.op, **mode})
     print(json.dumps(out))
     return 0

@@ -38,11 +38,20 @@ def vllm():
         give_up(f"vLLM cannot be used in this process: {e}")
 
 
+@pytest.fixture
+def adapter(monkeypatch):
+    """The component adapter (vLLM's block tables, batch and builders in our
+    runner shell), whatever runner mode would run: the tests that take it
+    replace pieces of the adapter's path."""
+    monkeypatch.setenv(vllm_target.MODE_ENV, "adapter")
+
+
 def _expected(trace, version: str) -> dict:
-    by_release = trace.meta.get("expect_by_release", {})
-    if version not in by_release:
-        pytest.skip(f"no verdict recorded for vLLM {version} in this trace")
-    return by_release[version]
+    mode = vllm_target.target_mode(trace.config)[0]
+    want = vllm_target.recorded_verdict(trace, version, mode)
+    if want is None:
+        pytest.skip(f"no verdict recorded for vLLM {version} in {mode} mode in this trace")
+    return want
 
 
 def test_missing_vllm_is_one_line_exit_2(monkeypatch, capsys):
@@ -129,7 +138,7 @@ def test_corpus_verdict_on_installed_release(vllm, path):
 
 @pytest.mark.parametrize("path", sorted((CORPORA / "seeds").glob("seed000*.json")),
                          ids=lambda p: p.stem)
-def test_seed_traces_agree_with_the_release_behaviour(vllm, path):
+def test_seed_traces_agree_with_the_release_behaviour(vllm, adapter, path):
     """The hand-written seed traces fail on vLLM exactly when the release keeps
     stale rows (measured directly on its classes), and pass otherwise."""
     from harness.core.session import replay
@@ -207,7 +216,9 @@ def test_check_expect_uses_the_installed_release_verdicts(vllm, capsys, tmp_path
     del bare["meta"]["expect_by_release"]
     (tmp_path / "bare.json").write_text(json.dumps(bare))
     paths = [str(p) for p in VLLM_TRACES] + [str(tmp_path / "bare.json")]  # nothing recorded
-    recorded = [load(p).meta.get("expect_by_release", {}).get(vllm.version) for p in paths]
+    recorded = [vllm_target.recorded_verdict(load(p), vllm.version,
+                                             vllm_target.target_mode(load(p).config)[0])
+                for p in paths]
     rc = main(["replay", "--check-expect", "--target", "vllm", *paths])
     out = capsys.readouterr().out
     assert f"SKIP {paths[-1]}" in out
@@ -233,7 +244,7 @@ def test_check_expect_reports_paths_that_are_ours_as_not_applicable(vllm, capsys
     assert main(["replay", "--check-expect", "--target", "vllm", path]) == 2  # nothing checked
 
 
-def test_persistent_batch_is_vllms_own_input_batch(vllm, monkeypatch):
+def test_persistent_batch_is_vllms_own_input_batch(vllm, adapter, monkeypatch):
     """V1 request removal and condense are vLLM's ``InputBatch`` code: put the
     pre-#37728 ``remove_request`` (no ``clear_row``) into the installed class and
     the removed-row seed fails; make its ``condense`` a no-op and the rows differ
@@ -264,7 +275,7 @@ def test_persistent_batch_is_vllms_own_input_batch(vllm, monkeypatch):
 
 
 @pytest.mark.parametrize("runner", ["v1", "v2"])
-def test_mamba_metadata_is_vllms_own_builder(vllm, monkeypatch, runner):
+def test_mamba_metadata_is_vllms_own_builder(vllm, adapter, monkeypatch, runner):
     """The Mamba decode/prefill split and persistent decode buffer are vLLM's
     ``Mamba2AttentionMetadataBuilder``: the FULL graphs read its buffer (so a
     builder that never refreshes it sends the decodes' state into the null
@@ -283,6 +294,7 @@ def test_mamba_metadata_is_vllms_own_builder(vllm, monkeypatch, runner):
     assert verdict.violation is not None, "the FULL replays did not read vLLM's buffer"
     assert trace.ops[verdict.violation.op_index]["cudagraph_mode"] == "FULL"
     monkeypatch.undo()
+    monkeypatch.setenv(vllm_target.MODE_ENV, "adapter")  # undo() reverted it too
     from harness.targets.vllm_builders import VllmMambaBuilders
 
     built, original = [], VllmMambaBuilders.build
@@ -296,7 +308,7 @@ def test_mamba_metadata_is_vllms_own_builder(vllm, monkeypatch, runner):
     assert built, "no forward went through vLLM's builder"
 
 
-def test_attention_metadata_is_vllms_own_builder(vllm, monkeypatch):
+def test_attention_metadata_is_vllms_own_builder(vllm, adapter, monkeypatch):
     """The attention layers read what vLLM's ``TritonAttentionMetadataBuilder``
     hands them, and it builds before every forward with metadata, FULL replays
     included: a builder that says every row has no context changes the
@@ -329,6 +341,7 @@ def test_attention_metadata_is_vllms_own_builder(vllm, monkeypatch):
     for i in forwards:
         assert events[i - 1] == "build", f"forward {events[i]} without a build before it"
     monkeypatch.undo()
+    monkeypatch.setenv(vllm_target.MODE_ENV, "adapter")  # undo() reverted it too
 
     def no_context(self, *args, **kwargs):
         md = original(self, *args, **kwargs)
@@ -354,7 +367,7 @@ def test_attention_metadata_is_vllms_own_builder(vllm, monkeypatch):
         assert param in verdict.violation.detail, (field, verdict.violation.detail)
 
 
-def test_suspected_dummy_run_prefilling_reaches_vllms_builder(vllm, monkeypatch):
+def test_suspected_dummy_run_prefilling_reaches_vllms_builder(vllm, adapter, monkeypatch):
     """The README's first suspected upstream issue, half run on vLLM's code: with
     the dummy rows' ``is_prefilling`` computed as vLLM's ``_dummy_run`` computes
     it (from the persistent batch's stale counters — our transcription of the
