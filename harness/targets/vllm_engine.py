@@ -208,6 +208,9 @@ def _prepare() -> SimpleNamespace:
     from vllm.v1.worker.workspace import init_workspace_manager
 
     init_workspace_manager(torch.device("cpu"))  # what Worker.init_device does
+    from harness.targets import vllm_model
+
+    vllm_model.register()
     import vllm
 
     return SimpleNamespace(version=vllm.__version__, gmr=gmr, backend_utils=backend_utils)

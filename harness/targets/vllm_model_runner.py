@@ -79,14 +79,35 @@ def runner_refusal(config, vllm) -> TargetRefused | None:
         ("dcp_world_size", config.dcp_world_size > 1, "decode context parallelism"),
         ("kv_cache_dtype", config.kv_cache_dtype != "auto", "a quantized KV cache"),
         ("mamba_padding", config.mamba_padding != "null", "non-null Mamba padding"),
-        ("cudagraph_support", config.cudagraph_support != "uniform_batch" and
-         not config.mamba_groups, "backends capturing mixed batches"),
     )
     for field, present, what in checks:
         if present:
             return TargetRefused(field, f"runner mode does not model {what} yet; the "
                                  "component adapter runs it")
-    return None
+    return _config_refusal(config.dumps() if hasattr(config, "dumps") else
+                           repr(config.to_json()), config)
+
+
+_CONFIG_REFUSALS: dict[str, TargetRefused | None] = {}
+
+
+def _config_refusal(key: str, config) -> TargetRefused | None:
+    """vLLM's own validation of the ``VllmConfig`` runner mode would build (its
+    scheduler refuses a token budget below ``max_num_seqs``, say); once per config."""
+    if key not in _CONFIG_REFUSALS:
+        from harness.targets.vllm_engine import prepare, vllm_config
+
+        prepare()
+        try:
+            vllm_config(config, VOCAB_SIZE)
+            _CONFIG_REFUSALS[key] = None
+        except (ValueError, TypeError, AssertionError) as e:
+            lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+            first = next((line.split(",", 1)[1].split("[type=")[0].strip() for line in lines
+                          if line.startswith("Value error,")), lines[0] if lines else repr(e))
+            _CONFIG_REFUSALS[key] = TargetRefused("vllm", f"vLLM's config validation refuses "
+                                                  f"this geometry ({first[:200]})")
+    return _CONFIG_REFUSALS[key]
 
 
 class VllmModelRunnerTarget:
