@@ -23,10 +23,16 @@ op-by-op row layout, by design of vLLM's runner:
   vLLM lowered it for the model): what ran is in ``last_forward``;
 - ``remove``: the request's id is in the next output's finished ids; its
   blocks are freed (poisoned) at once, as the scheduler frees them;
-- ``dummy_run``: pending finished ids first reach the runner through an empty
-  ``SchedulerOutput`` (an idle rank's engine step), then ``_dummy_run(num_tokens,
-  uniform_decode=num_tokens == num_reqs)`` — with ``cudagraph_mode`` NONE the
-  runtime mode NONE, else vLLM's dispatcher's pick, as ``execute_dummy_batch``;
+- ``dummy_run``: what an idle data-parallel rank's engine core does
+  (``DPEngineCoreProc``: a step that scheduled nothing, then
+  ``execute_dummy_batch``).  With live requests (none scheduled: say, waiting
+  on a remote KV load) its scheduler still hands the runner an empty
+  ``SchedulerOutput`` first — carrying the finished ids, and ``_update_states``
+  takes the unscheduled requests out of the batch; with none it schedules
+  nothing at all, and finished ids wait for the next output.  Then
+  ``_dummy_run(num_tokens, uniform_decode=num_tokens == num_reqs)`` — with
+  ``cudagraph_mode`` NONE the runtime mode NONE, else vLLM's dispatcher's pick,
+  as ``execute_dummy_batch`` leaves it;
 - ``condense`` / ``swap``: nothing — vLLM's runner condenses after every
   scheduler output's removals and orders rows itself (decode-first reorder);
 - ``kv_load``: the connector writes the prompt's KV and final state into the
@@ -258,7 +264,7 @@ class VllmModelRunnerTarget:
     def dummy_run(self, num_reqs, num_tokens, cudagraph_mode):
         from vllm.config import CUDAGraphMode
 
-        if self.finished:  # an idle rank's engine step delivers them first
+        if self.requests:  # the idle rank's engine step before it (module docstring)
             with self._ctx():
                 self.runner.execute_model(self._scheduler_output([]))
         self.kernels.forwards.clear()
