@@ -1,0 +1,179 @@
+"""Runner mode of the ``vllm`` target: vLLM's own V1 ``GPUModelRunner`` under test
+(``harness/targets/vllm_model_runner.py``).
+
+Skips without vLLM (or without the runner's import chain); fails instead under
+``$BLOCKFUZZ_REQUIRE_VLLM=1`` (CI installs both).  Each bug test switches the
+fix on as a patch of vLLM's runner and watches the trace pass, so the verdict
+is vLLM's code, not ours.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from harness.core.session import replay
+from harness.core.trace import load
+from harness.targets import make_target
+from harness.targets import vllm as vllm_target
+from tests.conftest import CORPORA
+
+STALE_COUNTERS = CORPORA / "vllm" / "v1-dummy-run-stale-prefilling-counters.json"
+ONE_TOKEN = CORPORA / "vllm" / "v1-one-token-first-chunk-stale-decode-graph.json"
+
+
+@pytest.fixture(scope="module")
+def gmr():
+    """vLLM's ``gpu_model_runner`` module with runner mode prepared."""
+    give_up = pytest.fail if os.environ.get("BLOCKFUZZ_REQUIRE_VLLM") == "1" else pytest.skip
+    if vllm_target.installed_version() is None:
+        give_up("vLLM not installed (scripts/install-vllm-target.sh RELEASE)")
+    from harness.targets.vllm_engine import prepare, runner_missing
+
+    missing = runner_missing()
+    if missing is not None:
+        give_up(missing)
+    try:
+        return prepare().gmr
+    except vllm_target.TargetUnavailable as e:
+        give_up(str(e))
+
+
+def _counting(monkeypatch, cls, name: str) -> list:
+    calls, original = [], getattr(cls, name)
+
+    def counted(self, *args, **kwargs):
+        calls.append(args)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, name, counted)
+    return calls
+
+
+def test_runner_mode_runs_vllms_own_runner_methods(gmr, monkeypatch):
+    """The target is vLLM's ``GPUModelRunner``: every step goes through its
+    ``_update_states`` and ``_prepare_inputs``, the dummy run is its
+    ``_dummy_run``, and the FULL replays are the emulated wrapper's."""
+    trace = load(STALE_COUNTERS)
+    assert vllm_target.target_mode(trace.config) == ("runner", None)
+    updates = _counting(monkeypatch, gmr.GPUModelRunner, "_update_states")
+    prepares = _counting(monkeypatch, gmr.GPUModelRunner, "_prepare_inputs")
+    dummies = _counting(monkeypatch, gmr.GPUModelRunner, "_dummy_run")
+    target = make_target("vllm", trace.config)
+    assert type(target.runner) is gmr.GPUModelRunner
+    captures = len(dummies)  # capture_model's warm-ups and captures
+    assert captures >= len(trace.config.cudagraph_capture_sizes)
+    from harness.core.trace import apply_op
+
+    for op in trace.ops:
+        apply_op(target, op)
+    steps = sum(op["op"] == "step" for op in trace.ops)
+    assert len(prepares) == steps and len(updates) == steps + 1  # + the idle rank's step
+    assert len(dummies) == captures + 1
+    assert target.last_forward.dummy and target.last_forward.cudagraph_mode == "FULL"
+
+
+def test_mode_setting_picks_the_adapter_and_names_what_runs(gmr, monkeypatch):
+    trace = load(STALE_COUNTERS)
+    assert "vLLM's GPUModelRunner" in vllm_target.mode_line(trace.config)
+    monkeypatch.setenv(vllm_target.MODE_ENV, "adapter")
+    assert vllm_target.target_mode(trace.config) == ("adapter", None)
+    assert "component adapter" in vllm_target.mode_line(trace.config)
+    assert replay(trace, (), "vllm").violation is None  # the fixed runner side
+    monkeypatch.setenv(vllm_target.MODE_ENV, "runner")
+    spec = load(CORPORA / "vllm" / "v1-spec-decode-reentry-count-reset.json")
+    with pytest.raises(vllm_target.TargetRefused, match="drafter"):
+        vllm_target.target_mode(spec.config)
+    monkeypatch.setenv(vllm_target.MODE_ENV, "sometimes")
+    with pytest.raises(vllm_target.TargetUnavailable, match="auto, runner or adapter"):
+        vllm_target.target_mode(trace.config)
+
+
+def test_vllms_config_validation_sends_a_geometry_to_the_adapter(gmr):
+    """A geometry vLLM's own config refuses (a token budget below max_num_seqs)
+    runs on the component adapter, with the reason on the mode line."""
+    from reference import GroupSpec, RunnerConfig
+
+    config = RunnerConfig(groups=(GroupSpec("attention", 8, 8),), max_num_reqs=2,
+                          max_num_batched_tokens=1, cudagraph_capture_sizes=())
+    mode, why = vllm_target.target_mode(config)
+    assert mode == "adapter" and "max_num_seqs" in why, why
+
+
+def _stale_counters_fix(gmr, monkeypatch):
+    """The fix (docs/upstream/dummy-run-stale-prefilling-counters.md): rows the
+    persistent batch does not hold keep no prefill counters."""
+    original = gmr.GPUModelRunner._dummy_run
+
+    def dummy_run(self, *args, **kwargs):
+        batch, n = self.input_batch, self.input_batch.num_reqs
+        batch.num_prompt_tokens[n:] = 0
+        batch.num_computed_tokens_cpu[n:] = 0
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(gmr.GPUModelRunner, "_dummy_run", dummy_run)
+
+
+def test_dummy_run_classifies_its_rows_from_stale_counters(gmr, monkeypatch):
+    """The suspected upstream issue, on vLLM's own runner: after an idle step
+    vacated a row that last held a prompt chunk, ``_dummy_run`` builds its
+    metadata with ``num_reqs = num_reqs_padded``, the row's stale counters make
+    it a prefill for the Mamba2 builder, the decode buffer is not refreshed and
+    the FULL dummy replay writes NaN into request 0's live state block 5.  With
+    the fix applied as a patch of vLLM's runner, the trace passes."""
+    trace = load(STALE_COUNTERS)
+    v = replay(trace, (), "vllm").violation
+    assert v is not None and (v.invariant, trace.ops[v.op_index]["op"], v.group, v.block) == \
+        ("NO_STALE_WRITE", "dummy_run", 1, 5), v
+    assert "owned by req 0" in v.detail and "NaN" in v.detail
+    _stale_counters_fix(gmr, monkeypatch)
+    assert replay(trace, (), "vllm").violation is None
+
+
+def test_one_token_first_chunk_replays_a_stale_decode_graph(gmr, monkeypatch):
+    """Found by runner mode: a batch of one-token rows holding a stateless first
+    chunk is dispatched as the uniform-decode FULL graph, the Mamba2 builder
+    counts the chunk a prefill and leaves its decode buffer as the last decode
+    batch staged it, and the replay writes the new request's first state into
+    request 2's live block 7.  Not dispatching such a batch as a uniform decode
+    (the fix, as a patch of vLLM's runner) passes."""
+    trace = load(ONE_TOKEN)
+    v = replay(trace, (), "vllm").violation
+    assert v is not None and (v.invariant, v.op_index, v.group, v.block) == \
+        ("NO_STALE_WRITE", 5, 1, 7), v
+    assert "owned by req 2" in v.detail
+    original = gmr.GPUModelRunner._determine_batch_execution_and_padding
+
+    def determine(self, *args, **kwargs):
+        n, batch = kwargs.get("num_reqs"), self.input_batch
+        if n and ((batch.num_computed_tokens_cpu[:n] == 0)
+                  & (batch.num_prompt_tokens[:n] > 0)).any():
+            kwargs["force_uniform_decode"] = False
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(gmr.GPUModelRunner, "_determine_batch_execution_and_padding",
+                        determine)
+    assert replay(trace, (), "vllm").violation is None
+
+
+def test_a_kernel_that_ignores_vllms_slot_mapping_is_caught(gmr, monkeypatch):
+    """The model's KV write goes through the slot mapping vLLM's runner handed
+    the layer: a runner whose slot mapping points one block over is a finding."""
+    from harness.targets import vllm_model
+
+    original = vllm_model.reshape_and_cache
+
+    def shifted(hidden, slot, cache, n, *a, **k):
+        block = cache.shape[1]
+        return original(hidden, slot.where(slot < 0, slot + block), cache, n, *a, **k)
+
+    from harness.core.trace import Trace
+
+    full = load(ONE_TOKEN)  # its prefills and FULL decodes, before the bug's step
+    trace = Trace(full.config, full.ops[:4], {"verdict": "pass"}, {})
+    assert replay(trace, (), "vllm").violation is None
+    monkeypatch.setattr(vllm_model, "reshape_and_cache", shifted)
+    v = replay(trace, (), "vllm").violation
+    assert v is not None and v.invariant in ("NO_STALE_WRITE", "MATCHES_REFERENCE",
+                                             "NO_FOREIGN_READ"), v
