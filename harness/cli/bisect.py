@@ -11,9 +11,11 @@ DEFAULT_CACHE = Path.home() / ".cache" / "blockfuzz" / "vllm-envs"
 
 
 def _cell(v: dict) -> str:
+    """A verdict, and the vllm target's mode that measured it (runner / adapter)."""
+    mode = f" [{v['mode']}]" if v.get("mode") else ""
     if v["verdict"] == "fail":
-        return f"fail {v['invariant']} at op {v['op_index']} ({v['op']})"
-    return v["verdict"]
+        return f"fail {v['invariant']} at op {v['op_index']} ({v['op']}){mode}"
+    return v["verdict"] + mode
 
 
 def cmd_bisect(args) -> int:

@@ -67,6 +67,8 @@ def cmd_fuzz(args) -> int:
           f"profile={args.profile}")
     print("config: " + (json.dumps(config.to_json(), sort_keys=True, separators=(",", ":"))
                         if config else "drawn per example (recorded in any trace written)"))
+    if args.target == "vllm":
+        print(_vllm_mode_text(config))
     sys.stdout.flush()
     from harness.search.fuzz import FuzzInterrupted, fuzz
 
@@ -90,6 +92,8 @@ def cmd_fuzz(args) -> int:
         print(f"PASS: {_examples_text(result)}, {_rate_text(result)}; no invariant violated")
         return EXIT_OK
     print(f"FAIL: {result.violation.line()}")
+    if args.target == "vllm":
+        print(f"ran on: {_vllm_mode_text(result.trace.config)}")
     path = _write_finding(out_dir, result.trace, "")
     if path is None:
         return EXIT_VIOLATION
@@ -104,6 +108,19 @@ def cmd_fuzz(args) -> int:
     print(f"explain: {run.on_trace('explain', path)}")
     print(f"replay: {run.on_trace('replay', path)}")
     return EXIT_VIOLATION
+
+
+def _vllm_mode_text(config) -> str:
+    """What the vllm target drives: for one config, the mode line; for drawn ones,
+    the rule (each finding names the mode that ran it)."""
+    from harness.targets.vllm import MODE_NAMES, mode_setting, installed_version, mode_line
+
+    if config is not None:
+        return mode_line(config)
+    if mode_setting() == "adapter":
+        return f"vLLM {installed_version()}: {MODE_NAMES['adapter']}"
+    return (f"vLLM {installed_version()}: {MODE_NAMES['runner']} where a drawn config "
+            "allows it (V1; see docs/vllm-target.md), else the component adapter")
 
 
 def print_coverage(counts: dict, examples: dict | None, title: str,
@@ -271,6 +288,8 @@ def cmd_nightly(args) -> int:
           + (f"max_seeds={c.max_seeds} " if c.max_seeds else "")
           + (f"releases={','.join(c.releases)} (searching {c.releases[-1]}) " if c.releases
              else "") + f"out={c.out}")
+    if c.target == "vllm" and not c.releases:
+        print(_vllm_mode_text(None))
     sys.stdout.flush()
     progress = run(c, tick=_nightly_ticker(args.time_budget), progress=progress)
     _print_campaign(c, progress, args)

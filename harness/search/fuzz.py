@@ -170,7 +170,10 @@ def _set_expect(trace: Trace, verdict) -> None:
     trace.expect = {"verdict": "fail", "invariant": verdict.violation.invariant,
                     "op_index": verdict.violation.op_index}
     if trace.meta.get("target") == "vllm":  # what `replay --check-expect --target vllm` checks
-        trace.meta["expect_by_release"] = {trace.meta["vllm_version"]: dict(trace.expect)}
+        from harness.targets.vllm import target_mode
+
+        trace.meta["expect_by_release"] = {trace.meta["vllm_version"]: dict(
+            trace.expect, mode=target_mode(trace.config)[0])}
 
 
 def fuzz(config: RunnerConfig | None, seed: int = 0, examples: int | None = 200,

@@ -455,7 +455,7 @@ MODE_NAMES = {"runner": "vLLM's GPUModelRunner",
                          "builders in blockfuzz's runner shell)"}
 
 
-def _mode_setting() -> str:
+def mode_setting() -> str:
     setting = os.environ.get(MODE_ENV, "auto") or "auto"
     if setting not in ("auto", "runner", "adapter"):
         raise TargetUnavailable(f"${MODE_ENV}={setting!r}: use auto, runner or adapter")
@@ -468,7 +468,7 @@ def target_mode(config) -> tuple[str, str | None]:
     is ``adapter``).  Raises :class:`TargetRefused` when the setting is ``runner``
     and runner mode cannot run the config, :class:`TargetUnavailable` for a bad
     setting."""
-    setting = _mode_setting()
+    setting = mode_setting()
     if setting == "adapter":
         return "adapter", None
     from harness.targets.vllm_model_runner import runner_refusal
