@@ -502,10 +502,16 @@ def _shrink_config(best, invariant, faults, target, device, replays):
     of :data:`LIMITS` lowered by :func:`_lower_limit`.
     """
     budget = [replays]
+    from harness.targets import target_spec
+
+    variant = target_spec(target).variant
+    runs_on = variant(best.config)
 
     def fails(config) -> bool:
-        """Whether the unchanged ops are legal under ``config`` and still fail."""
-        if config == best.config or legalize(config, best.ops) != best.ops:
+        """Whether the unchanged ops are legal under ``config``, run on the same
+        implementation of the target (:attr:`TargetSpec.variant`), and still fail."""
+        if config == best.config or legalize(config, best.ops) != best.ops \
+                or variant(config) != runs_on:
             return False
         budget[0] += 1
         return _fails(Trace(config, best.ops, best.expect, best.meta), invariant, faults,

@@ -63,7 +63,11 @@ class TargetSpec:
     - ``snapshots(device_kind)``: whether a session on that device kind may be
       copied with ``copy.deepcopy`` and the copy goes on exactly as the
       original would (the shrinker's replay cache,
-      :class:`harness.core.session.SnapshotCache`); False unless checked.
+      :class:`harness.core.session.SnapshotCache`); False unless checked;
+    - ``variant(config)``: which of the target's implementations runs ``config``
+      (the vllm target: ``runner`` — vLLM's own model runner — or ``adapter``),
+      None for a target with one; the shrinker never trades one for another
+      while it simplifies a config.
     """
 
     name: str
@@ -75,6 +79,7 @@ class TargetSpec:
     limits: Callable[[], dict] = field(default=_no_limits)
     version: Callable[[], str | None] = field(default=_no_version)
     snapshots: Callable[[str], bool] = field(default=lambda device_kind: False)
+    variant: Callable = field(default=lambda config: None)
 
 
 def registry_of(*specs: TargetSpec) -> dict[str, TargetSpec]:

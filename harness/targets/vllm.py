@@ -570,4 +570,4 @@ SPEC = TargetSpec(
     name="vllm", description="the installed vLLM's own block-table classes",
     factory=make_target, select_device=select_device, takes_faults=False,
     refusal=refusal, limits=geometry_limits,
-    version=version_string)
+    version=version_string, variant=lambda config: target_mode(config)[0])
