@@ -58,6 +58,12 @@ def cmd_fuzz(args) -> int:
     from harness.tools.commands import RunSettings
 
     out_dir, faults, config, runner, device = _fuzz_setup(args)
+    if args.target == "vllm" and runner != "v1" and config is None:
+        from harness.targets.vllm import MODE_ENV, mode_setting
+
+        if mode_setting() == "runner":
+            raise UsageError(f"${MODE_ENV}=runner drives vLLM's V1 GPUModelRunner only: "
+                             "add --runner v1")
     seed_corpus = _seed_corpus(args.seed_corpus)
     examples = args.examples if args.examples is not None else (
         None if args.time_budget else 200)

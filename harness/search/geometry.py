@@ -31,7 +31,8 @@ def runner_configs(draw, runner: str | None = None,
                    kernel_split: dict | None = None, dcp: dict | None = None,
                    spec: bool = True, spec_dcp: bool = True,
                    engine: bool | str = True, sharing_ok: bool = True,
-                   padding_ok: bool = True, uniform_pages: bool = False) -> RunnerConfig:
+                   padding_ok: bool = True, uniform_pages: bool = False,
+                   plain: bool = False) -> RunnerConfig:
     """A valid :class:`RunnerConfig`; ``runner`` pins ``v1`` / ``v2``.
 
     kernel_split: {runner: bool} — False keeps ``kernel_block_size == block_size``
@@ -45,7 +46,11 @@ def runner_configs(draw, runner: str | None = None,
     False keeps ``kv_sharing`` off; padding_ok: False keeps ``mamba_padding``
     ``null``; uniform_pages: True keeps ``kv_sharing`` to configs whose
     attention groups have one block size (a target whose engine unifies page
-    sizes before it lays its one pool, as vLLM's does).
+    sizes before it lays its one pool, as vLLM's does); plain: True keeps to one
+    attention group, no backend slot buffer, no conv state and a float32 KV cache
+    (what the vllm target's runner mode drives; with ``engine``, ``spec``,
+    ``kernel_split``, ``dcp``, ``sharing_ok`` and ``padding_ok`` off, the whole
+    of it). False draws exactly as before it existed.
     """
     runner = runner or draw(st.sampled_from(["v1", "v2"]))
     # Repeated entries weight the draw: most examples keep a Mamba group and
@@ -57,7 +62,7 @@ def runner_configs(draw, runner: str | None = None,
     groups = [GroupSpec(ATTENTION, block_size, kernel_block_size)]
     if draw(st.sampled_from([True, True, True, False])):
         groups.append(GroupSpec(MAMBA, 16, 16))
-    if draw(st.sampled_from([False, False, True])):
+    if not plain and draw(st.sampled_from([False, False, True])):
         second = draw(st.sampled_from([8, 4]))
         groups.append(GroupSpec(ATTENTION, second, second))
     # Who picks block ids: the trace, or the target's own KV-cache manager (one
@@ -107,7 +112,7 @@ def runner_configs(draw, runner: str | None = None,
     reorder = 1 if runner == "v1" and any(g.kind == MAMBA for g in groups) else 0
     # Attention backends: the first group's may keep its own slot buffer, and
     # without Mamba groups the backends may capture mixed batches in FULL graphs.
-    if draw(st.sampled_from([False, False, True])):
+    if not plain and draw(st.sampled_from([False, False, True])):
         groups[0] = GroupSpec(ATTENTION, block_size, kernel_block_size, slot_buffer=True,
                               sliding_window=groups[0].sliding_window)
     mamba = any(g.kind == MAMBA for g in groups)
@@ -157,6 +162,7 @@ def runner_configs(draw, runner: str | None = None,
         groups[0] = GroupSpec(ATTENTION, bs, kbs, g0.slot_buffer, g0.sliding_window)
     # A conv state before the SSM state in one Mamba group in two.
     conv = rng.choice([0, 0, 1, 3]) if mamba else 0
+    conv = 0 if plain else conv
     groups = [GroupSpec(MAMBA, g.block_size, g.kernel_block_size, conv_size=conv)
               if g.kind == MAMBA else g for g in groups]
     sharing_map = ()
@@ -215,6 +221,7 @@ def runner_configs(draw, runner: str | None = None,
     # A quantized KV cache (int8 payload, a scale and zero point per slot) in
     # one config in four, where modelled (not with kv_sharing).
     kv_dtype = "int8" if not sharing and rng.random() < 0.25 else "auto"
+    kv_dtype = "auto" if plain else kv_dtype
     return RunnerConfig(
         sharing_map=sharing_map,
         kv_cache_dtype=kv_dtype,

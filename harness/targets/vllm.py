@@ -376,8 +376,13 @@ def refusal(config, vllm: SimpleNamespace | None = None) -> TargetRefused | None
 
 
 def geometry_limits() -> dict:
-    """What :func:`harness.geometry.runner_configs` may draw for this release."""
+    """What :func:`harness.geometry.runner_configs` may draw for this release (with
+    ``$BLOCKFUZZ_VLLM_MODE=runner``: only what runner mode drives)."""
     vllm = load()
+    if mode_setting() == "runner":
+        return {"kernel_split": {"v1": False, "v2": False}, "dcp": {"v1": False, "v2": False},
+                "spec": False, "spec_dcp": False, "engine": False, "sharing_ok": False,
+                "padding_ok": False, "plain": True}
     return {"kernel_split": {"v1": vllm.v1_kernel_blocks, "v2": vllm.v2_kernel_blocks},
             "dcp": {"v1": True, "v2": v2_dcp_runs(vllm) is None},
             "spec": spec_decode_missing(vllm) is None, "spec_dcp": False,

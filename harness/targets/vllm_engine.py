@@ -373,9 +373,10 @@ def vllm_config(config, vocab_size: int):
         block_size=attn.block_size, mamba_cache_mode="none", enable_prefix_caching=False,
         num_gpu_blocks_override=config.num_blocks, cache_dtype="auto")))
     mode = "FULL" if sizes else "NONE"
-    comp = CompilationConfig(**_kw(CompilationConfig, dict(
-        mode=0, cudagraph_mode=mode, cudagraph_capture_sizes=sizes or None,
-        max_cudagraph_capture_size=max(sizes) if sizes else None)))
+    graphs = dict(cudagraph_capture_sizes=sizes, max_cudagraph_capture_size=max(sizes)) \
+        if sizes else {}
+    comp = CompilationConfig(**_kw(CompilationConfig, dict(mode=0, cudagraph_mode=mode,
+                                                           **graphs)))
     out = VllmConfig(model_config=model, cache_config=cache, scheduler_config=sched,
                      device_config=DeviceConfig(device="cpu"),
                      load_config=LoadConfig(load_format="dummy"),

@@ -177,3 +177,22 @@ def test_a_kernel_that_ignores_vllms_slot_mapping_is_caught(gmr, monkeypatch):
     v = replay(trace, (), "vllm").violation
     assert v is not None and v.invariant in ("NO_STALE_WRITE", "MATCHES_REFERENCE",
                                              "NO_FOREIGN_READ"), v
+
+
+def test_runner_mode_draws_only_what_runner_mode_runs(gmr, monkeypatch):
+    """With ``$BLOCKFUZZ_VLLM_MODE=runner`` the vllm target's geometry limits keep
+    every drawn V1 config in runner mode (none would be refused mid-run)."""
+    from hypothesis import HealthCheck, given, settings
+
+    from harness.search.geometry import runner_configs, target_limits
+
+    monkeypatch.setenv(vllm_target.MODE_ENV, "runner")
+    limits = target_limits("vllm")
+
+    @settings(max_examples=200, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(runner_configs("v1", **limits))
+    def check(cfg):
+        assert vllm_target.target_mode(cfg) == ("runner", None), cfg
+
+    check()
