@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import sys
 from pathlib import Path
 
 from harness.cli.common import EXIT_OK, EXIT_VIOLATION, UsageError
@@ -32,17 +34,19 @@ def cmd_bisect(args) -> int:
     from harness.cli.common import _check_out
 
     envs = ReleaseEnvs(_check_out(args.cache, "--cache"))  # writable, before anything runs
-    print(f"blockfuzz bisect: {len(traces)} trace(s) over {', '.join(releases)} "
+    # --json: stdout is the one JSON document; every human line goes to stderr.
+    say = functools.partial(print, file=sys.stderr if args.json else sys.stdout)
+    say(f"blockfuzz bisect: {len(traces)} trace(s) over {', '.join(releases)} "
           f"(cache {args.cache})", flush=True)
     missing = [r for r in releases if not envs.ready(r)]
     if missing:
-        print(f"to install when needed (about a minute each, once): {', '.join(missing)}",
-              flush=True)
+        say(f"to install when needed (about a minute each, once): {', '.join(missing)}",
+            flush=True)
     paths = [str(p) for p, _ in traces]
 
     def measure(release: str) -> list[dict]:
         verdicts = measure_in(envs.python(release), paths)
-        print(f"  {release}: " + "; ".join(_cell(v) for v in verdicts), flush=True)
+        say(f"  {release}: " + "; ".join(_cell(v) for v in verdicts), flush=True)
         return verdicts
 
     try:
@@ -58,14 +62,14 @@ def cmd_bisect(args) -> int:
     else:
         _print_table(rows, paths)
     if result.change is None:
-        print("no change: every release listed gives the same verdicts" if args.every else
-              f"no change: {releases[0]} and {releases[-1]} give the same verdicts; "
-              "the releases between were not run")
+        say("no change: every release listed gives the same verdicts" if args.every else
+            f"no change: {releases[0]} and {releases[-1]} give the same verdicts; "
+            "the releases between were not run")
     else:
         old, new = result.change
-        print(f"first release where the verdict changes: {new} (after {old}; "
-              f"{len(result.measured)} of {len(releases)} releases run, "
-              f"{len(envs.installed)} installed now)")
+        say(f"first release where the verdict changes: {new} (after {old}; "
+            f"{len(result.measured)} of {len(releases)} releases run, "
+            f"{len(envs.installed)} installed now)")
     if args.write:
         for path, trace in traces:
             i = paths.index(str(path))
@@ -73,8 +77,8 @@ def cmd_bisect(args) -> int:
             for r in result.measured:
                 recorded[r] = {k: v for k, v in result.measured[r][i].items() if k != "op"}
             write_atomic(Path(path), canonical_json(trace.to_json()))
-        print(f"wrote meta.expect_by_release for {', '.join(result.measured)} into "
-              f"{len(traces)} trace(s)")
+        say(f"wrote meta.expect_by_release for {', '.join(result.measured)} into "
+            f"{len(traces)} trace(s)")
     return EXIT_OK if result.change is not None else EXIT_VIOLATION
 
 

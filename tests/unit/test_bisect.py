@@ -84,8 +84,9 @@ def test_cli_json_and_write(stubbed, capsys):
     before = json.loads(trace.read_text())["meta"]["expect_by_release"]
     assert main(["bisect", str(trace), "--releases", "0.26.0,0.33.0", "--json",
                  "--write"]) == 0
-    out = capsys.readouterr().out
-    report = json.loads(out[out.index("{"):out.rindex("}") + 1])
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)  # stdout is the one JSON document
+    assert "first release where the verdict changes" in captured.err
     assert report["change"] == ["0.26.0", "0.33.0"]
     assert [r["release"] for r in report["releases"] if r["measured"]] == ["0.26.0", "0.33.0"]
     recorded = json.loads(trace.read_text())["meta"]["expect_by_release"]
