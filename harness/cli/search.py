@@ -119,12 +119,13 @@ def cmd_fuzz(args) -> int:
 def _vllm_mode_text(config) -> str:
     """What the vllm target drives: for one config, the mode line; for drawn ones,
     the rule (each finding names the mode that ran it)."""
-    from harness.targets.vllm import MODE_NAMES, mode_setting, installed_version, mode_line
+    from harness.targets.vllm import (MODE_ENV, MODE_NAMES, installed_version, mode_line,
+                                      mode_setting)
 
     if config is not None:
         return mode_line(config)
-    if mode_setting() == "adapter":
-        return f"vLLM {installed_version()}: {MODE_NAMES['adapter']}"
+    if mode_setting() != "auto":
+        return f"vLLM {installed_version()}: {MODE_NAMES[mode_setting()]} (${MODE_ENV})"
     return (f"vLLM {installed_version()}: {MODE_NAMES['runner']} where a drawn config "
             "allows it (V1; see docs/vllm-target.md), else the component adapter")
 

@@ -523,7 +523,11 @@ def make_target(config, faults=(), device: str | None = None):
             raise refused
         from harness.targets.vllm_model_runner import VllmModelRunnerTarget
 
-        return VllmModelRunnerTarget(config)
+        try:
+            return VllmModelRunnerTarget(config)
+        except TargetRefused:  # vLLM's set-up refused the pool: remembered for the config
+            if mode_setting() == "runner":
+                raise
     runner = make_vllm_runner(config, device)
     manager = None
     if config.allocator == "engine":
@@ -575,4 +579,13 @@ SPEC = TargetSpec(
     name="vllm", description="the installed vLLM's own block-table classes",
     factory=make_target, select_device=select_device, takes_faults=False,
     refusal=refusal, limits=geometry_limits,
-    version=version_string, variant=lambda config: target_mode(config)[0])
+    version=version_string, variant=lambda config: _variant(config))
+
+
+def _variant(config) -> str:
+    """``runner`` / ``adapter`` as :func:`target_mode` says, ``refused`` where the
+    ``runner`` setting refuses the config (TargetSpec.variant never raises)."""
+    try:
+        return target_mode(config)[0]
+    except TargetRefused:
+        return "refused"

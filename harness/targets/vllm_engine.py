@@ -352,7 +352,8 @@ def _digest(body: dict) -> str:
 
 def vllm_config(config, vocab_size: int):
     """The ``VllmConfig`` of ``config`` (a ``reference.RunnerConfig``): its block
-    size, ``max_model_len``, ``max_num_seqs``, token budget, KV blocks and
+    size, ``max_model_len`` (+ 1: the token sampled after a request's last
+    position), ``max_num_seqs``, token budget, KV blocks and
     capture sizes; ``cudagraph_mode`` FULL (vLLM lowers it to what the model's
     builders support: FULL_DECODE_ONLY with a Mamba group; PIECEWISE needs
     ``torch.compile``, which is not driven, and vLLM turns FULL_AND_PIECEWISE
@@ -362,12 +363,16 @@ def vllm_config(config, vocab_size: int):
 
     attn = config.groups[config.attention_groups[0]]
     sizes = sorted(config.cudagraph_capture_sizes)
+    # One position more than the trace's: a trace may compute a request's KV at
+    # every position below max_model_len, and vLLM's runner then samples a token
+    # past it (its scheduler would have finished the request a step earlier).
+    length = config.max_model_len + 1
     model = ModelConfig(**_kw(ModelConfig, dict(
         model=model_dir(config, vocab_size), skip_tokenizer_init=True, dtype="float32",
-        max_model_len=config.max_model_len, seed=0, enforce_eager=not sizes)))
+        max_model_len=length, seed=0, enforce_eager=not sizes)))
     sched = SchedulerConfig(**_kw(SchedulerConfig, dict(
         max_num_seqs=config.max_num_reqs, max_num_batched_tokens=config.max_num_batched_tokens,
-        max_model_len=config.max_model_len, is_encoder_decoder=False,
+        max_model_len=length, is_encoder_decoder=False,
         enable_chunked_prefill=True, async_scheduling=False)))
     cache = CacheConfig(**_kw(CacheConfig, dict(
         block_size=attn.block_size, mamba_cache_mode="none", enable_prefix_caching=False,

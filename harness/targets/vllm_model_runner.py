@@ -90,16 +90,24 @@ def runner_refusal(config, vllm) -> TargetRefused | None:
         if present:
             return TargetRefused(field, f"runner mode does not model {what} yet; the "
                                  "component adapter runs it")
-    return _config_refusal(config.dumps() if hasattr(config, "dumps") else
-                           repr(config.to_json()), config)
+    return _config_refusal(_key(config), config)
 
 
 _CONFIG_REFUSALS: dict[str, TargetRefused | None] = {}
 
 
+def _key(config) -> str:
+    import json
+
+    return json.dumps(config.to_json(), sort_keys=True)
+
+
 def _config_refusal(key: str, config) -> TargetRefused | None:
     """vLLM's own validation of the ``VllmConfig`` runner mode would build (its
-    scheduler refuses a token budget below ``max_num_seqs``, say); once per config."""
+    scheduler refuses a token budget below ``max_num_seqs``, say), once per config;
+    or what vLLM refused when a runner was built for it (its KV-cache set-up
+    refuses a pool too small for its checks: the target then ran on the
+    component adapter, and says so from then on)."""
     if key not in _CONFIG_REFUSALS:
         from harness.targets.vllm_engine import prepare, vllm_config
 
@@ -163,12 +171,19 @@ class VllmModelRunnerTarget:
         memory = 64 << 20
         with self._ctx():
             self._resolve_layout(spec)
-            if "global_kv_cache_groups" in inspect.signature(kcp.get_kv_cache_configs).parameters:
-                groups = kcp.get_global_kv_cache_groups(self.vc, [spec])
-                kv = kcp.get_kv_cache_configs(self.vc, [spec], [memory], groups)[0]
-            else:
-                kv = kcu.get_kv_cache_configs(self.vc, [spec], [memory])[0]
-            self.runner.initialize_kv_cache(kv)
+            try:
+                if "global_kv_cache_groups" in inspect.signature(
+                        kcp.get_kv_cache_configs).parameters:
+                    groups = kcp.get_global_kv_cache_groups(self.vc, [spec])
+                    kv = kcp.get_kv_cache_configs(self.vc, [spec], [memory], groups)[0]
+                else:
+                    kv = kcu.get_kv_cache_configs(self.vc, [spec], [memory])[0]
+                self.runner.initialize_kv_cache(kv)
+            except ValueError as e:  # vLLM refuses the pool (too few blocks for its checks)
+                refused = TargetRefused("num_blocks", "vLLM's KV-cache set-up refuses this pool ("
+                                        + str(e).split(". ")[0][:200] + ")")
+                _CONFIG_REFUSALS[_key(self.config)] = refused
+                raise refused from None
         where = {name: i for i, grp in enumerate(kv.kv_cache_groups) for name in grp.layer_names}
         return {g: where[vllm_model.layer_name(self.config, g)]
                 for g in range(len(self.config.groups))}
@@ -240,7 +255,9 @@ class VllmModelRunnerTarget:
         r["computed"] = r["prompt_len"]
 
     def rollback(self, req, num_tokens):
-        raise TargetRefused("num_speculative_tokens", "runner mode drives no drafter")
+        """The scheduler lowers the request's computed tokens; vLLM's
+        ``_update_states`` takes the lower count from the next output."""
+        self.requests[req]["computed"] -= num_tokens
 
     def step(self, scheduled, cudagraph_mode, accepted=None):
         output = self._scheduler_output(scheduled)

@@ -143,6 +143,13 @@ def test_one_token_first_chunk_replays_a_stale_decode_graph(gmr, monkeypatch):
     assert v is not None and (v.invariant, v.op_index, v.group, v.block) == \
         ("NO_STALE_WRITE", 5, 1, 7), v
     assert "owned by req 2" in v.detail
+    _one_token_fix(gmr, monkeypatch)
+    assert replay(trace, (), "vllm").violation is None
+
+
+def _one_token_fix(gmr, monkeypatch):
+    """The fix (docs/upstream/one-token-first-chunk-stale-decode-graph.md): a batch
+    holding a stateless first chunk is no uniform decode."""
     original = gmr.GPUModelRunner._determine_batch_execution_and_padding
 
     def determine(self, *args, **kwargs):
@@ -154,7 +161,28 @@ def test_one_token_first_chunk_replays_a_stale_decode_graph(gmr, monkeypatch):
 
     monkeypatch.setattr(gmr.GPUModelRunner, "_determine_batch_execution_and_padding",
                         determine)
-    assert replay(trace, (), "vllm").violation is None
+
+
+def test_fuzz_from_seed_0_finds_the_seed_stale_rows_through_vllms_runner(gmr, monkeypatch):
+    """Seed 0, runner mode only, on a release that keeps stale rows: with the two
+    runner bugs above fixed as patches (their first findings otherwise), the
+    search finds the seed's stale block-table rows in vLLM's own runner —
+    ``_update_states`` takes an unscheduled request out of the batch and the
+    condense leaves the vacated row's block ids."""
+    from harness.search.fuzz import fuzz
+    from tests.vllm.test_vllm_target import _keeps_stale_rows
+
+    if not _keeps_stale_rows(vllm_target.load(), "v1"):
+        pytest.skip(f"vLLM {vllm_target.installed_version()} clears vacated rows")
+    monkeypatch.setenv(vllm_target.MODE_ENV, "runner")
+    _stale_counters_fix(gmr, monkeypatch)
+    _one_token_fix(gmr, monkeypatch)
+    result = fuzz(None, 0, 200, (), "vllm", "cpu", runner="v1")
+    assert result.violation is not None, "the stale rows were not found"
+    assert result.violation.invariant in ("VACATED_ROWS_ZERO", "NO_STALE_WRITE"), \
+        result.violation.line()
+    assert len(result.trace.ops) <= 6 and vllm_target.target_mode(result.trace.config) == \
+        ("runner", None)
 
 
 def test_a_kernel_that_ignores_vllms_slot_mapping_is_caught(gmr, monkeypatch):

@@ -185,7 +185,7 @@ def _keeps_stale_rows(vllm, runner: str) -> bool:
 
 
 @pytest.mark.parametrize("runner", ["v1", "v2"])
-def test_fuzz_from_seed_0_finds_the_stale_row_bug_or_passes(vllm, runner):
+def test_fuzz_from_seed_0_finds_the_stale_row_bug_or_passes(vllm, runner, monkeypatch):
     """The issue's acceptance check, per runner: seed 0 finds the stale-row bug
     within 200 examples on a release that has it (shrunk to a short trace), and
     a bounded search finds nothing on a release without it."""
@@ -204,7 +204,8 @@ def test_fuzz_from_seed_0_finds_the_stale_row_bug_or_passes(vllm, runner):
             cfg = result.trace.config
             assert cfg.dcp_world_size > 1 and any(
                 g.kernel_block_size < g.block_size for g in cfg.groups), result.trace.dumps()
-    else:
+    else:  # the component adapter: runner mode finds vLLM's runner bugs on every release
+        monkeypatch.setenv(vllm_target.MODE_ENV, "adapter")
         result = fuzz(None, 0, 25, (), "vllm", "cpu", profile="ci", runner=runner)
         assert result.violation is None, result.violation.line()
 
