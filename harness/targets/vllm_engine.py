@@ -229,7 +229,11 @@ def init_distributed(vc) -> None:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 20000))
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
-    with set_current_vllm_config(vc):
+    import sys
+
+    # vLLM silences gloo through the process's stdout file descriptor: a captured
+    # sys.stdout (pytest's capsys, a CLI test) has none.
+    with set_current_vllm_config(vc), contextlib.redirect_stdout(sys.__stdout__):
         init_distributed_environment(**_kw(init_distributed_environment, dict(
             world_size=1, rank=0, local_rank=0, distributed_init_method="env://",
             backend="gloo")))

@@ -228,11 +228,12 @@ def test_check_expect_uses_the_installed_release_verdicts(vllm, capsys, tmp_path
 
 
 def test_check_expect_reports_paths_that_are_ours_as_not_applicable(vllm, capsys):
-    """A seed whose bug lives in code the vllm adapter supplies itself (here the V1
-    dummy run's slot-mapping fill: gpu_model_runner.py, our runner shell) records
-    ``n/a`` for every release, and `replay --check-expect --target vllm` lists it
-    as N/A, neither matched nor mismatched."""
-    path = str(CORPORA / "seeds" / "dummy-slots-unpadded-count.json")
+    """A seed whose bug lives in code the vllm adapter supplies itself (here the
+    Mamba state view over shared pages: gpu_model_runner.py, which runner mode
+    would run as vLLM's, but shared pages run on the adapter's runner shell)
+    records ``n/a`` for every release, and `replay --check-expect --target vllm`
+    lists it as N/A, neither matched nor mismatched."""
+    path = str(CORPORA / "seeds" / "mamba-state-view-unpadded-stride.json")
     recorded = load(path).meta["expect_by_release"].get(vllm.version)
     if recorded is None:
         pytest.skip(f"no verdict recorded for vLLM {vllm.version}")
