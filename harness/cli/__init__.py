@@ -2,7 +2,9 @@
 
 Exit codes everywhere: 0 clean, 1 violation found or reproduced, 2 bad input or
 usage (one line on stderr naming the file, field or flag; nothing written),
-130 interrupted (Ctrl-C; what was done is kept and printed).
+3 an internal error of blockfuzz itself (never a finding: one line naming it
+and where its traceback was saved), 130 interrupted (Ctrl-C; what was done is
+kept and printed).
 
 - :mod:`harness.cli.parser`: the sub-commands and their flags;
 - :mod:`harness.cli.common`: exit codes and the checks every verb runs first;
@@ -17,6 +19,7 @@ import sys
 import tempfile
 
 from harness.cli.common import (  # noqa: F401
+    EXIT_INTERNAL,
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
@@ -87,8 +90,29 @@ def _parse(argv: list[str]):
     return args
 
 
+def internal_error(error: BaseException, argv: list[str]) -> str:
+    """One line for an unexpected exception of blockfuzz itself: what failed,
+    where (the innermost frame), and the file its whole traceback was saved to
+    (a temporary file named ``blockfuzz-crash-*.txt``)."""
+    import traceback
+
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    text = f"blockfuzz {' '.join(argv)}\n" + "".join(traceback.format_exception(error))
+    try:
+        fd, path = tempfile.mkstemp(prefix="blockfuzz-crash-", suffix=".txt")
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        saved = f"traceback saved to {path}"
+    except OSError as e:
+        saved = f"traceback not saved ({e.strerror or e})"
+    head = (str(error).splitlines() or [""])[0][:300]
+    return f"{type(error).__name__}: {head}{where}; {saved}"
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run one verb; returns its exit code (0 clean, 1 violation, 2 usage, 130 Ctrl-C)."""
+    """Run one verb; returns its exit code (0 clean, 1 violation, 2 usage, 3 internal
+    error, 130 Ctrl-C)."""
     # Hypothesis keeps a small cache of constants; keep it out of the user's tree.
     os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY",
                           os.path.join(tempfile.gettempdir(), "blockfuzz-hypothesis"))
@@ -115,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Exception as e:  # noqa: BLE001 - blockfuzz's own failure, never a finding
+        print(f"internal error: {internal_error(e, argv)}", file=sys.stderr)
+        return EXIT_INTERNAL
     finally:
         interrupt.restore(previous)
         sys.stdout.flush()

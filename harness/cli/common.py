@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 EXIT_OK, EXIT_VIOLATION, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_INTERNAL = 3  # blockfuzz itself failed: never a finding
 
 
 EPILOG = """exit codes:
@@ -17,6 +18,8 @@ EPILOG = """exit codes:
   1    a violation was found or reproduced (--check-expect: a verdict mismatched)
   2    bad input or usage: one line on stderr naming the file, field or flag;
        nothing written (--check-expect: nothing could be checked)
+  3    blockfuzz itself failed (an internal error, not a finding): one line
+       on stderr naming it and the file its traceback was saved to
   130  interrupted (Ctrl-C): what was done is kept and printed"""
 
 
@@ -25,6 +28,8 @@ BISECT_EPILOG = """exit codes:
   1    no change: both ends agree (--every: every release listed agrees)
   2    bad input or usage: one line on stderr naming the file, field or flag;
        nothing run, nothing written (or an environment could not be made)
+  3    blockfuzz itself failed (an internal error): one line on stderr naming
+       it and the file its traceback was saved to
   130  interrupted (Ctrl-C)"""
 
 

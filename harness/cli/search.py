@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from harness.cli.common import (
+    EXIT_INTERNAL,
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_VIOLATION,
@@ -302,7 +303,9 @@ def cmd_nightly(args) -> int:
     _print_campaign(c, progress, args)
     if progress.interrupted:
         return EXIT_INTERRUPTED
-    return EXIT_VIOLATION if progress.findings else EXIT_OK
+    if progress.findings:
+        return EXIT_VIOLATION
+    return EXIT_INTERNAL if progress.harness_errors else EXIT_OK
 
 
 def _print_campaign(c, progress, args) -> None:
@@ -315,7 +318,8 @@ def _print_campaign(c, progress, args) -> None:
               "this run; the reports cover every finished seed")
     print(f"{len(progress.seeds)} seeds, {progress.examples} examples, {progress.steps} steps "
           f"in {progress.elapsed:.0f} s ({progress.steps / max(progress.elapsed, 1e-9):.0f} "
-          f"steps/s), {len(progress.findings)} finding(s), {progress.crashes} crash(es)"
+          f"steps/s), {len(progress.findings)} finding(s), "
+          f"{len(progress.harness_errors)} harness error(s)"
           + (f" (totals include {progress.resumed} seeds of earlier runs)"
              if progress.resumed else ""))
     for sig in sorted(progress.findings):
@@ -324,6 +328,10 @@ def _print_campaign(c, progress, args) -> None:
         for key in ("replay", "rerun"):
             if f.get(key):
                 print(f"  {key}: {f[key]}")
+    for sig in sorted(progress.harness_errors):  # blockfuzz's own failures: not findings
+        e = progress.harness_errors[sig]
+        print(f"HARNESS ERROR {sig}: {e.get('violation', '')}")
+        print(f"  rerun: {e['rerun']}")
     from harness.search.coverage import reachable, unhit
 
     missing, total = unhit(progress.coverage, c.runner), len(reachable(c.runner))

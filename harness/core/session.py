@@ -20,6 +20,7 @@ from harness.core.ops import apply_op, spec_of
 from harness.core.ops.scheduler import recorded, without_recorded
 from harness.core.trace import Trace
 from harness.targets import ReferenceTarget, make_target
+from harness.targets.registry import TargetRefused, TargetUnavailable
 
 
 @dataclass
@@ -103,6 +104,8 @@ class Session:
         self.steps += 1
         try:
             apply_op(self.target, op)
+        except (TargetRefused, TargetUnavailable):
+            raise  # the target cannot run this: blockfuzz's own failure, never a finding
         except Exception as e:  # a legal op must not crash the implementation
             self.last = None
             return [inv.Violation(inv.IMPL_CRASH, i, kind, f"{type(e).__name__}: {e}")]
@@ -127,6 +130,8 @@ class Session:
         self.steps += 1
         try:
             chosen = apply_op(self.target, without_recorded(op))
+        except (TargetRefused, TargetUnavailable):
+            raise  # the target cannot run this: blockfuzz's own failure, never a finding
         except Exception as e:  # a legal op must not crash the implementation
             self.last = None
             return [inv.Violation(inv.IMPL_CRASH, i, kind, f"{type(e).__name__}: {e}")]

@@ -10,8 +10,10 @@
   harness _worker``, or ``Campaign.worker_command``) fed one seed at a time
   over a pipe.  A worker that dies
   (segfault, CUDA error, abort) or passes the per-seed timeout is killed and
-  replaced; its seed becomes a ``crash`` finding and the campaign goes on.
-  Every finding carries the ``blockfuzz fuzz`` command that re-runs its seed
+  replaced; its seed becomes a **harness error** (``CRASH-seedN``), counted
+  and reported apart from the engine findings (``report.json``
+  ``harness_errors``, a JUnit ``<error>``, exit 3 when it is all there is), and
+  the campaign goes on.  Every finding and harness error carries the ``blockfuzz fuzz`` command that re-runs its seed
   (``rerun``) and, when it has a trace, the ``replay`` command
   (:mod:`harness.tools.commands`).
 - **Findings** are deduplicated by signature, already shrunk by the worker,
@@ -128,6 +130,7 @@ class Progress:
 
     seeds: list = field(default_factory=list)
     findings: dict = field(default_factory=dict)  # signature -> finding record
+    harness_errors: dict = field(default_factory=dict)  # CRASH-seedN -> record (no finding)
     steps: int = 0
     examples: int = 0
     crashes: int = 0
@@ -329,8 +332,13 @@ def _count(c: Campaign, progress: Progress, rec: dict) -> None:
         total = getattr(progress, key)
         for f, n in rec.get(key, {}).items():
             total[f] = total.get(f, 0) + n
-    if rec["verdict"] in ("fail", "crash"):
+    if rec["verdict"] == "fail":
         _record_finding(c, progress, rec)
+    elif rec["verdict"] == "crash":  # blockfuzz's own failure (or the worker's): not a finding
+        error = {k: rec[k] for k in ("signature", "violation", "stderr_tail", "worker_log")
+                 if k in rec}
+        progress.harness_errors[rec["signature"]] = dict(
+            error, seeds=[rec["seed"]], rerun=c.run_settings().fuzz(rec["seed"]))
 
 
 def _keep_prefixes(c: Campaign, progress: Progress, prefixes: dict) -> None:
@@ -544,6 +552,7 @@ def write_reports(c: Campaign, p: Progress) -> None:
         "seconds": round(elapsed, 3), "steps_per_s": round(p.steps / elapsed, 2) if elapsed else 0,
         "crashes": p.crashes,
         "findings": [p.findings[k] for k in sorted(p.findings)],
+        "harness_errors": [p.harness_errors[k] for k in sorted(p.harness_errors)],
         "coverage": {f: {"ops": p.coverage.get(f, 0), "examples": p.coverage_examples.get(f, 0)}
                      for f in FEATURES},
         "coverage_unhit": unhit(p.coverage, c.runner),
@@ -551,8 +560,11 @@ def write_reports(c: Campaign, p: Progress) -> None:
         "learned": _write_learned(c, p),
     }
     write_atomic(c.out / "report.json", json.dumps(report, indent=1, sort_keys=True) + "\n")
-    suite = ET.Element("testsuite", name="blockfuzz-nightly", tests=str(len(p.findings) + 1),
-                       failures=str(len(p.findings)), time=f"{elapsed:.3f}")
+    # JUnit tells them apart: an engine finding is a <failure>, a harness error an <error>.
+    suite = ET.Element("testsuite", name="blockfuzz-nightly",
+                       tests=str(len(p.findings) + len(p.harness_errors) + 1),
+                       failures=str(len(p.findings)), errors=str(len(p.harness_errors)),
+                       time=f"{elapsed:.3f}")
     case = ET.SubElement(suite, "testcase", classname="blockfuzz.nightly", name="campaign")
     if p.findings:
         ET.SubElement(case, "failure", message=f"{len(p.findings)} finding(s)")
@@ -561,6 +573,10 @@ def write_reports(c: Campaign, p: Progress) -> None:
         tc = ET.SubElement(suite, "testcase", classname="blockfuzz.findings", name=sig)
         ET.SubElement(tc, "failure", message=release_note(c, f) + f.get("violation", sig)) \
             .text = _commands(f)
+    for sig in sorted(p.harness_errors):
+        e = p.harness_errors[sig]
+        tc = ET.SubElement(suite, "testcase", classname="blockfuzz.harness_errors", name=sig)
+        ET.SubElement(tc, "error", message=e.get("violation", sig)).text = _commands(e)
     write_atomic(c.out / "junit.xml", ET.tostring(suite, encoding="unicode") + "\n")
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:

@@ -434,3 +434,39 @@ def test_consequence_names_a_lost_state_update(capsys):
                        ["padded-rows-classified-as-prefill"], "gpu_impl", "cpu")
     out = capsys.readouterr().out
     assert "no write lands where it may not" in out and "mamba_state[1]" in out, out
+
+
+def test_a_target_that_raises_is_an_internal_error_never_a_finding(monkeypatch, capsys):
+    """A crash of blockfuzz itself — here the target refuses an op mid-run, as the
+    vllm target once did on a geometry it had let be drawn — exits 3 with one
+    line naming it and the saved traceback; exit 1 means the engine broke an
+    invariant, and only that (an exception *inside* the engine on a legal op
+    stays the IMPL_CRASH finding)."""
+    from harness.cli import EXIT_INTERNAL
+    from harness.targets import TargetRefused
+    from harness.targets.runner_target import RunnerTarget
+
+    def refuses(self, *args, **kwargs):
+        raise TargetRefused("groups[0].kernel_block_size", "cannot split blocks here")
+
+    monkeypatch.setattr(RunnerTarget, "condense", refuses)
+    trace = str(Path(__file__).resolve().parents[2] / "corpora" / "seeds"
+                / "vacated-row-not-cleared.json")
+    rc = main(["replay", trace])
+    err = capsys.readouterr().err.strip()
+    assert rc == EXIT_INTERNAL, (rc, err)
+    assert err.startswith("internal error: TargetRefused: groups[0].kernel_block_size: ")
+    assert "\n" not in err and " at " in err and "traceback saved to " in err
+    saved = Path(err.rsplit("traceback saved to ", 1)[1])
+    assert "cannot split blocks here" in saved.read_text()
+    saved.unlink()
+    for verb in ("fuzz", "replay", "nightly", "bisect"):
+        assert "3    blockfuzz itself failed" in _verb_help(verb), verb
+
+
+def _verb_help(verb: str) -> str:
+    import argparse
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices[verb].format_help()

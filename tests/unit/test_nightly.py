@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import main
+from harness.cli import EXIT_INTERNAL, main
 from harness.search import nightly
 from harness.search.nightly import Campaign, run
 
@@ -63,7 +63,9 @@ def test_findings_and_crash_print_commands_that_reproduce_them(tmp_path, capsys,
     report = _report(out)
     assert sorted(report["seeds_run"]) == [0, 1, 2] and report["crashes"] == 1
     by_sig = {f["signature"]: f for f in report["findings"]}
-    crash = by_sig.pop("CRASH-seed1")
+    # The crash is a harness error, apart from the engine findings.
+    assert "CRASH-seed1" not in by_sig
+    crash = {e["signature"]: e for e in report["harness_errors"]}["CRASH-seed1"]
     assert "exited with code" in crash["violation"]
     # The worker's last words are in the finding (and its log is named).
     assert crash["violation"].endswith("CUDA error: an illegal memory access was encountered")
@@ -71,7 +73,11 @@ def test_findings_and_crash_print_commands_that_reproduce_them(tmp_path, capsys,
     assert Path(crash["worker_log"]).parent == out / "workers"
     found = [f for s, f in by_sig.items() if s.startswith("VACATED_ROWS_ZERO")]
     assert found and set(by_sig) == {f["signature"] for f in found}
-    junit = ET.tostring(ET.parse(out / "junit.xml").getroot(), encoding="unicode")
+    root = ET.parse(out / "junit.xml").getroot()
+    junit = ET.tostring(root, encoding="unicode")
+    assert root.get("errors") == "1" and root.get("failures") == str(len(found))
+    errors = [tc for tc in root.iter("testcase") if tc.find("error") is not None]
+    assert [tc.get("name") for tc in errors] == ["CRASH-seed1"]
     for f in found:
         trace = json.loads(Path(f["trace"]).read_text())
         assert len(trace["ops"]) <= 5 and trace["expect"]["verdict"] == "fail"  # shrunk
@@ -95,8 +101,10 @@ def test_findings_and_crash_print_commands_that_reproduce_them(tmp_path, capsys,
     monkeypatch.setattr("harness.search.fuzz.fuzz", fake_fuzz)
     argv = shlex.split(crash["rerun"])
     assert argv[:2] == ["blockfuzz", "fuzz"] and crash["rerun"] in junit
-    with pytest.raises(RuntimeError, match="crash"):
-        main(argv[1:] + ["--out", str(tmp_path / "rerun")])
+    capsys.readouterr()
+    assert main(argv[1:] + ["--out", str(tmp_path / "rerun")]) == EXIT_INTERNAL  # not 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("internal error: RuntimeError: crash") and "\n" not in err, err
     assert seen == [crashed]
 
 
