@@ -4,9 +4,11 @@ On the same generated workloads (Hypothesis state machine, default hybrid
 config per runner, ops recorded once), times per step:
   - the target alone (ops applied, construction and graph capture included),
   - the differential session (reference + target + observation + invariants),
-for gpu_impl and for the installed vLLM's classes, and prints the ratio.
-vLLM's import (~5 s) happens before any clock starts.  Target: a vllm session
-step within 3x a gpu_impl session step.
+for gpu_impl and for the installed vLLM in each mode that can run the config —
+runner mode (vLLM's own GPUModelRunner, V1) and the component adapter — and
+prints the ratio.  vLLM's import (and runner mode's one-off set-up) happens
+before any clock starts.  Target: a vllm session step within 3x a gpu_impl
+session step.
 
 Usage: python bench/vllm_target.py [--examples N] [--seed S]
 Needs vLLM installed (scripts/install-vllm-target.sh RELEASE).
@@ -15,6 +17,7 @@ Needs vLLM installed (scripts/install-vllm-target.sh RELEASE).
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 from rich.console import Console
@@ -85,13 +88,22 @@ def main() -> None:
     for runner in ("v1", "v2"):
         config = RunnerConfig(runner=runner)
         workload = _workload(config, args.examples, args.seed)
-        for name, fn in (("target alone", _alone),
-                         ("session step", lambda *a: _session(*a, violating))):
-            g_steps, g_s = fn("gpu_impl", config, workload)
-            v_steps, v_s = fn("vllm", config, workload)
-            assert g_steps == v_steps
-            table.add_row(runner, name, str(g_steps), f"{g_steps / g_s:.0f}",
-                          f"{v_steps / v_s:.0f}", f"{v_s / g_s:.2f}x")
+        for mode in ("runner", "adapter"):
+            os.environ[vllm_target.MODE_ENV] = mode
+            try:
+                vllm_target.target_mode(config)
+            except vllm_target.TargetRefused:
+                continue  # runner mode drives V1 only
+            if mode == "runner":  # its one-off set-up (and first runner) before the clocks
+                _alone("vllm", config, workload[:1])
+            for name, fn in (("target alone", _alone),
+                             ("session step", lambda *a: _session(*a, violating))):
+                g_steps, g_s = fn("gpu_impl", config, workload)
+                v_steps, v_s = fn("vllm", config, workload)
+                assert g_steps == v_steps
+                table.add_row(runner, f"{name} ({mode})", str(g_steps), f"{g_steps / g_s:.0f}",
+                              f"{v_steps / v_s:.0f}", f"{v_s / g_s:.2f}x")
+    os.environ.pop(vllm_target.MODE_ENV, None)
     console.print(table)
     print(f"ops with a violation in the session runs: {violating}")
 

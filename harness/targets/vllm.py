@@ -138,8 +138,11 @@ def load() -> SimpleNamespace:
                                     "the vllm target could set it; start a fresh process")
         os.environ["TRITON_INTERPRET"] = "1"
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
-        # The metadata builders' VllmConfig logs its defaults at INFO on every run.
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        # vLLM logs, per process and per config, what a CPU run without vllm._C
+        # always triggers (no vllm._C, Inductor off, FULL lowered to
+        # FULL_DECODE_ONLY for Mamba2: docs/vllm-target.md says so once); errors
+        # still show. VLLM_LOGGING_LEVEL=WARNING brings the rest back.
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     from gpu_impl.device import DeviceError, select_device
 
     try:

@@ -388,6 +388,8 @@ def vllm_config(config, vocab_size: int):
                                                            **graphs)))
     out = VllmConfig(model_config=model, cache_config=cache, scheduler_config=sched,
                      device_config=DeviceConfig(device="cpu"),
-                     load_config=LoadConfig(load_format="dummy"),
+                     # no progress bars (capture_model's, once per runner)
+                     load_config=LoadConfig(**_kw(LoadConfig, dict(load_format="dummy",
+                                                                   use_tqdm_on_load=False))),
                      parallel_config=ParallelConfig(), compilation_config=comp)
     return out
