@@ -25,11 +25,12 @@ op-by-op row layout, by design of vLLM's runner:
   blocks are freed (poisoned) at once, as the scheduler frees them;
 - ``dummy_run``: what an idle data-parallel rank's engine core does
   (``DPEngineCoreProc``: a step that scheduled nothing, then
-  ``execute_dummy_batch``).  With live requests (none scheduled: say, waiting
-  on a remote KV load) its scheduler still hands the runner an empty
-  ``SchedulerOutput`` first — carrying the finished ids, and ``_update_states``
-  takes the unscheduled requests out of the batch; with none it schedules
-  nothing at all, and finished ids wait for the next output.  Then
+  ``execute_dummy_batch``).  While its scheduler has requests — live ones none
+  of which is scheduled (say, waiting on a remote KV load), or finished ones
+  not yet reported (``EngineCore.step``: ``scheduler.has_requests()``) — it
+  hands the runner an empty ``SchedulerOutput`` first, carrying the finished
+  ids, and ``_update_states`` takes the unscheduled requests out of the batch;
+  with neither it runs no step at all.  Then
   ``_dummy_run(num_tokens, uniform_decode=num_tokens == num_reqs)`` — with
   ``cudagraph_mode`` NONE the runtime mode NONE, else vLLM's dispatcher's pick,
   as ``execute_dummy_batch`` leaves it;
@@ -281,7 +282,7 @@ class VllmModelRunnerTarget:
     def dummy_run(self, num_reqs, num_tokens, cudagraph_mode):
         from vllm.config import CUDAGraphMode
 
-        if self.requests:  # the idle rank's engine step before it (module docstring)
+        if self.requests or self.finished:  # the idle rank's engine step (module docstring)
             with self._ctx():
                 self.runner.execute_model(self._scheduler_output([]))
         self.kernels.forwards.clear()
