@@ -3,13 +3,18 @@ whose Mamba2 state indices are stale, so the replayed decode kernel reads and
 writes a live request's Mamba state.  Runs on a CPU (no GPU, no vllm._C) with
 the regular vLLM wheel; needs only vllm and its runner's import chain.
 
+    pip install einops loguru && pip install --no-deps compressed-tensors
     python repro_vllm_runner.py dummy-run-stale-counters   [--with-fix]
     python repro_vllm_runner.py one-token-first-chunk      [--with-fix]
 
-Exit status: 1 while the bug is present (the replay read a live request's
-state block through a row it does not own), 0 with the fix applied
-(``--with-fix``: the patch described in the matching report, applied at run
-time), 2 when the set-up fails.  Checked against vLLM 0.26.0 and 0.33.0.
+Exit status: 1 while the bug is present (a replayed decode row read a state
+block it must not: the dummy's rows anything but the null block; a step's
+rows another request's block, or a stateless first chunk ran as a decode), 0
+with the fix applied (``--with-fix``: the patch the matching report
+describes, applied at run time), 2 when there is no verdict (the set-up
+failed, vLLM raised on the schedule, or nothing was replayed).  Run against
+vLLM 0.26.0 and 0.33.0 with a CPU build of torch 2.13.0; GPUs are hidden
+(``CUDA_VISIBLE_DEVICES=""``), CUDA graphs emulated as described below.
 
 How it runs vLLM's runner on a CPU — every shim below prevents an error a
 CPU-only machine raises, none touches the runner's logic, InputBatch, the
@@ -302,6 +307,7 @@ class Scheduler:
 
     def __init__(self, runner, vc):
         self.runner, self.vc, self.known, self.computed = runner, vc, set(), {}
+        self.computed_before: dict = {}  # computed tokens of the last step's requests
         self.prompt, self.blocks, self.finished = {}, {}, set()
 
     def add(self, req, prompt_len, attn_block, mamba_block):
@@ -340,6 +346,7 @@ class Scheduler:
             self.runner.execute_model(out)
             if tokens and hasattr(self.runner, "sample_tokens"):
                 self.runner.sample_tokens(None)
+        self.computed_before = {r: self.computed[r] for r in tokens}
         for r, n in tokens.items():
             self.computed[r] += n
 
@@ -367,9 +374,10 @@ def dummy_run_stale_counters(runner, vc, s):
     READS.clear()
     with set_current_vllm_config(vc):
         runner._dummy_run(1, uniform_decode=True)  # what execute_dummy_batch calls
-    bad = [(i, s.owner(i)) for r in READS for i in r["indices"][:r["decode_rows"]]
-           if s.owner(i) is not None]
-    return bad, "the dummy run's replayed decode kernel read live state blocks"
+    # A dummy row has no state: a correct re-staging leaves only the null block (0).
+    bad = [(i, f"request {s.owner(i)}'s" if s.owner(i) else "no live request's")
+           for r in READS for i in r["indices"][:r["decode_rows"]] if i > 0]
+    return bad, "the dummy run's replayed decode kernel read state blocks other than the null block"
 
 
 def one_token_first_chunk(runner, vc, s):
@@ -382,10 +390,19 @@ def one_token_first_chunk(runner, vc, s):
     READS.clear()
     s.step({"A": 1, "B": 1})    # C not scheduled (live); B's first (only) prompt token
     rows = s.runner.input_batch.req_ids
-    g = s.runner.groups[LAYER_M]
-    bad = [(i, s.owner(i)) for r in READS for row, i in enumerate(r["indices"][:r["decode_rows"]])
-           if s.owner(i) is not None and s.owner(i) != rows[row]]
-    return bad, "the step's replayed decode kernel read another live request's state block"
+    bad = []
+    for r in READS:
+        for row, i in enumerate(r["indices"][:r["decode_rows"]]):
+            req = rows[row] if row < len(rows) else None
+            owner = s.owner(i)
+            other = owner is not None and owner != req
+            if req is not None and s.computed_before.get(req) == 0:
+                bad.append((i, f"request {req}'s stateless first chunk"
+                               + (f", request {owner}'s block" if other else "")))
+            elif other:
+                bad.append((i, f"request {owner}'s block, read by row {row}"))
+    return bad, ("the step's replayed decode kernel ran a stateless first chunk, or read "
+                 "another request's state block")
 
 
 def apply_fix(gmr, case):
@@ -431,18 +448,28 @@ def main() -> int:
         if args.with_fix:
             apply_fix(gmr, args.case)
         runner, vc = build_runner(gmr)
-        bad, what = CASES[args.case](runner, vc, Scheduler(runner, vc))
-    except Exception as e:  # noqa: BLE001 - the set-up or schedule failed, not the bug
+    except Exception as e:  # noqa: BLE001 - the set-up failed: no verdict
         print(f"set-up failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    try:
+        bad, what = CASES[args.case](runner, vc, Scheduler(runner, vc))
+    except Exception as e:  # noqa: BLE001 - vLLM raised on the schedule: no verdict either
+        print(f"vLLM {vllm.__version__} raised during the schedule (a guard, or a set-up "
+              f"this script does not make): {type(e).__name__}: {e}", file=sys.stderr)
         return 2
     fix = " (fix applied)" if args.with_fix else ""
     if bad:
         print(f"vLLM {vllm.__version__}{fix}: BUG: {what}: "
-              + ", ".join(f"block {b} (request {r})" for b, r in bad))
+              + ", ".join(f"block {b} ({r})" for b, r in bad))
         return 1
+    # The dummy run replays FULL whether or not the fix is in; the fixed one-token
+    # step runs eagerly (no replay), so there only the bug's presence needs a replay.
+    if not READS and (args.case == "dummy-run-stale-counters" or not args.with_fix):
+        print(f"vLLM {vllm.__version__}{fix}: nothing replayed: no verdict", file=sys.stderr)
+        return 2
     print(f"vLLM {vllm.__version__}{fix}: OK: every replayed decode row read its own state "
           f"or the null block ({len(READS)} FULL replay(s) checked)")
-    return 0 if READS or args.with_fix else 2
+    return 0
 
 
 if __name__ == "__main__":
