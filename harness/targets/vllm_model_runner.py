@@ -19,10 +19,12 @@ op-by-op row layout, by design of vLLM's runner:
 - ``step``: one ``SchedulerOutput`` — new requests, cached ones with their
   computed tokens and new blocks, the finished ids since the last one; the
   requested ``cudagraph_mode`` is not vLLM's to take (its dispatcher picks the
-  runtime mode from the batch and ``cudagraph_mode`` FULL_AND_PIECEWISE as
-  vLLM lowered it for the model): what ran is in ``last_forward``;
-- ``remove``: the request's id is in the next output's finished ids; its
-  blocks are freed (poisoned) at once, as the scheduler frees them;
+  runtime mode from the batch and the config's ``cudagraph_mode`` FULL, as vLLM
+  lowered it for the model — FULL_DECODE_ONLY with Mamba2): what ran is in
+  ``last_forward``;
+- ``remove``: the request's id is in the next output's finished ids (if vLLM
+  has seen it: a request never scheduled is simply dropped); its blocks are
+  freed (poisoned) at once, as the scheduler frees them;
 - ``dummy_run``: what an idle data-parallel rank's engine core does
   (``DPEngineCoreProc``: a step that scheduled nothing, then
   ``execute_dummy_batch``).  While its scheduler has requests — live ones none
