@@ -96,12 +96,13 @@ def _replay_one(args, path, trace, use, device, expect) -> tuple[bool, bool]:
     """Replay one trace and print its lines; returns (violated, mismatched)."""
     from harness.core.session import replay
 
-    found_on = trace.meta.get("target", "gpu_impl")
+    found_on = trace.meta.get("target", "gpu_impl")  # traces without one: gpu_impl's verdicts
     if args.target == "vllm":
         from harness.targets.vllm import mode_line
 
         print(f"{path}: {mode_line(trace.config)}")
-    if found_on != args.target and not args.check_expect:
+    if "target" in trace.meta and found_on != args.target and not args.check_expect:
+        # Only where a search recorded it: a hand-written trace was found on no target.
         print(f"note: {path} was found on target {found_on}; replaying on {args.target} "
               f"(--target {found_on} replays it there)")
     verdict = replay(trace, use, args.target, device)

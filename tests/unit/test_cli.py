@@ -470,3 +470,18 @@ def _verb_help(verb: str) -> str:
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     return sub.choices[verb].format_help()
+
+
+def test_replay_names_a_trace_s_origin_only_where_one_was_recorded(capsys, tmp_path):
+    """A hand-written trace (no ``meta.target``) gets no "found on target" note;
+    one a search recorded on another target does."""
+    root = Path(__file__).resolve().parents[2]
+    hand = root / "corpora" / "seeds" / "vacated-row-not-cleared.json"
+    assert "target" not in load(hand).meta
+    main(["replay", str(hand), "--target", "reference"])
+    assert "was found on target" not in capsys.readouterr().out
+    found = json.loads(hand.read_text())
+    found["meta"]["target"] = "gpu_impl"
+    (tmp_path / "found.json").write_text(json.dumps(found))
+    main(["replay", str(tmp_path / "found.json"), "--target", "reference"])
+    assert "was found on target gpu_impl" in capsys.readouterr().out
