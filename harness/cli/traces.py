@@ -170,6 +170,10 @@ def cmd_replay(args) -> int:
         violations += violated
         mismatches += mismatched
     if not args.check_expect:
+        if len(traces) > 1:  # many traces: the outcome in one line at the end
+            ran = len(traces) - unchecked
+            print(f"{len(traces)} traces: {ran - violations} passed, {violations} failed"
+                  + (f", {unchecked} skipped (SKIP)" if unchecked else ""))
         return EXIT_VIOLATION if violations else EXIT_OK
     print(f"{len(traces) - mismatches - unchecked - not_applicable} matched, "
           f"{mismatches} mismatched"

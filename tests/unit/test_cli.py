@@ -485,3 +485,12 @@ def test_replay_names_a_trace_s_origin_only_where_one_was_recorded(capsys, tmp_p
     (tmp_path / "found.json").write_text(json.dumps(found))
     main(["replay", str(tmp_path / "found.json"), "--target", "reference"])
     assert "was found on target gpu_impl" in capsys.readouterr().out
+
+
+def test_replay_of_many_traces_ends_with_a_one_line_count(capsys):
+    root = Path(__file__).resolve().parents[2] / "corpora"
+    traces = [str(root / "seeds" / "vacated-row-not-cleared.json"),
+              str(root / "canary" / "null-block-nan.json")]
+    rc = main(["replay", *traces, "--target", "reference"])
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert rc == 0 and last == "2 traces: 2 passed, 0 failed", last
