@@ -78,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
                        ("invariants", "the invariants (id, meaning, structural, checked after)")):
         p = sub.add_parser(verb, help=text, description=text)
         p.add_argument("--json", action="store_true", help="machine-readable output")
+        if verb == "faults":
+            p.add_argument("--long", action="store_true",
+                           help="the full table: description and public source of each")
     return parser
 
 

@@ -188,7 +188,7 @@ def cmd_replay(args) -> int:
 def cmd_faults(args) -> int:
     from harness.tools.catalogues import print_faults
 
-    print_faults(args.json)
+    print_faults(args.json, args.long)
     return EXIT_OK
 
 

@@ -32,13 +32,25 @@ def _print_json(records: list[dict]) -> None:
     print(json.dumps(records, indent=1, sort_keys=True))
 
 
-def print_faults(as_json: bool) -> None:
-    """The fault catalogue: id, family, runners, invariant(s) expected, description, source."""
+def print_faults(as_json: bool, long: bool = False) -> None:
+    """The fault catalogue.  By default a compact list, one line per fault (id,
+    family, runners, the invariant that catches it), readable at 80-100
+    columns; ``long``: the table with description and source; ``as_json``: every
+    field."""
     from gpu_impl.faults import CATALOGUE
 
     faults = [CATALOGUE[k] for k in sorted(CATALOGUE)]
     if as_json:
         return _print_json([f.to_json() for f in faults])
+    if not long:
+        width = max(len(f.id) for f in faults)
+        family = max(len(f.family) for f in faults)
+        print(f"{len(faults)} faults in gpu_impl, off by default (--fault ID; --long: "
+              "descriptions, sources)")
+        for f in faults:
+            print(f"{f.id:<{width}}  {f.family:<{family}}  {','.join(f.runners):<5}  "
+                  f"{f.invariant}")
+        return None
     rows = [(f.id, f.family, ",".join(f.runners),
              f.invariant + "".join(f" (or {a})" for a in f.also), f.description, f.source)
             for f in faults]

@@ -494,3 +494,15 @@ def test_replay_of_many_traces_ends_with_a_one_line_count(capsys):
     rc = main(["replay", *traces, "--target", "reference"])
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert rc == 0 and last == "2 traces: 2 passed, 0 failed", last
+
+
+def test_faults_is_a_compact_list_by_default(capsys):
+    """One line per fault, at most 100 columns; --long keeps the full table."""
+    from gpu_impl.faults import CATALOGUE
+
+    assert main(["faults"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(CATALOGUE) + 1 and max(map(len, lines)) <= 100
+    assert all(line.split()[0] in CATALOGUE for line in lines[1:])
+    assert main(["faults", "--long"]) == 0
+    assert "source" in capsys.readouterr().out
