@@ -82,12 +82,14 @@ def cmd_fuzz(args) -> int:
     run = RunSettings(runner=runner, profile=args.profile, target=args.target,
                       faults=tuple(faults), examples=examples, device=device,
                       config=args.config, seed_corpus=args.seed_corpus)
+    stats: dict = {}
     try:
-        result = fuzz(config, args.seed, examples, faults, args.target, device,
-                      args.time_budget, args.profile,
-                      shrink_trace=not getattr(args, "no_shrink", False),
-                      found_by=f"blockfuzz {args.verb}", runner=runner,
-                      seed_corpus=seed_corpus)
+        with FuzzProgress(args.verb, examples, args.time_budget, stats):
+            result = fuzz(config, args.seed, examples, faults, args.target, device,
+                          args.time_budget, args.profile,
+                          shrink_trace=not getattr(args, "no_shrink", False),
+                          found_by=f"blockfuzz {args.verb}", runner=runner,
+                          seed_corpus=seed_corpus, stats=stats)
     except FuzzInterrupted as stop:
         return _fuzz_interrupted(args, stop, out_dir, run)
     if args.time_budget is not None:
@@ -115,6 +117,58 @@ def cmd_fuzz(args) -> int:
     print(f"explain: {run.on_trace('explain', path)}")
     print(f"replay: {run.on_trace('replay', path)}")
     return EXIT_VIOLATION
+
+
+class FuzzProgress:
+    """Progress of a running search, from another thread, on stderr (stdout keeps
+    the report): on a terminal a live line (examples done of the total, steps,
+    steps/s, elapsed), redrawn twice a second and gone at the end; piped (a CI
+    log), the same as a plain line every :attr:`PLAIN_EVERY_S` seconds.  Reads
+    the search's ``stats`` dict (``completed``, ``steps``)."""
+
+    PLAIN_EVERY_S = 30.0
+
+    def __init__(self, verb: str, examples: int | None, budget_s: float | None, stats: dict):
+        import threading
+
+        self.verb, self.examples, self.budget_s, self.stats = verb, examples, budget_s, stats
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.start = 0.0
+
+    def line(self) -> str:
+        import time
+
+        elapsed = time.perf_counter() - self.start
+        done, steps = self.stats.get("completed", 0), self.stats.get("steps", 0)
+        of = f"/{self.examples}" if self.examples else f" ({self.budget_s:g} s budget)"
+        return (f"{self.verb}: {done}{of} examples, {steps} steps "
+                f"({steps / max(elapsed, 1e-9):.0f} steps/s), {elapsed:.0f} s")
+
+    def __enter__(self):
+        import time
+
+        self.start = time.perf_counter()
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(timeout=5)
+        return False
+
+    def _run(self) -> None:
+        if sys.stderr.isatty():
+            from rich.console import Console
+            from rich.live import Live
+
+            with Live(self.line(), console=Console(stderr=True), transient=True,
+                      refresh_per_second=2) as live:
+                while not self.stop.wait(0.5):
+                    live.update(self.line())
+            return
+        while not self.stop.wait(self.PLAIN_EVERY_S):
+            print(self.line(), file=sys.stderr, flush=True)
 
 
 def _vllm_mode_text(config) -> str:

@@ -180,19 +180,21 @@ def fuzz(config: RunnerConfig | None, seed: int = 0, examples: int | None = 200,
          faults=(), target: str = "gpu_impl", device: str | None = None,
          time_budget_s: float | None = None, profile: str = "dev",
          shrink_trace: bool = True, found_by: str = "blockfuzz fuzz",
-         runner: str | None = None, seed_corpus=()) -> FuzzResult:
+         runner: str | None = None, seed_corpus=(), stats: dict | None = None) -> FuzzResult:
     """Search for a violation; returns a :class:`FuzzResult` (never raises on one).
 
     config None draws the geometry per example (``runner`` pins the runner);
     the failing trace records the config it ran on.  seed_corpus: traces an
     example may start from (:mod:`harness.search.corpus`; those this run
     cannot express are left out).  Raises
-    :class:`FuzzInterrupted` on Ctrl-C, carrying what was done.
+    :class:`FuzzInterrupted` on Ctrl-C, carrying what was done.  stats: a dict the
+    search counts into as it goes (``completed`` examples, ``steps``), for a
+    progress display to read from another thread; None: a private one.
     """
     from harness.search.corpus import usable
 
     seed_corpus = usable(seed_corpus, config, runner, target)
-    stats: dict = {}
+    stats = {} if stats is None else stats
     start = time.perf_counter()
     chunks: list = []
     result = FuzzResult(seed, 0, 0, 0.0, chunk_seeds=chunks)

@@ -506,3 +506,18 @@ def test_faults_is_a_compact_list_by_default(capsys):
     assert all(line.split()[0] in CATALOGUE for line in lines[1:])
     assert main(["faults", "--long"]) == 0
     assert "source" in capsys.readouterr().out
+
+
+def test_fuzz_progress_prints_plain_lines_when_piped(monkeypatch, capsys, tmp_path):
+    """Piped (a CI log), a running search prints a progress line to stderr every
+    FuzzProgress.PLAIN_EVERY_S seconds; stdout keeps only the report."""
+    from harness.cli import search as search_cli
+
+    monkeypatch.setattr(search_cli.FuzzProgress, "PLAIN_EVERY_S", 0.05)
+    trace = str(Path(__file__).resolve().parents[2] / "corpora" / "seeds"
+                / "vacated-row-not-cleared.json")
+    assert main(["fuzz", "--config", trace, "--seed", "0", "--examples", "3",
+                 "--no-shrink", "--out", str(tmp_path)]) in (0, 1)
+    captured = capsys.readouterr()
+    assert "fuzz: " in captured.err and "/3 examples" in captured.err
+    assert "/3 examples" not in captured.out
