@@ -4,7 +4,7 @@ set before the first ``import triton``). Kernel modules import it from here.
 Under the interpreter, integer overflow sanitising is switched off: a compiled
 kernel emits those checks only in debug builds, and the interpreter evaluating
 them for every int32 operation cost about a quarter of all kernel time
-(``bench/revisions.py``; README, "Benchmarks").  ``BLOCKFUZZ_SANITIZE_OVERFLOW=1``
+(``bench/revisions.py``; docs/benchmarks.md).  ``BLOCKFUZZ_SANITIZE_OVERFLOW=1``
 keeps them.
 
 Under the interpreter, ``triton.language`` is also patched once per process

@@ -60,7 +60,7 @@ def is_uniform_decode(config: RunnerConfig, query_lens: list[int], starts: list[
     request's first prompt chunk a prefill (no prior state for the decode
     kernel to read) and refreshes the persistent decode state-index buffer a
     FULL graph reads only for all-decode batches; the model does not dispatch
-    such a batch to a FULL graph (README, "Modelling choices").
+    such a batch to a FULL graph (docs/model.md, "Modelling choices").
     """
     if any(n != 1 for n in query_lens):
         return False

@@ -4,7 +4,7 @@
 Groundwork for issue #16 (vLLM's KV-cache manager as a target), not a target:
 it settles the question the issue asked — "0.26.0 in align mode ends with
 blocks still referenced and the null block's ref_cnt negative".  Measured on
-all nine releases 0.26.0..0.33.0 (README, "Scope and known gaps"): with the
+all nine releases 0.26.0..0.33.0 (docs/scope.md): with the
 scheduler's call order below nothing leaks; the null block's ref_cnt goes
 negative on 0.26.0..0.32.0 because ``free_blocks`` decrements it (its count is
 not maintained there, and it never enters the free queue), and 0.33.0 skips

@@ -1,7 +1,7 @@
 """Traces: the op vocabulary, canonical JSON, loading with one-line errors.
 
 A trace is ``{"format": "blockfuzz-trace", "version": 1, "config": {...},
-"ops": [...], "expect": {...}, "meta": {...}}`` (README.md, "Traces").
+"ops": [...], "expect": {...}, "meta": {...}}`` (docs/traces.md).
 ``expect`` is the verdict when the trace is replayed with ``meta.faults``
 switched on; with no fault, every committed trace must pass.
 

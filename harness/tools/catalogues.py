@@ -83,3 +83,64 @@ def print_invariants(as_json: bool) -> None:
             for r in records]
     _print_table("blockfuzz invariants (checked in this order; the first violation is the "
                  "verdict)", ("id", "structural", "checked after", "holds when"), rows)
+
+
+# -- the reference pages (docs/reference/*.md), generated from the registries -----
+PAGES_DIR = "docs/reference"
+_NOTE = ("Generated from the registry by `python scripts/write_catalogues.py`; do not edit "
+         "(a test fails when this page is stale).")
+
+
+def _cell(text) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _faults_page() -> str:
+    from gpu_impl.faults import CATALOGUE
+
+    lines = ["# Fault catalogue", "", _NOTE, "",
+             "Each fault is a switchable reintroduction of a public upstream bug in gpu_impl "
+             "(`--fault ID`), at the code path where the bug lived (`sites`: the engine "
+             "files), with the invariant that catches it.", ""]
+    for f in (CATALOGUE[k].to_json() for k in sorted(CATALOGUE)):
+        caught = f["invariant"] + "".join(f" (or {a})" for a in f.get("also", []))
+        lines += [f"## `{f['id']}`", "",
+                  f"- family: `{f['family']}`; runners: {', '.join(f['runners'])}; "
+                  f"caught by: `{caught}`",
+                  f"- source: {f['source']}",
+                  f"- sites: {', '.join(f'`{s}`' for s in f.get('sites', [])) or '-'}",
+                  "", f["description"], ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _ops_page() -> str:
+    from harness.core.ops import describe
+
+    lines = ["# Ops (the trace vocabulary)", "", _NOTE, "",
+             "| op | family | fields | runners | targets | what | example |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in describe():
+        lines.append("| " + " | ".join(_cell(c) for c in (
+            f"`{r['op']}`", r["family"], ", ".join(r["fields"]) or "-", ", ".join(r["runners"]),
+            ", ".join(r["targets"]), r["summary"],
+            "`" + json.dumps(r["example"], sort_keys=True) + "`")) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _invariants_page() -> str:
+    from harness.core.invariants import describe
+
+    lines = ["# Invariants", "", _NOTE, "",
+             "Checked in this order after every op; the first violation is the verdict.", "",
+             "| id | structural | checked after | holds when |", "| --- | --- | --- | --- |"]
+    for r in describe():
+        lines.append("| " + " | ".join(_cell(c) for c in (
+            f"`{r['id']}`", "yes" if r["structural"] else "", ", ".join(r["after"]),
+            r["meaning"])) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def pages() -> dict[str, str]:
+    """{path relative to the repository root: markdown} of the three catalogue pages."""
+    return {f"{PAGES_DIR}/faults.md": _faults_page(), f"{PAGES_DIR}/ops.md": _ops_page(),
+            f"{PAGES_DIR}/invariants.md": _invariants_page()}

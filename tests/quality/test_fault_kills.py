@@ -9,7 +9,7 @@ lost the ability to see a bug it was built for.
 The seeds' own bugs run in every suite (``SEED_BUGS``: a few seconds each);
 the whole catalogue is nightly-sized (up to 200 examples through the Triton
 interpreter per fault and runner) and runs with ``pytest -m slow`` (the
-nightly workflow; README, "Tests").  Kill *power* stays in every suite: each
+nightly workflow; docs/testing.md).  Kill *power* stays in every suite: each
 fault's hand-written trace in ``corpora/seeds`` fails the regression suite
 when the fault is switched on (``BLOCKFUZZ_FAULTS=ID pytest tests/regression``).
 """
@@ -44,7 +44,7 @@ SEED_BUGS = {("vacated-row-not-cleared", "v1"), ("dummy-tables-not-zeroed", "v2"
 # moved one or two marginal finds. An entry is strict: the test fails once found.
 # Measured again 2026-11-30 when runs went in chunks with steering (issue #15): every
 # draw moved, and two pinned-runner finds from seed 0 were lost (found on other seeds:
-# README, "Search power", find-rate tables).
+# docs/search-power.md, find-rate tables).
 # Measured 2026-12-01 with rows that can hold a hit, config-pair steering and keys per
 # group kind: 55 of 55 found from seed 0 (the two misses listed before were both found).
 KNOWN_MISSES: dict = {}

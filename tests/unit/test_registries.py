@@ -3,7 +3,7 @@
 The last tests register a new op *only* in the op registry (plus the
 implementations' method, here a stand-in) and watch the trace loader, the
 replay, the shrinker, ``explain`` and the state machine pick it up — the
-"Adding an op" contract in the README.
+"Adding an op" contract in docs/traces.md.
 """
 
 import json

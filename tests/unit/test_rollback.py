@@ -1,6 +1,6 @@
 """The ``rollback`` op (harness/core/ops/speculative.py): rejected speculative tokens.
 
-Added through the op registry as the README's "Adding an op" describes: one
+Added through the op registry as docs/traces.md, "Adding an op", describes: one
 registry entry, the reference's ``rollback`` (ledger legality), gpu_impl's
 ``rollback_tokens`` and the target adapter's method.
 """

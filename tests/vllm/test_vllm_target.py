@@ -370,7 +370,7 @@ def test_attention_metadata_is_vllms_own_builder(vllm, adapter, monkeypatch):
 
 
 def test_suspected_dummy_run_prefilling_reaches_vllms_builder(vllm, adapter, monkeypatch):
-    """The README's first suspected upstream issue, half run on vLLM's code: with
+    """The first suspected upstream issue (docs/upstream/), half run on vLLM's code: with
     the dummy rows' ``is_prefilling`` computed as vLLM's ``_dummy_run`` computes
     it (from the persistent batch's stale counters — our transcription of the
     runner side, which the vllm target does not run as vLLM's), the release's

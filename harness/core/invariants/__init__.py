@@ -1,7 +1,7 @@
 """Invariants as a registry: one :class:`Invariant` entry each, checked in the
 order they are registered.
 
-Ids and meaning are stable (README.md, "Invariants").  Every check is a pure
+Ids and meaning are stable (docs/model.md, "Invariants"; ``blockfuzz invariants``).  Every check is a pure
 function of one :class:`CheckContext` — the target's observation before and
 after the op, the reference's observation, the ownership ledger, the op's
 write permit and the op — and returns :class:`Violation` records naming the

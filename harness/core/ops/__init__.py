@@ -22,7 +22,7 @@ Everything the harness knows about an op lives in its family's module:
 ops`` iterate :data:`REGISTRY`.  Adding an op is one new entry here (in its
 family's module, imported at the bottom of this file) plus the op method in
 each implementation: the reference runner, gpu_impl's runner, and the vllm
-adapter where vLLM has the concept (README, "Adding an op").
+adapter where vLLM has the concept (docs/traces.md, "Adding an op").
 """
 
 from __future__ import annotations

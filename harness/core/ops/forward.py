@@ -75,7 +75,7 @@ def _draw_step(m, data) -> dict:
     # then.  Not always (a draw of 0 in 0..3, which Hypothesis favours): other
     # interleavings stay, a hit request preempted or removed before it runs.
     # Only hit requests: leading every new request broke up the uniform decode
-    # batches padding bugs need (branch s10-pending-first, README).
+    # batches padding bugs need (tried as the branch s10-pending-first; docs/search-power.md).
     hits = [r for r in cands if _hit_not_run(m, r) and r not in reqs]
     if hits and data.draw(st.integers(0, 3)) > 0:
         reqs = (hits + reqs)[:most]
