@@ -31,7 +31,7 @@ Construction on a CPU-only machine needs four shims, each the least that works
   after construction (``VllmConfig`` forces ``NONE`` on a platform without
   static graphs); ``FULL_AND_PIECEWISE`` when the config has capture sizes;
 - ``PIN_MEMORY`` is off in ``vllm.v1.attention.backends.utils`` (set by
-  :func:`harness.targets.vllm.load`).
+  :func:`harness.targets.vllm_release.load`).
 
 The attention side is :class:`VllmAttentionBuilders`: the release's
 ``TritonAttentionMetadataBuilder`` (``vllm/v1/attention/backends/triton_attn.py``,
@@ -54,7 +54,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from harness.targets.vllm import TargetUnavailable, _kwargs_for, load
+from harness.targets.vllm_release import TargetUnavailable, _kwargs_for, load
 
 MAMBA_LAYER = "model.layers.0.mixer"
 CHUNK_SIZE = 8  # Mamba2 chunk size: only prefill chunk metadata depends on it
@@ -67,7 +67,7 @@ def vllm_config(config):
                              VllmConfig)
     from vllm.config.compilation import CUDAGraphMode
 
-    from harness.targets.vllm import max_model_len
+    from harness.targets.vllm_release import max_model_len
 
     sizes = list(config.cudagraph_capture_sizes)
     model_len = max_model_len(config)
@@ -189,7 +189,7 @@ class VllmMambaBuilders:
         from vllm.v1.attention.backends.mamba2_attn import Mamba2AttentionMetadataBuilder
         from vllm.v1.kv_cache_interface import MambaSpec
 
-        from harness.targets.vllm import max_model_len
+        from harness.targets.vllm_release import max_model_len
 
         spec = MambaSpec(**_kwargs_for(MambaSpec, dict(
             block_size=max_model_len(config), shapes=((3, 8), (2, 4, 4)),

@@ -121,14 +121,14 @@ def runner_missing() -> str | None:
 
 def prepare() -> SimpleNamespace:
     """Apply the shims (module docstring) once per process, after
-    :func:`harness.targets.vllm.load`; returns the namespace of vLLM modules
+    :func:`harness.targets.vllm_release.load`; returns the namespace of vLLM modules
     runner mode uses.  Raises :class:`~harness.targets.registry.TargetUnavailable`
     when the runner's import chain cannot load (a package missing)."""
     global _PREPARED
     if _PREPARED is not None:
         return _PREPARED
     from harness.targets.registry import TargetUnavailable
-    from harness.targets.vllm import load
+    from harness.targets.vllm_release import load
 
     load()  # environment + pinned-memory flags of the block-table modules
     try:

@@ -3,7 +3,7 @@ installed vLLM's block-table classes.
 
 A module of its own because it imports gpu_impl's kernels (and so Triton):
 :func:`harness.targets.vllm.make_vllm_runner` imports it only after
-:func:`harness.targets.vllm.load` has set the environment vLLM and the Triton
+:func:`harness.targets.vllm_release.load` has set the environment vLLM and the Triton
 interpreter need.  Everything here subclasses :mod:`gpu_impl.runner_shell_v1` /
 :mod:`gpu_impl.runner_shell_v2` — never gpu_impl's own runners, so no gpu_impl
 fault can reach the vllm target.  The hook table is in docs/writing-a-target.md.
@@ -16,7 +16,8 @@ import torch
 
 from gpu_impl.runner_shell_v1 import EMPTY_ROW, RunnerShellV1
 from gpu_impl.runner_shell_v2 import RunnerShellV2
-from harness.targets.vllm import _group_sizes, _kwargs_for, load, max_model_len, staged_rows
+from harness.targets.vllm_release import (_group_sizes, _kwargs_for, load, max_model_len,
+                                          staged_rows)
 
 VOCAB_SIZE = 32
 """Vocabulary of the requests handed to vLLM's ``InputBatch`` (sampling state is

@@ -56,8 +56,10 @@ def _expected(trace, version: str) -> dict:
 
 def test_missing_vllm_is_one_line_exit_2(monkeypatch, capsys):
     """Without vLLM, --target vllm fails before any work: one line, exit 2."""
-    monkeypatch.setattr(vllm_target, "installed_version", lambda: None)
-    monkeypatch.setattr(vllm_target, "_LOADED", None)
+    from harness.targets import vllm_release
+
+    monkeypatch.setattr(vllm_release, "installed_version", lambda: None)
+    monkeypatch.setattr(vllm_release, "_LOADED", None)
     trace = str(CORPORA / "seeds" / "vacated-row-not-cleared.json")
     assert main(["replay", trace, "--target", "vllm"]) == 2
     err = capsys.readouterr().err.strip()
