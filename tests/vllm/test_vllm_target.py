@@ -134,6 +134,10 @@ def test_corpus_verdict_on_installed_release(vllm, path):
 
     trace = load(path)
     want = _expected(trace, vllm.version)
+    if want["verdict"] == "n/a":  # refused here, or its bug's code path is not vLLM's
+        assert vllm_target.refusal(trace.config, vllm) is not None \
+            or vllm_target.unexercised(trace) is not None, want
+        return
     verdict = replay(trace, (), "vllm")
     assert verdict.matches(want), (verdict.violation and verdict.violation.line(), want)
 
@@ -209,7 +213,11 @@ def test_fuzz_from_seed_0_finds_the_stale_row_bug_or_passes(vllm, runner, monkey
     else:  # the component adapter: runner mode finds vLLM's runner bugs on every release
         monkeypatch.setenv(vllm_target.MODE_ENV, "adapter")
         result = fuzz(None, 0, 25, (), "vllm", "cpu", profile="ci", runner=runner)
-        assert result.violation is None, result.violation.line()
+        # Where the stale rows are fixed they are not found; another finding may be
+        # (0.33.0: the spec-decode re-entry count, corpora/vllm/v1-spec-decode-*).
+        stale = {"v1": "VACATED_ROWS_ZERO", "v2": "DUMMY_TABLES_ZERO"}[runner]
+        assert result.violation is None or result.violation.invariant != stale, \
+            result.violation.line()
 
 
 def test_check_expect_uses_the_installed_release_verdicts(vllm, capsys, tmp_path):
