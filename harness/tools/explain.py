@@ -24,7 +24,8 @@ def _writes(session: Session) -> list[dict] | None:
         return None
     before, after, permit = session.last
     return [{"group": w.group, "block": w.block, "cells": w.cells_text, "value": w.value,
-             "owner": w.owner, "offending": bool(w.offending)}
+             "owner": w.owner, "offending": bool(w.offending),
+             "layer": w.layer or "target"}  # the target model's layer, or the drafter's
             for w in classify_writes(before, after, permit)]
 
 
@@ -107,9 +108,15 @@ def _copies(session: Session, op: dict) -> list[dict]:
     return out
 
 
-def _op_text(op: dict) -> str:
+def _op_text(op: dict, wrap: bool = False) -> str:
+    """``name {json}``; ``wrap``: one field a line, so a narrow column folds inside a
+    value, never across a key."""
     args = {k: v for k, v in op.items() if k != "op"}
-    return op["op"] + " " + json.dumps(args, sort_keys=True, separators=(",", ":"))
+    if not wrap:
+        return op["op"] + " " + json.dumps(args, sort_keys=True, separators=(",", ":"))
+    fields = [f"{json.dumps(k)}:{json.dumps(v, separators=(',', ':'))}"
+              for k, v in sorted(args.items())]
+    return op["op"] + "\n{" + ",\n ".join(fields) + "}"
 
 
 def _rows_text(rows: list[dict] | None) -> str:
@@ -137,8 +144,9 @@ def _writes_text(writes: list[dict] | None, copies=()) -> str:
              f"{c['from_column']} (block {c['from_block']}) -> column {c['to_column']} "
              f"(block {c['to_block']})" for c in copies]
     return "\n".join(lines + [
-        f"{'!! ' if w['offending'] else ''}g{w['group']} block {w['block']} {w['cells']} "
-        f"{w['value']} ({w['owner']})" for w in writes]) or "-"
+        f"{'!! ' if w['offending'] else ''}"
+        f"{'drafter layer: ' if w.get('layer') == 'draft' else ''}g{w['group']} block "
+        f"{w['block']} {w['cells']} {w['value']} ({w['owner']})" for w in writes]) or "-"
 
 
 def _verdict_text(rec: dict) -> str:
@@ -194,7 +202,7 @@ def render(records: list[dict], fmt: str, console=None, caption: str | None = No
         table.add_column(col, overflow="fold")
     for rec in records:
         bad = bool(rec["violations"])
-        table.add_row(str(rec["op_index"]), _op_text(rec["op"]), _rows_text(rec["rows"]),
+        table.add_row(str(rec["op_index"]), _op_text(rec["op"], wrap=True), _rows_text(rec["rows"]),
                       _writes_text(rec["writes"], rec.get("copies", ())), _verdict_text(rec),
                       style="bold red" if bad and not plain else None)
     console.print(table)

@@ -73,3 +73,24 @@ def test_explain_shows_align_mode_state_copies():
     assert last["violations"][0]["invariant"] == "MATCHES_REFERENCE"
     assert last["copies"] == [{"req": 1, "group": 1, "from_column": 1, "from_block": 1,
                                "to_column": 2, "to_block": 2, "restored": True}]
+
+
+def test_text_table_never_folds_across_a_json_key_and_names_the_drafter_layer():
+    """The op column holds one field a line (a narrow column folds inside a value,
+    not across a key), and a write of the drafter's layer says so."""
+    import io
+
+    from rich.console import Console
+
+    from harness.tools.explain import _op_text, render
+
+    op = {"op": "step", "scheduled": [[0, 1], [1, 2]], "cudagraph_mode": "FULL"}
+    lines = _op_text(op, wrap=True).splitlines()
+    assert lines[0] == "step" and all(line.lstrip(" {").startswith('"') for line in lines[1:])
+    trace = load(CORPORA / "seeds" / "draft-slots-tail-stale.json")
+    records = explain(trace, trace.faults, stop_at_first=False)
+    draft = [w for r in records for w in (r["writes"] or []) if w["layer"] == "draft"]
+    assert draft, "no write of the drafter's layer in a trace with a drafter"
+    out = io.StringIO()
+    render(records, "text", console=Console(file=out, width=100, force_terminal=True))
+    assert "drafter layer: " in out.getvalue()
