@@ -521,3 +521,23 @@ def test_fuzz_progress_prints_plain_lines_when_piped(monkeypatch, capsys, tmp_pa
     captured = capsys.readouterr()
     assert "fuzz: " in captured.err and "/3 examples" in captured.err
     assert "/3 examples" not in captured.out
+
+
+def test_fuzz_with_a_target_that_raises_exits_with_the_internal_error_code(monkeypatch, capsys,
+                                                                          tmp_path):
+    """The same through a search: a target refusing mid-run is blockfuzz's failure
+    (exit 3, one line), not a finding (1)."""
+    from harness.cli import EXIT_INTERNAL
+    from harness.targets import TargetRefused
+    from harness.targets.runner_target import RunnerTarget
+
+    def refuses(self, *args, **kwargs):
+        raise TargetRefused("groups[0].kernel_block_size", "cannot split blocks here")
+
+    monkeypatch.setattr(RunnerTarget, "step", refuses)
+    rc = main(["fuzz", "--runner", "v1", "--seed", "0", "--examples", "5", "--out",
+               str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == EXIT_INTERNAL, (rc, err)
+    assert err[-1].startswith("internal error: TargetRefused: groups[0].kernel_block_size")
+    assert not list(tmp_path.iterdir())  # no finding written
