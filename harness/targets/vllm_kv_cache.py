@@ -59,7 +59,7 @@ def refusal(config) -> str | None:
     if len(config.groups) != 1:
         return ("the vllm target drives vLLM's KVCacheManager for configs with one "
                 "attention group only (its hybrid coordinator over several groups, one "
-                "shared pool, is not driven yet: issue #12)")
+                "shared pool, is not driven yet)")
     if config.dcp_world_size != 1:
         return "the vllm target drives vLLM's KVCacheManager with dcp_world_size 1 only"
     return None
