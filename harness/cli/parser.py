@@ -21,7 +21,9 @@ def _add_common(p: argparse.ArgumentParser, faults: bool = True) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="blockfuzz", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="blockfuzz", description=(
+        "Deterministic fuzz and regression harness for the block-table / dummy-run "
+        "invariants of paged-KV LLM serving engines (README.md: the workflow; docs/cli.md)."))
     sub = parser.add_subparsers(dest="verb", required=True, parser_class=_Parser)
 
     for verb, text in (("fuzz", "search for an invariant violation from a seed"),

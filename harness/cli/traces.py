@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from pathlib import Path
 
 from harness.cli.common import (
@@ -67,6 +69,10 @@ def cmd_explain(args) -> int:
     device = _select_device(args.device, args.target)
     _check_target(trace.config, args.target, args.trace)
     _trace_faults(args, trace, args.trace, note="stderr")
+    if args.target == "vllm":  # what ran it (stdout is the document)
+        from harness.targets.vllm import mode_line
+
+        print(mode_line(trace.config), file=sys.stderr)
     records = explain(trace, faults, device, args.target, stop_at_first=not args.all)
     text = render(records, args.format, caption=layout_note(trace.config))
     if text is not None:

@@ -357,7 +357,8 @@ def make_vllm_runner(config, device: str | None = None):
 
 
 SPEC = TargetSpec(
-    name="vllm", description="the installed vLLM's own block-table classes",
+    name="vllm", description="the installed vLLM: its own GPUModelRunner where it can "
+    "(runner mode), else its block tables, batch and builders (the adapter)",
     factory=make_target, select_device=select_device, takes_faults=False,
     refusal=refusal, limits=geometry_limits,
     version=version_string, variant=lambda config: _variant(config))

@@ -65,6 +65,12 @@ def load() -> SimpleNamespace:
         # FULL_DECODE_ONLY for Mamba2: docs/vllm-target.md says so once); errors
         # still show. VLLM_LOGGING_LEVEL=WARNING brings the rest back.
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        # Some releases log these before configuring their handler, through
+        # Python's last-resort handler (WARNING and up): the level goes on the
+        # "vllm" logger itself too.
+        import logging
+
+        logging.getLogger("vllm").setLevel(os.environ["VLLM_LOGGING_LEVEL"].upper())
     from gpu_impl.device import DeviceError, select_device
 
     try:

@@ -38,13 +38,15 @@ def main() -> int:
 
 def crash_call(*args, **kw) -> dict:
     """The arguments of a ``harness.search.fuzz.fuzz`` call, by name, without
-    ``found_by`` (it only labels the trace): what decides the run's outcome."""
+    ``found_by`` (it only labels the trace) and ``stats`` (where a progress
+    display reads the counts): what decides the run's outcome."""
     from harness.search.fuzz import fuzz
 
     bound = inspect.signature(fuzz).bind(*args, **kw)
     bound.apply_defaults()
     call = dict(bound.arguments)
     call.pop("found_by")
+    call.pop("stats", None)
     call["faults"] = sorted(call["faults"])
     return call
 
