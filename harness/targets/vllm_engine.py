@@ -249,7 +249,7 @@ class EmulatedCUDAGraphWrapper:
     are kept.  Later calls are replays: the model runs again on the kept
     objects — capture-time scalars, and tensors that view the runner's and
     builders' persistent buffers with whatever those hold now, as a replayed
-    graph reads.  ``replays`` counts them; ``captured`` lists the descriptors.
+    graph reads.
     """
 
     def __init__(self, runnable, vllm_config, runtime_mode, cudagraph_options=None):
@@ -257,7 +257,6 @@ class EmulatedCUDAGraphWrapper:
         self.vllm_config = vllm_config
         self.runtime_mode = runtime_mode
         self.entries: dict = {}
-        self.replays = 0
 
     def __getattr__(self, key):
         if key == "runnable":
@@ -274,10 +273,6 @@ class EmulatedCUDAGraphWrapper:
 
     def clear_graphs(self) -> None:
         self.entries.clear()
-
-    @property
-    def captured(self) -> list:
-        return list(self.entries)
 
     def __call__(self, *args, **kwargs):
         from vllm.compilation import cuda_graph
@@ -302,7 +297,6 @@ class EmulatedCUDAGraphWrapper:
         ctx.attn_metadata = attn_metadata
         if live[1] is not None:
             ctx.slot_mapping = slot_mapping
-        self.replays += 1
         try:
             return self.runnable(*cap_args, **cap_kwargs)
         finally:

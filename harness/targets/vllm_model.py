@@ -50,7 +50,6 @@ from gpu_impl.attention import paged_attention_read, reshape_and_cache
 from gpu_impl.mamba import mamba_state_update
 from gpu_impl.runner_shell import NULL_BLOCK_ID, SENTINEL, ids_payload
 
-HIDDEN = 16  # harness.targets.vllm_engine.MODEL_HIDDEN
 
 
 def architecture(hybrid: bool) -> str:
@@ -227,7 +226,7 @@ class _BlockfuzzModel(nn.Module):
     def __init__(self, *, vllm_config, prefix: str = ""):
         super().__init__()
         hf = vllm_config.model_config.hf_config
-        self.vocab = hf.vocab_size
+        self.vocab, self.hidden = hf.vocab_size, hf.hidden_size
         self.kernels: ModelKernels | None = None
         attention = set(hf.attn_layer_indices)
         layers = []
@@ -258,7 +257,7 @@ class _BlockfuzzModel(nn.Module):
             cache_config=vllm_config.cache_config, prefix=f"model.layers.{i}.mixer")
 
     def embed_input_ids(self, input_ids):
-        return torch.zeros(input_ids.shape[0], HIDDEN)
+        return torch.zeros(input_ids.shape[0], self.hidden)
 
     get_input_embeddings = embed_input_ids
 
@@ -269,7 +268,7 @@ class _BlockfuzzModel(nn.Module):
         if self.kernels is not None and positions is not None:
             self.kernels.forward(get_forward_context(), positions)
         n = input_ids.shape[0] if input_ids is not None else inputs_embeds.shape[0]
-        return torch.zeros(n, HIDDEN)
+        return torch.zeros(n, self.hidden)
 
     def compute_logits(self, hidden_states, *args, **kwargs):
         """Logits of zeros: greedy sampling picks token 0 (no payload depends on
