@@ -59,12 +59,6 @@ def cmd_fuzz(args) -> int:
     from harness.tools.commands import RunSettings
 
     out_dir, faults, config, runner, device = _fuzz_setup(args)
-    if args.target == "vllm" and runner != "v1" and config is None:
-        from harness.targets.vllm import MODE_ENV, mode_setting
-
-        if mode_setting() == "runner":
-            raise UsageError(f"${MODE_ENV}=runner drives vLLM's V1 GPUModelRunner only: "
-                             "add --runner v1")
     seed_corpus = _seed_corpus(args.seed_corpus)
     examples = args.examples if args.examples is not None else (
         None if args.time_budget else 200)
@@ -75,7 +69,7 @@ def cmd_fuzz(args) -> int:
     print("config: " + (json.dumps(config.to_json(), sort_keys=True, separators=(",", ":"))
                         if config else "drawn per example (recorded in any trace written)"))
     if args.target == "vllm":
-        print(_vllm_mode_text(config))
+        print(_vllm_mode_text(config, runner))
     sys.stdout.flush()
     from harness.search.fuzz import FuzzInterrupted, fuzz
 
@@ -171,18 +165,18 @@ class FuzzProgress:
             print(self.line(), file=sys.stderr, flush=True)
 
 
-def _vllm_mode_text(config) -> str:
+def _vllm_mode_text(config, runner: str | None = None) -> str:
     """What the vllm target drives: for one config, the mode line; for drawn ones,
     the rule (each finding names the mode that ran it)."""
-    from harness.targets.vllm import (MODE_ENV, MODE_NAMES, installed_version, mode_line,
+    from harness.targets.vllm import (MODE_ENV, installed_version, mode_line, mode_name,
                                       mode_setting)
 
     if config is not None:
         return mode_line(config)
     if mode_setting() != "auto":
-        return f"vLLM {installed_version()}: {MODE_NAMES[mode_setting()]} (${MODE_ENV})"
-    return (f"vLLM {installed_version()}: {MODE_NAMES['runner']} where a drawn config "
-            "allows it (V1; see docs/vllm-target.md), else the component adapter")
+        return f"vLLM {installed_version()}: {mode_name(mode_setting(), runner)} (${MODE_ENV})"
+    return (f"vLLM {installed_version()}: {mode_name('runner', runner)} where a drawn config "
+            "allows it (see docs/vllm-target.md), else the component adapter")
 
 
 def print_coverage(counts: dict, examples: dict | None, title: str,

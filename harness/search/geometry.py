@@ -32,7 +32,7 @@ def runner_configs(draw, runner: str | None = None,
                    spec: bool = True, spec_dcp: bool = True,
                    engine: bool | str = True, sharing_ok: bool = True,
                    padding_ok: bool = True, uniform_pages: bool = False,
-                   plain: bool = False) -> RunnerConfig:
+                   plain: bool = False, mamba_needed: dict | None = None) -> RunnerConfig:
     """A valid :class:`RunnerConfig`; ``runner`` pins ``v1`` / ``v2``.
 
     kernel_split: {runner: bool} — False keeps ``kernel_block_size == block_size``
@@ -50,7 +50,9 @@ def runner_configs(draw, runner: str | None = None,
     attention group, no backend slot buffer, no conv state and a float32 KV cache
     (what the vllm target's runner mode drives; with ``engine``, ``spec``,
     ``kernel_split``, ``dcp``, ``sharing_ok`` and ``padding_ok`` off, the whole
-    of it). False draws exactly as before it existed.
+    of it). False draws exactly as before it existed. mamba_needed: {runner:
+    bool} — True always keeps the Mamba group for that runner (runner mode on
+    V2, which needs one: ``harness.targets.vllm_model_runner.runner_refusal``).
     """
     runner = runner or draw(st.sampled_from(["v1", "v2"]))
     # Repeated entries weight the draw: most examples keep a Mamba group and
@@ -60,7 +62,7 @@ def runner_configs(draw, runner: str | None = None,
     split = draw(st.sampled_from([1, 2, 1, 4])) if split_ok else 1
     kernel_block_size = max(1, block_size // split)
     groups = [GroupSpec(ATTENTION, block_size, kernel_block_size)]
-    if draw(st.sampled_from([True, True, True, False])):
+    if (mamba_needed or {}).get(runner) or draw(st.sampled_from([True, True, True, False])):
         groups.append(GroupSpec(MAMBA, 16, 16))
     if not plain and draw(st.sampled_from([False, False, True])):
         second = draw(st.sampled_from([8, 4]))

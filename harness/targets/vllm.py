@@ -226,7 +226,7 @@ def geometry_limits() -> dict:
     if mode_setting() == "runner":
         return {"kernel_split": {"v1": False, "v2": False}, "dcp": {"v1": False, "v2": False},
                 "spec": False, "spec_dcp": False, "engine": False, "sharing_ok": False,
-                "padding_ok": False, "plain": True}
+                "padding_ok": False, "plain": True, "mamba_needed": {"v2": True}}
     return {"kernel_split": {"v1": vllm.v1_kernel_blocks, "v2": vllm.v2_kernel_blocks},
             "dcp": {"v1": True, "v2": v2_dcp_runs(vllm) is None},
             "spec": spec_decode_missing(vllm) is None, "spec_dcp": False,
@@ -255,9 +255,18 @@ MODE_ENV = "BLOCKFUZZ_VLLM_MODE"
 component adapter elsewhere; ``runner``: refuse what runner mode cannot run;
 ``adapter``: the component adapter always."""
 
-MODE_NAMES = {"runner": "vLLM's GPUModelRunner",
+MODE_NAMES = {"runner": "vLLM's own model runner (V1 GPUModelRunner, V2 ModelRunner)",
               "adapter": "the component adapter (vLLM's block tables, batch and "
                          "builders in blockfuzz's runner shell)"}
+
+
+def mode_name(mode: str, runner: str | None = None) -> str:
+    """What ``mode`` drives for ``runner`` (``v1`` / ``v2``; None: either)."""
+    if mode == "runner" and runner is not None:
+        from harness.targets.vllm_model_runner import MODE, MODE_V2
+
+        return MODE_V2 if runner == "v2" else MODE
+    return MODE_NAMES[mode]
 
 
 def mode_setting() -> str:
@@ -294,7 +303,8 @@ def mode_line(config) -> str:
     """One line naming the code a run of ``config`` drives (runs print it first)."""
     mode, why = target_mode(config)
     version = installed_version()
-    return f"vLLM {version}: {MODE_NAMES[mode]}" + (f" — runner mode: {why}" if why else "")
+    return f"vLLM {version}: {mode_name(mode, config.runner)}" + (
+        f" — runner mode: {why}" if why else "")
 
 
 def recorded_verdict(trace, version: str, mode: str) -> dict | None:
@@ -321,10 +331,10 @@ def make_target(config, faults=(), device: str | None = None):
         refused = refusal(config)
         if refused is not None:
             raise refused
-        from harness.targets.vllm_model_runner import VllmModelRunnerTarget
+        from harness.targets.vllm_model_runner import runner_target
 
         try:
-            return VllmModelRunnerTarget(config)
+            return runner_target(config)
         except TargetRefused:  # vLLM's set-up refused the pool: remembered for the config
             if mode_setting() == "runner":
                 raise

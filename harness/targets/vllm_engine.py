@@ -29,6 +29,15 @@ logic, ``InputBatch``, the block tables or the metadata builders:
 - the full garbage collections of vLLM's device-memory profiling and of
   capture's GC freeze are skipped (no device memory to measure; each costs
   about 0.6 s of a run's set-up).
+
+V2's ``ModelRunner`` (``vllm/v1/worker/gpu/model_runner.py``) needs a few more,
+applied once by :func:`prepare_v2`: the platform's ``device_type`` ``cpu`` (its
+buffers allocate on it), a graph-pool placeholder, host placeholders for
+``torch.cuda.current_stream`` / ``stream`` / ``set_stream``, ``Tensor.pin_memory``
+the identity (0.26 pins every staged copy), and its graph manager's
+``torch.cuda.CUDAGraph`` / ``torch.cuda.graph`` emulated by
+:class:`EmulatedCUDAGraph` (the model records what its forward ran at capture;
+``replay`` runs it again on the captured objects).
 """
 
 from __future__ import annotations
@@ -214,6 +223,73 @@ def _prepare() -> SimpleNamespace:
     import vllm
 
     return SimpleNamespace(version=vllm.__version__, gmr=gmr, backend_utils=backend_utils)
+
+
+_PREPARED_V2 = False
+
+
+def prepare_v2() -> None:
+    """The shims V2's ``ModelRunner`` needs beyond :func:`prepare` (module
+    docstring), once per process; called before one is constructed."""
+    global _PREPARED_V2
+    prepare()
+    if _PREPARED_V2:
+        return
+    from vllm.platforms import current_platform
+
+    platform = type(current_platform)
+    if not current_platform.device_type:
+        platform.device_type = "cpu"
+    if not callable(getattr(current_platform, "graph_pool_handle", None)):
+        platform.graph_pool_handle = staticmethod(lambda: object())
+    main = _Stream()
+    torch.cuda.current_stream = lambda device=None: main
+    torch.cuda.stream = lambda stream=None: contextlib.nullcontext()
+    torch.cuda.set_stream = lambda stream=None: None
+    torch.Tensor.pin_memory = lambda self, *a, **k: self
+    torch.cuda.CUDAGraph = EmulatedCUDAGraph
+    torch.cuda.graph = _capture_into
+    import vllm.v1.worker.gpu.cudagraph_utils as cudagraph_utils
+
+    cudagraph_utils.graph_capture = lambda device=None: contextlib.nullcontext()
+    cudagraph_utils.tqdm = lambda items, *a, **k: items  # no capture bars (V1 has none either)
+    SHIMS.append("V2: platform device_type cpu, a graph-pool placeholder, host placeholders "
+                 "for the current CUDA stream, pin_memory the identity, CUDA graphs emulated "
+                 "(EmulatedCUDAGraph)")
+    _PREPARED_V2 = True
+
+
+class EmulatedCUDAGraph:
+    """``torch.cuda.CUDAGraph`` as V2's graph manager (``vllm/v1/worker/gpu/
+    cudagraph_utils.py``) uses it, on the CPU.  While a graph is captured
+    (:func:`_capture_into`), each model forward records a launch — the forward
+    re-run on the forward context's metadata and slot mappings and the input
+    tensors it was handed, kept as they were at capture (views of persistent
+    buffers; what a replay reads) —; :meth:`replay` runs the launches."""
+
+    capturing: list["EmulatedCUDAGraph"] = []
+
+    def __init__(self, *args, **kwargs):
+        self.launches: list = []
+
+    def replay(self) -> None:
+        for launch in self.launches:
+            launch()
+
+    @classmethod
+    def current(cls) -> "EmulatedCUDAGraph | None":
+        """The graph being captured now, or None."""
+        return cls.capturing[-1] if cls.capturing else None
+
+
+@contextlib.contextmanager
+def _capture_into(graph, pool=None, stream=None, **kwargs):
+    """``torch.cuda.graph(graph, pool, stream=…)``: forwards inside record into ``graph``."""
+    EmulatedCUDAGraph.capturing.append(graph)
+    try:
+        yield graph
+    finally:
+        EmulatedCUDAGraph.capturing.pop()
 
 
 def init_distributed(vc) -> None:

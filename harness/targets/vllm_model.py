@@ -266,9 +266,29 @@ class _BlockfuzzModel(nn.Module):
         from vllm.forward_context import get_forward_context
 
         if self.kernels is not None and positions is not None:
-            self.kernels.forward(get_forward_context(), positions)
+            ctx = get_forward_context()
+            self.kernels.forward(ctx, positions)
+            self._record_launch(ctx, positions)
         n = input_ids.shape[0] if input_ids is not None else inputs_embeds.shape[0]
         return torch.zeros(n, self.hidden)
+
+    def _record_launch(self, ctx, positions) -> None:
+        """While V2's graph manager captures a FULL graph (``EmulatedCUDAGraph``),
+        keep this forward as a launch of it: the forward context's metadata and
+        slot mappings and the ``positions`` view as they are now."""
+        from types import SimpleNamespace
+
+        from vllm.config import CUDAGraphMode
+
+        from harness.targets.vllm_engine import EmulatedCUDAGraph
+
+        graph = EmulatedCUDAGraph.current()
+        if graph is None:
+            return
+        kept = SimpleNamespace(attn_metadata=ctx.attn_metadata,
+                               slot_mapping=getattr(ctx, "slot_mapping", None),
+                               cudagraph_runtime_mode=CUDAGraphMode.FULL)
+        graph.launches.append(lambda: self.kernels.forward(kept, positions))
 
     def compute_logits(self, hidden_states, *args, **kwargs):
         """Logits of zeros: greedy sampling picks token 0 (no payload depends on

@@ -61,15 +61,19 @@ from reference.payload import mamba_state_of, token_payload
 from reference.runner import ForwardInfo
 
 MODE = "vLLM's GPUModelRunner"
+MODE_V2 = "vLLM's V2 ModelRunner"
 VOCAB_SIZE = 64  # sampled ids feed nothing (vllm_model.ModelKernels._payload)
 
 
 def runner_refusal(config, vllm) -> TargetRefused | None:
     """Why runner mode cannot run ``config`` (the component adapter then runs it);
     None when it can.  One line each, naming the field."""
-    if config.runner != "v1":
-        return TargetRefused("runner", "runner mode drives vLLM's V1 GPUModelRunner; V2's "
-                             "ModelRunner is not driven yet")
+    if config.runner == "v2" and not config.mamba_groups and not config.num_speculative_tokens:
+        return TargetRefused("groups", "runner mode drives vLLM's V2 ModelRunner for hybrid "
+                             "configs only: without a Mamba group a trace may roll a step's "
+                             "tokens back from the scheduler's side (rollback), and V2's "
+                             "runner counts rejected tokens from its own sampler, so no "
+                             "scheduler output expresses it; the component adapter runs it")
     attention = config.attention_groups
     if len(attention) != 1 or len(config.mamba_groups) > 1:
         return TargetRefused("groups", "runner mode models one attention group and at most "
@@ -138,9 +142,9 @@ class VllmModelRunnerTarget:
 
     def __init__(self, config):
         from harness.targets import vllm_model
-        from harness.targets.vllm_engine import init_distributed, prepare, vllm_config
+        from harness.targets.vllm_engine import init_distributed, vllm_config
 
-        self.engine = prepare()
+        self.engine = self._prepare()
         vllm_model.register()
         from vllm.config import set_current_vllm_config
 
@@ -149,7 +153,7 @@ class VllmModelRunnerTarget:
         self._ctx = lambda: set_current_vllm_config(self.vc)
         init_distributed(self.vc)
         with self._ctx():
-            self.runner = self.engine.gmr.GPUModelRunner(self.vc, torch.device("cpu"))
+            self.runner = self._runner_class()(self.vc, torch.device("cpu"))
             self.runner.load_model()
         model = self.runner.get_model()
         self.kernels = model.kernels = vllm_model.ModelKernels(config)
@@ -157,9 +161,21 @@ class VllmModelRunnerTarget:
         self.requests: dict[int, dict] = {}
         self.finished: set[str] = set()
         self.last_forward: ForwardInfo | None = None
+        self._observe_runner()
         if self.vc.compilation_config.cudagraph_mode.name != "NONE":
             self._garbage(self.runner.capture_model)
         self.kernels.forwards.clear()
+
+    def _prepare(self):
+        from harness.targets.vllm_engine import prepare
+
+        return prepare()
+
+    def _runner_class(self):
+        return self.engine.gmr.GPUModelRunner
+
+    def _observe_runner(self) -> None:
+        """Hooks that read what the runner hands on (none for V1)."""
 
     def _init_kv_cache(self, vllm_model) -> dict[int, int]:
         """vLLM's KV-cache config for the runner's specs (the engine core's
@@ -265,9 +281,7 @@ class VllmModelRunnerTarget:
     def step(self, scheduled, cudagraph_mode, accepted=None):
         output = self._scheduler_output(scheduled)
         self.kernels.forwards.clear()
-        tokens = {str(req): n for req, n in scheduled}
-        batch = self.runner.input_batch
-        self.kernels.rows = lambda: [(int(r), tokens[r]) for r in batch.req_ids[:len(tokens)]]
+        self.kernels.rows = self._batch_rows({str(req): n for req, n in scheduled})
         try:
             with self._ctx():
                 self.runner.execute_model(output)
@@ -277,21 +291,34 @@ class VllmModelRunnerTarget:
             self.kernels.rows = None
         for req, n in scheduled:
             self.requests[req]["computed"] += n
-        order = self.runner.input_batch.req_ids[:len(scheduled)]
         self._record(False, len(scheduled), sum(n for _, n in scheduled),
-                     tuple(int(r) for r in order))
+                     tuple(int(r) for r in self._batch_order(len(scheduled))))
+
+    def _batch_rows(self, tokens: dict):
+        """() -> [(req, tokens)] per batch row of the forward being run: the
+        persistent batch's rows (V1)."""
+        batch = self.runner.input_batch
+        return lambda: [(int(r), tokens[r]) for r in batch.req_ids[:len(tokens)]]
+
+    def _batch_order(self, n: int) -> list:
+        return self.runner.input_batch.req_ids[:n]
 
     def dummy_run(self, num_reqs, num_tokens, cudagraph_mode):
-        from vllm.config import CUDAGraphMode
-
         if self.requests or self.finished:  # the idle rank's engine step (module docstring)
             with self._ctx():
                 self.runner.execute_model(self._scheduler_output([]))
         self.kernels.forwards.clear()
-        mode = CUDAGraphMode.NONE if cudagraph_mode == "NONE" else None
-        self._garbage(self.runner._dummy_run, num_tokens, cudagraph_runtime_mode=mode,
-                      uniform_decode=num_tokens == num_reqs)
+        self._garbage(self.runner._dummy_run, num_tokens, uniform_decode=num_tokens == num_reqs,
+                      **self._dummy_mode(cudagraph_mode))
         self._record(True, 0, num_tokens, ())
+
+    def _dummy_mode(self, cudagraph_mode: str) -> dict:
+        """V1's ``_dummy_run`` takes the runtime mode: NONE when the trace asks for
+        it, else vLLM's dispatcher's pick (as ``execute_dummy_batch`` leaves it)."""
+        from vllm.config import CUDAGraphMode
+
+        return {"cudagraph_runtime_mode": CUDAGraphMode.NONE if cudagraph_mode == "NONE"
+                else None}
 
     def _record(self, dummy: bool, num_reqs: int, num_tokens: int, req_ids: tuple) -> None:
         """``last_forward`` from the model forward the runner just made (none: a
@@ -384,6 +411,136 @@ class VllmModelRunnerTarget:
             state_indices={g: k.mamba_read[g][:n].numpy().copy() for g in cfg.mamba_groups},
             attn_out={g: v[:n].numpy().copy() for g, v in k.attn_out.items()},
             last_forward=self.last_forward)
+
+
+class VllmModelRunnerV2Target(VllmModelRunnerTarget):
+    """The ``vllm`` target in runner mode on vLLM's V2 ``ModelRunner``
+    (``vllm/v1/worker/gpu/model_runner.py``): request states by state index
+    (``RequestState``), block tables staged by state index and gathered into
+    batch-ordered input tables (``BlockTables``), metadata from
+    ``model_state.prepare_attn``, FULL graphs through its own graph manager
+    (``CudaGraphManager``; emulated, :class:`~harness.targets.vllm_engine.`
+    ``EmulatedCUDAGraph``).  Ops map as for V1 (module docstring), except:
+
+    - vLLM's V2 runner keeps an unscheduled request's state (it has no
+      persistent batch to take it out of);
+    - ``dummy_run``: V2's ``_dummy_run`` takes no runtime mode; its graph
+      manager dispatches the dummy batch as any other (a trace's NONE is not
+      vLLM's to take).
+
+    Observations: host rows by state index (``RequestState``'s
+    ``req_id_to_index``, computed and prompt tokens; ``BlockTables``' staged
+    rows), the input tables and slot mappings the last forward read, and
+    ``dummy_tables`` — whether the tables the last dummy run's metadata was
+    built from (``get_dummy_block_tables``) were zero views of the input tables.
+    """
+
+    mode = MODE_V2
+
+    def _prepare(self):
+        from harness.targets.vllm_engine import prepare_v2
+
+        prepare_v2()
+        return super()._prepare()
+
+    def _runner_class(self):
+        from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+
+        return GPUModelRunner
+
+    def _observe_runner(self) -> None:
+        """Keep the input batch ``prepare_inputs`` returns (its row order) and the
+        tables ``prepare_dummy_attn`` returns (observation only: vLLM's calls run
+        unchanged)."""
+        runner = self.runner
+        self._batch, self._dummy_read = None, None
+        prepare_inputs, prepare_dummy_attn = runner.prepare_inputs, runner.prepare_dummy_attn
+
+        def kept_batch(*args, **kwargs):
+            self._batch = prepare_inputs(*args, **kwargs)
+            return self._batch
+
+        def kept_dummy_tables(*args, **kwargs):
+            out = prepare_dummy_attn(*args, **kwargs)
+            self._dummy_read = out[0]
+            return out
+
+        runner.prepare_inputs = kept_batch
+        runner.prepare_dummy_attn = kept_dummy_tables
+
+    def _batch_rows(self, tokens: dict):
+        def rows():
+            batch = self._batch
+            return [(int(r), int(n)) for r, n in
+                    zip(batch.req_ids, batch.num_scheduled_tokens[:len(batch.req_ids)])]
+        return rows
+
+    def _batch_order(self, n: int) -> list:
+        return list(self._batch.req_ids[:n]) if self._batch is not None else []
+
+    def _dummy_mode(self, cudagraph_mode: str) -> dict:
+        return {}
+
+    def dummy_run(self, num_reqs, num_tokens, cudagraph_mode):
+        self._dummy_read = None
+        super().dummy_run(num_reqs, num_tokens, cudagraph_mode)
+
+    def observe(self) -> Observation:
+        from harness.targets.vllm_release import staged_rows
+
+        cfg, runner = self.config, self.runner
+        n = cfg.max_num_reqs
+        states = runner.req_states
+        req_ids = np.full(n, -1, np.int64)
+        for req, index in states.req_id_to_index.items():
+            req_ids[index] = int(req)
+        staged, counts = staged_rows(runner.block_tables, n)
+        tables, device, num_blocks = [], [], []
+        for g in range(len(cfg.groups)):
+            vg, width = self.groups[g], cfg.blocks_per_req_max(g)
+            tables.append(staged[vg][:n, :width].astype(np.int32))
+            num_blocks.append(counts[vg][:n])
+            device.append(runner.block_tables.input_block_tables[vg][:n, :width]
+                          .numpy().astype(np.int32).copy())
+        computed = getattr(states, "num_computed_tokens_np", None)
+        if computed is None:
+            computed = states.num_computed_tokens.np
+        k = self.kernels
+        return Observation(
+            runner="v2", rows_indexed_by=ROWS_BY_ENGINE, host_block_table=tables,
+            host_num_blocks_per_row=num_blocks, host_req_ids=req_ids,
+            num_computed_tokens=np.asarray(computed[:n], np.int32).copy(),
+            num_prompt_tokens=np.asarray(states.prompt_len.np[:n], np.int32).copy(),
+            device_block_table=device,
+            kv_cache={g: v.numpy().copy() for g, v in k.kv_cache.items()},
+            mamba_state={g: v.numpy().copy() for g, v in k.mamba_state.items()},
+            slot_mapping={g: runner.block_tables.slot_mappings[self.groups[g]].numpy().copy()
+                          for g in cfg.attention_groups},
+            state_indices={g: k.mamba_read[g][:n].numpy().copy() for g in cfg.mamba_groups},
+            attn_out={g: v[:n].numpy().copy() for g, v in k.attn_out.items()},
+            last_forward=self.last_forward, dummy_tables=self._dummy_tables())
+
+    def _dummy_tables(self) -> list | None:
+        """Per trace group, (the rows the last dummy run's tables hold are all the
+        group's empty entry, they view the input tables); None unless the last
+        forward was a dummy run that built metadata."""
+        last = self.last_forward
+        if last is None or not last.dummy or self._dummy_read is None:
+            return None
+        rows = last.num_reqs_padded
+        inputs = self.runner.block_tables.input_block_tables
+        out = []
+        for g in range(len(self.config.groups)):
+            table = self._dummy_read[self.groups[g]]
+            out.append((not bool((table[:rows] != self.config.empty_entry(g)).any()),
+                        table.data_ptr() == inputs[self.groups[g]].data_ptr()))
+        return out
+
+
+def runner_target(config) -> VllmModelRunnerTarget:
+    """Runner mode's target for ``config``: V1's ``GPUModelRunner`` or V2's ``ModelRunner``."""
+    cls = VllmModelRunnerV2Target if config.runner == "v2" else VllmModelRunnerTarget
+    return cls(config)
 
 
 def _kw(fn, candidates: dict) -> dict:
