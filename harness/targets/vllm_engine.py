@@ -30,9 +30,9 @@ logic, ``InputBatch``, the block tables or the metadata builders:
   capture's GC freeze are skipped (no device memory to measure; each costs
   about 0.6 s of a run's set-up).
 
-V2's ``ModelRunner`` (``vllm/v1/worker/gpu/model_runner.py``) needs a few more,
-applied once by :func:`prepare_v2`: the platform's ``device_type`` ``cpu`` (its
-buffers allocate on it), a graph-pool placeholder, host placeholders for
+The platform's ``device_type`` is ``cpu`` (V2's buffers allocate on it once
+pinned memory is off).  V2's ``ModelRunner`` (``vllm/v1/worker/gpu/model_runner.py``)
+needs a few more, applied once by :func:`prepare_v2`: a graph-pool placeholder, host placeholders for
 ``torch.cuda.current_stream`` / ``stream`` / ``set_stream``, ``Tensor.pin_memory``
 the identity (0.26 pins every staged copy), and its graph manager's
 ``torch.cuda.CUDAGraph`` / ``torch.cuda.graph`` emulated by
@@ -179,6 +179,9 @@ def _prepare() -> SimpleNamespace:
     platform.get_current_memory_usage = classmethod(lambda cls, device=None: 0)
     platform.support_hybrid_kv_cache = classmethod(lambda cls: True)
     platform.support_static_graph_mode = classmethod(lambda cls: True)
+    if not current_platform.device_type:
+        # V2's buffers (the adapter's too, 0.32) allocate on it once pinned memory is off
+        platform.device_type = "cpu"
     if hasattr(platform, "num_compute_units"):
         try:
             platform.num_compute_units(0)
@@ -238,8 +241,6 @@ def prepare_v2() -> None:
     from vllm.platforms import current_platform
 
     platform = type(current_platform)
-    if not current_platform.device_type:
-        platform.device_type = "cpu"
     if not callable(getattr(current_platform, "graph_pool_handle", None)):
         platform.graph_pool_handle = staticmethod(lambda: object())
     main = _Stream()
@@ -253,7 +254,7 @@ def prepare_v2() -> None:
 
     cudagraph_utils.graph_capture = lambda device=None: contextlib.nullcontext()
     cudagraph_utils.tqdm = lambda items, *a, **k: items  # no capture bars (V1 has none either)
-    SHIMS.append("V2: platform device_type cpu, a graph-pool placeholder, host placeholders "
+    SHIMS.append("V2: a graph-pool placeholder, host placeholders "
                  "for the current CUDA stream, pin_memory the identity, CUDA graphs emulated "
                  "(EmulatedCUDAGraph)")
     _PREPARED_V2 = True
@@ -456,7 +457,18 @@ def vllm_config(config, vocab_size: int):
         if sizes else {}
     comp = CompilationConfig(**_kw(CompilationConfig, dict(mode=0, cudagraph_mode=mode,
                                                            **graphs)))
+    spec = None
+    if config.num_speculative_tokens:
+        from vllm.config import SpeculativeConfig
+
+        from harness.targets.vllm_model import PROPOSER
+
+        spec = SpeculativeConfig(**_kw(SpeculativeConfig, dict(
+            method="custom_class", model=PROPOSER,
+            num_speculative_tokens=config.num_speculative_tokens,
+            target_model_config=model, target_parallel_config=ParallelConfig())))
     out = VllmConfig(model_config=model, cache_config=cache, scheduler_config=sched,
+                     speculative_config=spec,
                      device_config=DeviceConfig(device="cpu"),
                      # no progress bars (capture_model's, once per runner)
                      load_config=LoadConfig(**_kw(LoadConfig, dict(load_format="dummy",

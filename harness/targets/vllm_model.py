@@ -115,6 +115,8 @@ class ModelKernels:
         # () -> [(req, tokens)] per batch row of the forward being run, as the
         # target reads vLLM's persistent batch; None: no real tokens (a dummy run).
         self.rows = None
+        # req -> tokens the sampler keeps of its speculative row this step (plan_samples)
+        self.accepted: dict[int, int] = {}
         self.forwards: list[dict] = []
 
     @staticmethod
@@ -122,6 +124,23 @@ class ModelKernels:
         cache = torch.full(shape, SENTINEL, dtype=torch.float32)
         cache[NULL_BLOCK_ID] = 0.0
         return cache
+
+    def plan_samples(self, out: torch.Tensor) -> None:
+        """Write into the forward's output (float32 (tokens, hidden)) the token id
+        greedy sampling is to pick at each token (``out[:, 0]``), so that vLLM's
+        rejection sampler keeps ``accepted[req]`` tokens of a speculative row:
+        draft ``j`` (1-based) is token id ``j`` (:func:`draft_token_ids`), the
+        row's token ``j - 1`` predicts it, and the first one not to be kept is
+        predicted as 0.  Rows without a count (prefills, plain steps) pick 0."""
+        if not self.accepted or self.rows is None or self.garbage:
+            return
+        start = 0
+        for req, n in self.rows():
+            a = self.accepted.get(req)
+            if a is not None:
+                for j in range(min(a - 1, n)):
+                    out[start + j, 0] = float(j + 1)
+            start += n
 
     def poison(self, group: int, ids: list[int]) -> None:
         """What the allocator does to blocks it frees: they hold ``SENTINEL``."""
@@ -183,31 +202,81 @@ class ModelKernels:
 
     def _mamba(self, g: int, md, hidden: torch.Tensor) -> None:
         """Group ``g``'s Mamba update over vLLM's Mamba2 metadata (decode rows first)."""
-        parts, starts, init = [], [0], []
+        ncol = 1 + self.config.num_speculative_tokens
+        parts, starts, init, accepted, spec = [], [0], [], [], []
         decode = md.state_indices_tensor_d
         if md.num_decodes and decode is not None:
-            decode = decode if decode.dim() == 1 else decode[:, 0]
-            parts.append(decode.to(torch.int32))
-            starts += list(range(1, decode.shape[0] + 1))
-            init += [1] * decode.shape[0]
+            decode = decode if decode.dim() == 2 else decode[:, None]
+            rows_d = decode.shape[0]
+            parts.append(_columns(decode, ncol))
+            init += [1] * rows_d
+            qsl_d = getattr(md, "query_start_loc_d", None)
+            counts = getattr(md, "num_accepted_tokens", None)
+            if qsl_d is not None and counts is not None:  # speculative decodes
+                # Rows past the real ones (a FULL replay's padding) run no token.
+                qsl = qsl_d.to(torch.int64).tolist()
+                starts += qsl[1:rows_d + 1] + [qsl[-1]] * (rows_d + 1 - len(qsl))
+                accepted += [int(x) for x in counts[:rows_d].tolist()]
+                spec += [1] * rows_d
+            else:
+                starts += list(range(1, rows_d + 1))
+                accepted += [1] * rows_d
+                spec += [0] * rows_d
         if md.num_prefills:
             prefill = md.state_indices_tensor_p
-            prefill = prefill if prefill.dim() == 1 else prefill[:, 0]
-            parts.append(prefill[:md.num_prefills].to(torch.int32))
+            prefill = prefill if prefill.dim() == 2 else prefill[:, None]
+            parts.append(_columns(prefill[:md.num_prefills, :1], ncol))
             offset = starts[-1]
             qsl = md.query_start_loc_p.to(torch.int64).tolist()
             starts += [offset + q for q in qsl[1:md.num_prefills + 1]]
             init += [int(x) for x in md.has_initial_states_p[:md.num_prefills].tolist()]
+            accepted += [1] * md.num_prefills
+            spec += [0] * md.num_prefills
         if not parts:
             return
         indices = torch.cat(parts)
         rows = int(indices.shape[0])
         self.forwards[-1]["mamba_rows"] = rows
         self.forwards[-1].setdefault("state_indices", {})[g] = indices.tolist()
+        if ncol == 1:
+            indices = indices[:, 0].contiguous()
         mamba_state_update(hidden, torch.tensor(starts, dtype=torch.int32), indices,
                            torch.tensor(init, dtype=torch.int32), self.mamba_state[g], rows,
+                           num_accepted=torch.tensor(accepted, dtype=torch.int32),
+                           spec_rows=torch.tensor(spec, dtype=torch.int32),
                            read_out=self.mamba_read[g][:rows],
                            conv_size=self.config.groups[g].conv_size)
+
+
+class BlockfuzzProposer:
+    """The drafter runner mode hands vLLM (``speculative_config`` method
+    ``custom_class``, ``vllm/v1/spec_decode/custom_class_proposer.py``): the
+    trace decides every step's draft tokens (the target puts them in the
+    scheduler output), so it proposes none and writes no KV.  What vLLM's
+    runner does with drafts — the rejection sampler, accepted counts, the
+    Mamba builder's speculative state columns — is vLLM's."""
+
+    def __init__(self, vllm_config, *args, **kwargs):
+        self.vllm_config = vllm_config
+
+    def propose(self, sampled_token_ids, *args, **kwargs) -> list[list[int]]:
+        return [[] for _ in sampled_token_ids]
+
+
+PROPOSER = f"{__name__}.BlockfuzzProposer"
+
+
+def draft_token_ids(num_drafts: int) -> list[int]:
+    """The draft tokens runner mode schedules for a speculative row: 1..num_drafts."""
+    return list(range(1, num_drafts + 1))
+
+
+def _columns(indices: torch.Tensor, ncol: int) -> torch.Tensor:
+    """int32 (rows, ncol): ``indices``' columns, zero past them."""
+    out = torch.zeros((indices.shape[0], ncol), dtype=torch.int32)
+    n = min(ncol, indices.shape[1])
+    out[:, :n] = indices[:, :n].to(torch.int32)
+    return out
 
 
 def _attention_cls():
@@ -265,12 +334,14 @@ class _BlockfuzzModel(nn.Module):
                 inputs_embeds=None, **kwargs):
         from vllm.forward_context import get_forward_context
 
+        n = input_ids.shape[0] if input_ids is not None else inputs_embeds.shape[0]
+        out = torch.zeros(n, self.hidden)
         if self.kernels is not None and positions is not None:
             ctx = get_forward_context()
             self.kernels.forward(ctx, positions)
             self._record_launch(ctx, positions)
-        n = input_ids.shape[0] if input_ids is not None else inputs_embeds.shape[0]
-        return torch.zeros(n, self.hidden)
+            self.kernels.plan_samples(out)
+        return out
 
     def _record_launch(self, ctx, positions) -> None:
         """While V2's graph manager captures a FULL graph (``EmulatedCUDAGraph``),
@@ -291,9 +362,14 @@ class _BlockfuzzModel(nn.Module):
         graph.launches.append(lambda: self.kernels.forward(kept, positions))
 
     def compute_logits(self, hidden_states, *args, **kwargs):
-        """Logits of zeros: greedy sampling picks token 0 (no payload depends on
-        sampled ids: :meth:`ModelKernels._payload`)."""
-        return torch.zeros(hidden_states.shape[0], self.vocab)
+        """One-hot logits at the token id ``hidden_states[:, 0]`` holds
+        (:meth:`ModelKernels.plan_samples`; 0 unless a speculative step planned
+        otherwise): greedy sampling picks it.  No payload depends on sampled ids
+        (:meth:`ModelKernels._payload`)."""
+        ids = hidden_states[:, 0].round().long().clamp(0, self.vocab - 1)
+        logits = torch.zeros(hidden_states.shape[0], self.vocab)
+        logits[torch.arange(ids.shape[0]), ids] = 1.0
+        return logits
 
     def load_weights(self, weights):
         return set()

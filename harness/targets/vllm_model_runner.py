@@ -86,7 +86,8 @@ def runner_refusal(config, vllm) -> TargetRefused | None:
         ("groups[*].slot_buffer", any(s.slot_buffer for s in config.groups),
          "a backend slot buffer of its own"),
         ("groups[*].conv_size", any(s.conv_size for s in config.groups), "a conv state"),
-        ("num_speculative_tokens", config.num_speculative_tokens, "a drafter"),
+        ("num_speculative_tokens", config.runner == "v2" and config.num_speculative_tokens,
+         "a drafter on V2 (its runner takes EAGLE/MTP-style drafters only)"),
         ("allocator", config.allocator != "trace", "vLLM's KV-cache manager"),
         ("kv_sharing", config.kv_sharing, "pages shared between groups"),
         ("dcp_world_size", config.dcp_world_size > 1, "decode context parallelism"),
@@ -279,18 +280,24 @@ class VllmModelRunnerTarget:
         self.requests[req]["computed"] -= num_tokens
 
     def step(self, scheduled, cudagraph_mode, accepted=None):
-        output = self._scheduler_output(scheduled)
+        decodes = {req: n for req, n in scheduled
+                   if self.requests[req]["computed"] >= self.requests[req]["prompt_len"]}
+        kept = {req: (n if accepted is None else a) for (req, n), a in
+                zip(scheduled, accepted or [None] * len(scheduled)) if req in decodes}
+        drafts = {req: n - 1 for req, n in decodes.items() if n > 1}
+        output = self._scheduler_output(scheduled, drafts)
         self.kernels.forwards.clear()
         self.kernels.rows = self._batch_rows({str(req): n for req, n in scheduled})
+        self.kernels.accepted = kept if drafts else {}
         try:
             with self._ctx():
                 self.runner.execute_model(output)
                 if hasattr(self.runner, "sample_tokens"):
                     self.runner.sample_tokens(None)
         finally:
-            self.kernels.rows = None
-        for req, n in scheduled:
-            self.requests[req]["computed"] += n
+            self.kernels.rows, self.kernels.accepted = None, {}
+        for req, n in scheduled:  # vLLM's scheduler: scheduled tokens less rejected drafts
+            self.requests[req]["computed"] += kept.get(req, n)
         self._record(False, len(scheduled), sum(n for _, n in scheduled),
                      tuple(int(r) for r in self._batch_order(len(scheduled))))
 
@@ -332,8 +339,12 @@ class VllmModelRunnerTarget:
         self.last_forward = ForwardInfo(dummy, f["mode"], num_reqs, f["rows"] or num_reqs,
                                         num_tokens, f["num_tokens"], req_ids)
 
-    def _scheduler_output(self, scheduled):
-        """vLLM's ``SchedulerOutput`` for the step ``scheduled`` [(req, tokens)]."""
+    def _scheduler_output(self, scheduled, drafts: dict | None = None):
+        """vLLM's ``SchedulerOutput`` for the step ``scheduled`` [(req, tokens)];
+        ``drafts``: {req: draft tokens} of its speculative rows (their ids:
+        ``vllm_model.draft_token_ids``)."""
+        from harness.targets.vllm_model import draft_token_ids
+
         from vllm.sampling_params import SamplingParams
         from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 
@@ -367,7 +378,9 @@ class VllmModelRunnerTarget:
         return SchedulerOutput(**_kw(SchedulerOutput, dict(
             scheduled_new_reqs=new_data, scheduled_cached_reqs=cached_data,
             num_scheduled_tokens=tokens, total_num_scheduled_tokens=sum(tokens.values()),
-            scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={},
+            scheduled_spec_decode_tokens={str(req): draft_token_ids(n)
+                                          for req, n in (drafts or {}).items()},
+            scheduled_encoder_inputs={},
             num_common_prefix_blocks=[0] * len(self.groups), finished_req_ids=finished,
             free_encoder_mm_hashes=[], structured_output_request_ids={},
             grammar_bitmask=None)))

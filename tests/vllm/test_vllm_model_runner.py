@@ -224,3 +224,96 @@ def test_runner_mode_draws_only_what_runner_mode_runs(gmr, monkeypatch):
         assert vllm_target.target_mode(cfg) == ("runner", None), cfg
 
     check()
+
+
+# -- V2's ModelRunner ----------------------------------------------------------------
+
+V2_ONE_TOKEN = CORPORA / "vllm" / "v2-one-token-first-chunk-stale-decode-graph.json"
+
+
+@pytest.fixture(scope="module")
+def mr2(gmr):
+    """vLLM's V2 ``model_runner`` module with runner mode's V2 shims applied."""
+    from harness.targets.vllm_engine import prepare_v2
+
+    prepare_v2()
+    import vllm.v1.worker.gpu.model_runner as mr2
+
+    return mr2
+
+
+def test_v2_runner_mode_runs_vllms_own_v2_runner(mr2, monkeypatch):
+    """A V2 trace runs vLLM's V2 ``ModelRunner``: each step through its
+    ``prepare_inputs``, FULL batches replayed by its own graph manager."""
+    import vllm.v1.worker.gpu.cudagraph_utils as cudagraph_utils
+
+    trace = load(V2_ONE_TOKEN)
+    assert vllm_target.target_mode(trace.config) == ("runner", None)
+    assert "V2 ModelRunner" in vllm_target.mode_line(trace.config)
+    prepares = _counting(monkeypatch, mr2.GPUModelRunner, "prepare_inputs")
+    replays = _counting(monkeypatch, cudagraph_utils.CudaGraphManager, "run_fullgraph")
+    target = make_target("vllm", trace.config)
+    assert type(target.runner) is mr2.GPUModelRunner
+    from harness.core.trace import apply_op
+
+    for op in trace.ops[:4]:  # two prefills, then their decodes in a FULL graph
+        apply_op(target, op)
+    assert len(prepares) == 2 and len(replays) == 1
+    assert target.last_forward.cudagraph_mode == "FULL"
+    assert target.last_forward.req_ids in ((0, 2), (2, 0))
+
+
+def _v2_one_token_fix(mr2, monkeypatch) -> bool:
+    """The fix on V2 releases that dispatch by shape alone: a scheduler output
+    holding a stateless first chunk is no uniform batch.  False where the
+    release has no such dispatch (nothing to patch)."""
+    if not hasattr(mr2, "get_uniform_token_count"):
+        return False
+    original_execute, original_uniform = mr2.GPUModelRunner.execute_model, \
+        mr2.get_uniform_token_count
+
+    def execute_model(self, output, *args, **kwargs):
+        first = any(r.num_computed_tokens == 0 for r in output.scheduled_new_reqs)
+        monkeypatch.setattr(mr2, "get_uniform_token_count",
+                            (lambda *a: None) if first else original_uniform)
+        return original_execute(self, output, *args, **kwargs)
+
+    monkeypatch.setattr(mr2.GPUModelRunner, "execute_model", execute_model)
+    return True
+
+
+def test_v2_one_token_first_chunk_replays_a_stale_decode_graph(mr2, monkeypatch):
+    """The one-token bug on V2's own runner: where the release dispatches the
+    uniform-decode graph by shape, request 1's first state lands in request 2's
+    live block 7; with the fix as a patch the trace passes.  A release whose V2
+    runner keeps batches with a prefill off decode graphs passes as it is (the
+    verdict bisect recorded for it says so)."""
+    trace = load(V2_ONE_TOKEN)
+    v = replay(trace, (), "vllm").violation
+    recorded = vllm_target.recorded_verdict(trace, vllm_target.installed_version(), "runner")
+    if v is None:
+        assert recorded is None or recorded["verdict"] == "pass", recorded
+        return
+    assert (v.invariant, v.op_index, v.group, v.block) == ("NO_STALE_WRITE", 5, 1, 7), v
+    assert "owned by req 2" in v.detail
+    assert _v2_one_token_fix(mr2, monkeypatch), "the bug is present but nothing was patched"
+    assert replay(trace, (), "vllm").violation is None
+
+
+def test_v2_fuzz_from_seed_0_finds_the_seed_stale_dummy_tables(mr2, monkeypatch):
+    """Seed 0, runner mode, V2, on a release whose ``get_dummy_block_tables``
+    returns the last batch's rows: with the one-token bug fixed as a patch (its
+    finding otherwise comes first), the search finds the seed's stale dummy
+    tables in vLLM's own V2 runner."""
+    from harness.search.fuzz import fuzz
+    from tests.vllm.test_vllm_target import _keeps_stale_rows
+
+    if not _keeps_stale_rows(vllm_target.load(), "v2"):
+        pytest.skip(f"vLLM {vllm_target.installed_version()} zeroes V2 dummy tables")
+    monkeypatch.setenv(vllm_target.MODE_ENV, "runner")
+    _v2_one_token_fix(mr2, monkeypatch)
+    result = fuzz(None, 0, 200, (), "vllm", "cpu", runner="v2")
+    assert result.violation is not None, "the stale dummy tables were not found"
+    assert result.violation.invariant in ("DUMMY_TABLES_ZERO", "NO_STALE_WRITE"), \
+        result.violation.line()
+    assert vllm_target.target_mode(result.trace.config) == ("runner", None)

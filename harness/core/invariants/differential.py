@@ -138,7 +138,10 @@ def _engine_pairs(impl: Observation, ref: Observation, config: RunnerConfig) -> 
     are not the reference's op by op, and are not compared.  What is: the last
     forward's kind (dummy or not), real tokens and requests, each request's
     attention output (by request, whatever row it ran in), and the caches —
-    everything a kernel left (:func:`_effect_pairs`)."""
+    everything a kernel left (:func:`_effect_pairs`) — but the drafter's KV
+    cache: the engine's runner drives a drafter of blockfuzz's that proposes
+    the trace's drafts and writes no KV (``draft_kv_cache`` None), so the
+    reference's draft-layer writes have nothing to compare with."""
     pairs = []
     a, b = impl.last_forward, ref.last_forward
     if b is not None:
@@ -152,11 +155,12 @@ def _engine_pairs(impl: Observation, ref: Observation, config: RunnerConfig) -> 
             order = [row_of[r] for r in b.req_ids]
             pairs.append((f"attn_out[{g}] (rows by request {list(b.req_ids)})",
                           impl.attn_out[g][order], v[:len(order)], ("row", "element")))
-    return pairs + _effect_pairs(impl, ref, config, outputs=False)
+    return pairs + _effect_pairs(impl, ref, config, outputs=False,
+                                 drafts=impl.draft_kv_cache is not None)
 
 
 def _effect_pairs(impl: Observation, ref: Observation, config: RunnerConfig,
-                  outputs: bool = True) -> list:
+                  outputs: bool = True, drafts: bool = True) -> list:
     """What the kernels left: caches (a Mamba null block is scratch; under
     ``mamba_padding`` ``pad_slot_no_null`` block 0 is a state like any other)
     and outputs."""
@@ -167,7 +171,7 @@ def _effect_pairs(impl: Observation, ref: Observation, config: RunnerConfig,
              for g, v in (ref.kv_params or {}).items()]
     pairs += [(f"kv_cache[{g}]", impl.kv_cache[g], v, kv) for g, v in ref.kv_cache.items()]
     pairs += [(f"draft_kv_cache[{g}]", (impl.draft_kv_cache or {}).get(g, np.zeros(0)), v, kv)
-              for g, v in (ref.draft_kv_cache or {}).items()]
+              for g, v in (ref.draft_kv_cache or {}).items() if drafts]
     pairs += [(f"attn_out[{g}]", impl.attn_out[g], v, ("row", "element"))
               for g, v in ref.attn_out.items() if outputs]
     for g, v in ref.mamba_state.items():
