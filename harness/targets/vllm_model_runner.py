@@ -284,7 +284,8 @@ class VllmModelRunnerTarget:
                    if self.requests[req]["computed"] >= self.requests[req]["prompt_len"]}
         kept = {req: (n if accepted is None else a) for (req, n), a in
                 zip(scheduled, accepted or [None] * len(scheduled)) if req in decodes}
-        drafts = {req: n - 1 for req, n in decodes.items() if n > 1}
+        drafts = {req: n - 1 for req, n in decodes.items()
+                  if n > 1 and self.config.num_speculative_tokens}
         output = self._scheduler_output(scheduled, drafts)
         self.kernels.forwards.clear()
         self.kernels.rows = self._batch_rows({str(req): n for req, n in scheduled})

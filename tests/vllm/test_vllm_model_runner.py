@@ -21,6 +21,7 @@ from tests.conftest import CORPORA
 
 STALE_COUNTERS = CORPORA / "vllm" / "v1-dummy-run-stale-prefilling-counters.json"
 ONE_TOKEN = CORPORA / "vllm" / "v1-one-token-first-chunk-stale-decode-graph.json"
+SPEC_REENTRY = CORPORA / "vllm" / "v1-spec-decode-reentry-count-reset.json"
 
 
 @pytest.fixture(scope="module")
@@ -82,9 +83,9 @@ def test_mode_setting_picks_the_adapter_and_names_what_runs(gmr, monkeypatch):
     assert "component adapter" in vllm_target.mode_line(trace.config)
     assert replay(trace, (), "vllm").violation is None  # the fixed runner side
     monkeypatch.setenv(vllm_target.MODE_ENV, "runner")
-    spec = load(CORPORA / "vllm" / "v1-spec-decode-reentry-count-reset.json")
-    with pytest.raises(vllm_target.TargetRefused, match="drafter"):
-        vllm_target.target_mode(spec.config)
+    window = load(CORPORA / "vllm" / "v2-sliding-window-prefix-hit.json")
+    with pytest.raises(vllm_target.TargetRefused, match="hybrid configs only"):
+        vllm_target.target_mode(window.config)
     monkeypatch.setenv(vllm_target.MODE_ENV, "sometimes")
     with pytest.raises(vllm_target.TargetUnavailable, match="auto, runner or adapter"):
         vllm_target.target_mode(trace.config)
@@ -317,3 +318,50 @@ def test_v2_fuzz_from_seed_0_finds_the_seed_stale_dummy_tables(mr2, monkeypatch)
     assert result.violation.invariant in ("DUMMY_TABLES_ZERO", "NO_STALE_WRITE"), \
         result.violation.line()
     assert vllm_target.target_mode(result.trace.config) == ("runner", None)
+
+
+def _reentry_count_fix(monkeypatch):
+    """The fix (docs/upstream/spec-decode-reentry-count-reset.md): a request taken
+    out of the persistent batch keeps its accepted count, and gets it back when
+    it returns (vLLM's ``add_request`` sets 1)."""
+    from vllm.v1.worker.gpu_input_batch import InputBatch
+
+    kept: dict = {}
+    remove, add = InputBatch.remove_request, InputBatch.add_request
+
+    def remove_request(self, req_id):
+        index = self.req_id_to_index.get(req_id)
+        if index is not None:
+            kept[req_id] = int(self.num_accepted_tokens_cpu[index])
+        return remove(self, req_id)
+
+    def add_request(self, request, *args, **kwargs):
+        index = add(self, request, *args, **kwargs)
+        row = self.req_id_to_index[request.req_id] if index is None else index
+        if request.req_id in kept:
+            self.num_accepted_tokens_cpu[row] = kept.pop(request.req_id)
+        return index
+
+    monkeypatch.setattr(InputBatch, "remove_request", remove_request)
+    monkeypatch.setattr(InputBatch, "add_request", add_request)
+
+
+def test_a_request_that_skips_a_step_restarts_from_state_column_0(gmr, monkeypatch):
+    """The spec-decode suspicion on vLLM's own runner, with a drafter through its
+    custom-class hook: request 0 keeps all 3 tokens of a speculative step
+    (running state: column 2), a step leaves it out (``_update_states`` takes it
+    out of the batch), and when it comes back with a draft, ``add_request`` has
+    reset its accepted count to 1 — the Mamba kernel starts from column 0.
+    The same schedule without the skipped step passes, and so does the trace
+    with the fix as a patch."""
+    from harness.core.trace import Trace
+
+    trace = load(SPEC_REENTRY)
+    assert vllm_target.target_mode(trace.config) == ("runner", None)
+    v = replay(trace, (), "vllm").violation
+    assert v is not None and (v.invariant, v.op_index) == ("MATCHES_REFERENCE", 5), v
+    assert "mamba_state[1] block 1" in v.detail, v.detail
+    unskipped = Trace(trace.config, trace.ops[:3] + trace.ops[5:], {"verdict": "pass"}, {})
+    assert replay(unskipped, (), "vllm").violation is None
+    _reentry_count_fix(monkeypatch)
+    assert replay(trace, (), "vllm").violation is None
