@@ -5,7 +5,7 @@ config per runner, ops recorded once), times per step:
   - the target alone (ops applied, construction and graph capture included),
   - the differential session (reference + target + observation + invariants),
 for gpu_impl and for the installed vLLM in each mode that can run the config —
-runner mode (vLLM's own GPUModelRunner, V1) and the component adapter — and
+runner mode (vLLM's own model runner, V1 and V2) and the component adapter — and
 prints the ratio.  vLLM's import (and runner mode's one-off set-up) happens
 before any clock starts.  Target: a vllm session step within 3x a gpu_impl
 session step.
@@ -93,7 +93,7 @@ def main() -> None:
             try:
                 vllm_target.target_mode(config)
             except vllm_target.TargetRefused:
-                continue  # runner mode drives V1 only
+                continue  # runner mode refuses this config
             if mode == "runner":  # its one-off set-up (and first runner) before the clocks
                 _alone("vllm", config, workload[:1])
             for name, fn in (("target alone", _alone),
