@@ -287,8 +287,8 @@ class ReferenceRunnerBase(abc.ABC):
         ``req``'s latest step (vLLM: ``num_computed_tokens -= num_rejected`` in the
         scheduler's ``update_from_output``).  Their KV stays as garbage that the
         next step overwrites; reads mask it.  Refused with Mamba groups: one
-        state column per request cannot be rolled back (multi-column rows are
-        issue #14's)."""
+        state column per request cannot be rolled back; speculative rows with
+        one column per draft are ``spec_step``'s)."""
         if self.config.mamba_groups:
             raise OpError("op", "rollback needs a config without Mamba groups (a single "
                           "state column per request cannot be rolled back)")
