@@ -288,7 +288,7 @@ class ReferenceRunnerBase(abc.ABC):
         scheduler's ``update_from_output``).  Their KV stays as garbage that the
         next step overwrites; reads mask it.  Refused with Mamba groups: one
         state column per request cannot be rolled back; speculative rows with
-        one column per draft are ``spec_step``'s)."""
+        one column per draft are ``spec_step``'s."""
         if self.config.mamba_groups:
             raise OpError("op", "rollback needs a config without Mamba groups (a single "
                           "state column per request cannot be rolled back)")
