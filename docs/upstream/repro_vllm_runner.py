@@ -6,10 +6,13 @@ the regular vLLM wheel; needs only vllm and its runner's import chain.
     pip install einops loguru && pip install --no-deps compressed-tensors
     python repro_vllm_runner.py dummy-run-stale-counters   [--with-fix]
     python repro_vllm_runner.py one-token-first-chunk      [--with-fix]
+    python repro_vllm_runner.py spec-decode-reentry        [--with-fix]
 
 Exit status: 1 while the bug is present (a replayed decode row read a state
 block it must not: the dummy's rows anything but the null block; a step's
-rows another request's block, or a stateless first chunk ran as a decode), 0
+rows another request's block, or a stateless first chunk ran as a decode; a
+speculative request back from a skipped step started from the wrong state
+column), 0
 with the fix applied (``--with-fix``: the patch the matching report
 describes, applied at run time), 2 when there is no verdict (the set-up
 failed, vLLM raised on the schedule, or nothing was replayed).  Run against
@@ -47,6 +50,18 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 import torch  # noqa: E402
 
 READS: list[dict] = []  # per FULL replay: what the Mamba decode kernel reads
+STARTS: list[list] = []  # per forward with accepted counts: the state column each decode row starts from
+PLAN: list[int] = []  # the token greedy sampling is to pick at each token of the next forward
+
+
+class NoDrafter:
+    """The drafter handed to vLLM's custom_class hook: the script schedules the drafts."""
+
+    def __init__(self, vllm_config, *a, **k):
+        pass
+
+    def propose(self, sampled_token_ids, *a, **k):
+        return [[] for _ in sampled_token_ids]
 LAYER_M, LAYER_A = "model.layers.0.mixer", "model.layers.1.self_attn.attn"
 
 
@@ -216,10 +231,20 @@ def model_classes():
                 d = md.state_indices_tensor_d
                 d = d if d.dim() == 1 else d[:, 0]
                 READS.append({"decode_rows": md.num_decodes, "indices": d.tolist()})
-            return torch.zeros(input_ids.shape[0], 16)
+            if md is not None and md.num_decodes and \
+                    getattr(md, "num_accepted_tokens", None) is not None:
+                # the Mamba decode kernel starts from column num_accepted - 1
+                STARTS.append([int(a) - 1 for a in md.num_accepted_tokens[:md.num_decodes]])
+            out = torch.zeros(input_ids.shape[0], 16)
+            out[:len(PLAN), 0] = torch.tensor(PLAN[:input_ids.shape[0]], dtype=torch.float32)
+            return out
 
         def compute_logits(self, hidden_states, *a, **k):
-            return torch.zeros(hidden_states.shape[0], self.vocab)
+            # greedy sampling picks the token the forward's output names (PLAN)
+            ids = hidden_states[:, 0].round().long().clamp(0, self.vocab - 1)
+            logits = torch.zeros(hidden_states.shape[0], self.vocab)
+            logits[torch.arange(ids.shape[0]), ids] = 1.0
+            return logits
 
         def load_weights(self, weights):
             return set()
@@ -227,11 +252,11 @@ def model_classes():
     return TinyHybrid
 
 
-def build_runner(gmr):
+def build_runner(gmr, num_spec: int = 0):
     from vllm import ModelRegistry
     from vllm.config import (CacheConfig, CompilationConfig, DeviceConfig, LoadConfig,
-                             ModelConfig, ParallelConfig, SchedulerConfig, VllmConfig,
-                             set_current_vllm_config)
+                             ModelConfig, ParallelConfig, SchedulerConfig, SpeculativeConfig,
+                             VllmConfig, set_current_vllm_config)
     from vllm.distributed.parallel_state import (init_distributed_environment,
                                                  initialize_model_parallel)
 
@@ -245,9 +270,16 @@ def build_runner(gmr):
                    "mamba_d_head": 8, "mamba_n_groups": 1, "mamba_d_state": 2,
                    "mamba_d_conv": 2, "mamba_expand": 1, "mamba_chunk_size": 4,
                    "max_position_embeddings": 256, "torch_dtype": "float32"}, f)
+    model = ModelConfig(**kw(ModelConfig, dict(
+        model=d, skip_tokenizer_init=True, dtype="float32", max_model_len=64, seed=0)))
+    spec = SpeculativeConfig(**kw(SpeculativeConfig, dict(
+        method="custom_class", model=f"{__name__}.NoDrafter", num_speculative_tokens=num_spec,
+        target_model_config=model, target_parallel_config=ParallelConfig()))) \
+        if num_spec else None
+    graphs = dict(cudagraph_mode="NONE") if num_spec else dict(
+        cudagraph_mode="FULL", cudagraph_capture_sizes=[1, 2, 4], max_cudagraph_capture_size=4)
     vc = VllmConfig(
-        model_config=ModelConfig(**kw(ModelConfig, dict(
-            model=d, skip_tokenizer_init=True, dtype="float32", max_model_len=64, seed=0))),
+        model_config=model, speculative_config=spec,
         cache_config=CacheConfig(**kw(CacheConfig, dict(
             block_size=16, mamba_cache_mode="none", enable_prefix_caching=False,
             num_gpu_blocks_override=12))),
@@ -257,9 +289,7 @@ def build_runner(gmr):
             async_scheduling=False))),
         device_config=DeviceConfig(device="cpu"), load_config=LoadConfig(load_format="dummy"),
         parallel_config=ParallelConfig(), compilation_config=CompilationConfig(**kw(
-            CompilationConfig, dict(mode=0, cudagraph_mode="FULL",
-                                    cudagraph_capture_sizes=[1, 2, 4],
-                                    max_cudagraph_capture_size=4))))
+            CompilationConfig, dict(mode=0, **graphs))))
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(29500 + os.getpid() % 20000))
     with set_current_vllm_config(vc):
@@ -270,7 +300,8 @@ def build_runner(gmr):
         runner = gmr.GPUModelRunner(vc, torch.device("cpu"))
         runner.load_model()
         init_kv_cache(runner, vc)
-        runner.capture_model()
+        if not num_spec:
+            runner.capture_model()
     return runner, vc
 
 
@@ -311,12 +342,17 @@ class Scheduler:
         self.prompt, self.blocks, self.finished = {}, {}, set()
 
     def add(self, req, prompt_len, attn_block, mamba_block):
+        """mamba_block: a block id, or a list (one per state column with drafts)."""
         self.prompt[req], self.computed[req] = prompt_len, 0
         b = [None, None]
-        b[self.runner.groups[LAYER_A]], b[self.runner.groups[LAYER_M]] = [attn_block], [mamba_block]
+        b[self.runner.groups[LAYER_A]] = [attn_block]
+        b[self.runner.groups[LAYER_M]] = mamba_block if isinstance(mamba_block, list) \
+            else [mamba_block]
         self.blocks[req] = tuple(b)
 
-    def step(self, tokens: dict):
+    def step(self, tokens: dict, drafts: dict | None = None, kept: dict | None = None):
+        """drafts: {req: draft token ids}; kept: {req: tokens the sampler keeps}
+        (the scheduler advances a request by those, as it does after rejections)."""
         from vllm.config import set_current_vllm_config
         from vllm.sampling_params import SamplingParams
         from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
@@ -336,7 +372,7 @@ class Scheduler:
         out = SchedulerOutput(**kw(SchedulerOutput, dict(
             scheduled_new_reqs=new_data, scheduled_cached_reqs=cached,
             num_scheduled_tokens=dict(tokens), total_num_scheduled_tokens=sum(tokens.values()),
-            scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={},
+            scheduled_spec_decode_tokens=dict(drafts or {}), scheduled_encoder_inputs={},
             num_common_prefix_blocks=[0, 0], finished_req_ids=set(self.finished),
             free_encoder_mm_hashes=[], structured_output_request_ids={},
             grammar_bitmask=None)))
@@ -348,7 +384,7 @@ class Scheduler:
                 self.runner.sample_tokens(None)
         self.computed_before = {r: self.computed[r] for r in tokens}
         for r, n in tokens.items():
-            self.computed[r] += n
+            self.computed[r] += (kept or {}).get(r, n)
 
     def finish(self, req):
         self.finished.add(req)
@@ -405,9 +441,51 @@ def one_token_first_chunk(runner, vc, s):
                  "another request's state block")
 
 
+def spec_decode_reentry(runner, vc, s):
+    """A speculative request that skipped a step comes back starting from column 0."""
+    s.add("A", 1, 1, [1, 2, 3])
+    s.add("B", 1, 2, [4, 5, 6])
+    s.step({"A": 1})                # A prefills its one-token prompt
+    PLAN[:] = [1, 2, 0]             # the target predicts both drafts: 3 tokens kept
+    s.step({"A": 3}, drafts={"A": [1, 2]}, kept={"A": 3})
+    PLAN[:] = []
+    s.step({"B": 1})                # A not scheduled: _update_states takes it out of the batch
+    STARTS.clear()
+    s.step({"A": 2}, drafts={"A": [1]}, kept={"A": 1})  # A is back, with a draft
+    # After keeping 3 tokens, A's state after its last kept token is column 2.
+    bad = [(col, "request A's running state is column 2") for r in STARTS[:1]
+           for col in r[:1] if col != 2]
+    if not STARTS:
+        raise RuntimeError("no decode row got accepted counts")
+    return [(f"column {c}", why) for c, why in bad], (
+        "request A, back from a skipped step, started its Mamba update from")
+
+
 def apply_fix(gmr, case):
     """The fix described in the matching report, as a run-time patch."""
     runner_cls = gmr.GPUModelRunner
+    if case == "spec-decode-reentry":
+        from vllm.v1.worker.gpu_input_batch import InputBatch
+
+        kept: dict = {}
+        remove, add = InputBatch.remove_request, InputBatch.add_request
+
+        def remove_request(self, req_id):
+            # A request leaving the batch keeps its accepted count ...
+            if req_id in self.req_id_to_index:
+                kept[req_id] = int(self.num_accepted_tokens_cpu[self.req_id_to_index[req_id]])
+            return remove(self, req_id)
+
+        def add_request(self, request, *a, **k):
+            # ... and gets it back when it returns.
+            out = add(self, request, *a, **k)
+            if request.req_id in kept:
+                self.num_accepted_tokens_cpu[self.req_id_to_index[request.req_id]] = \
+                    kept.pop(request.req_id)
+            return out
+
+        InputBatch.remove_request, InputBatch.add_request = remove_request, add_request
+        return
     if case == "dummy-run-stale-counters":
         original = runner_cls._dummy_run
 
@@ -434,6 +512,7 @@ def apply_fix(gmr, case):
 
 
 CASES = {"dummy-run-stale-counters": dummy_run_stale_counters,
+         "spec-decode-reentry": spec_decode_reentry,
          "one-token-first-chunk": one_token_first_chunk}
 
 
@@ -447,7 +526,7 @@ def main() -> int:
         gmr = shim_process()
         if args.with_fix:
             apply_fix(gmr, args.case)
-        runner, vc = build_runner(gmr)
+        runner, vc = build_runner(gmr, 2 if args.case == "spec-decode-reentry" else 0)
     except Exception as e:  # noqa: BLE001 - the set-up failed: no verdict
         print(f"set-up failed: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
@@ -460,8 +539,12 @@ def main() -> int:
     fix = " (fix applied)" if args.with_fix else ""
     if bad:
         print(f"vLLM {vllm.__version__}{fix}: BUG: {what}: "
-              + ", ".join(f"block {b} ({r})" for b, r in bad))
+              + ", ".join(f"{b if isinstance(b, str) else f'block {b}'} ({r})" for b, r in bad))
         return 1
+    if args.case == "spec-decode-reentry":
+        print(f"vLLM {vllm.__version__}{fix}: OK: request A started from its running "
+              "state column 2")
+        return 0
     # The dummy run replays FULL whether or not the fix is in; the fixed one-token
     # step runs eagerly (no replay), so there only the bug's presence needs a replay.
     if not READS and (args.case == "dummy-run-stale-counters" or not args.with_fix):

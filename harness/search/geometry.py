@@ -29,7 +29,7 @@ HEAD_SIZE = 4  # drawn configs keep RunnerConfig's default head_size
 @st.composite
 def runner_configs(draw, runner: str | None = None,
                    kernel_split: dict | None = None, dcp: dict | None = None,
-                   spec: bool = True, spec_dcp: bool = True,
+                   spec: bool | dict = True, spec_dcp: bool = True,
                    engine: bool | str = True, sharing_ok: bool = True,
                    padding_ok: bool = True, uniform_pages: bool = False,
                    plain: bool = False, mamba_needed: dict | None = None) -> RunnerConfig:
@@ -38,7 +38,8 @@ def runner_configs(draw, runner: str | None = None,
     kernel_split: {runner: bool} — False keeps ``kernel_block_size == block_size``
     for that runner (a target whose block tables cannot split blocks, see
     :func:`target_limits`); dcp: {runner: bool} — False keeps one DCP rank;
-    spec: False keeps ``num_speculative_tokens`` 0 (a target without a drafter);
+    spec: False keeps ``num_speculative_tokens`` 0 (a target without a drafter),
+    or {runner: bool} per runner;
     spec_dcp: False keeps it 0 when ``dcp_world_size`` > 1; engine: False keeps
     ``allocator`` ``trace`` (a target without its own KV-cache manager);
     ``"single"`` draws ``engine`` configs with one attention group only (a
@@ -121,6 +122,8 @@ def runner_configs(draw, runner: str | None = None,
     support = ALWAYS if not mamba and draw(st.sampled_from([False, True])) else UNIFORM_BATCH
     # Speculative decoding (a drafter proposing k tokens) in half the examples;
     # vLLM's Mamba builders then treat up to 1 + k tokens as a decode.
+    if isinstance(spec, dict):
+        spec = spec.get(runner, True)
     k = draw(st.sampled_from([0, 0, 0, 2, 1, 3])) if spec and not align and not (
         caching and groups[0].sliding_window and len(groups) > 1) else 0
     if world > 1 and not spec_dcp:

@@ -224,8 +224,11 @@ def geometry_limits() -> dict:
     ``$BLOCKFUZZ_VLLM_MODE=runner``: only what runner mode drives)."""
     vllm = load()
     if mode_setting() == "runner":
+        from harness.targets.vllm_model_runner import custom_drafter_hook
+
         return {"kernel_split": {"v1": False, "v2": False}, "dcp": {"v1": False, "v2": False},
-                "spec": False, "spec_dcp": False, "engine": False, "sharing_ok": False,
+                "spec": {"v1": custom_drafter_hook(), "v2": False},
+                "spec_dcp": False, "engine": False, "sharing_ok": False,
                 "padding_ok": False, "plain": True, "mamba_needed": {"v2": True}}
     return {"kernel_split": {"v1": vllm.v1_kernel_blocks, "v2": vllm.v2_kernel_blocks},
             "dcp": {"v1": True, "v2": v2_dcp_runs(vllm) is None},

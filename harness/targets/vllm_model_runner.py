@@ -98,7 +98,19 @@ def runner_refusal(config, vllm) -> TargetRefused | None:
         if present:
             return TargetRefused(field, f"runner mode does not model {what} yet; the "
                                  "component adapter runs it")
+    if config.num_speculative_tokens and not custom_drafter_hook():
+        return TargetRefused("num_speculative_tokens", f"vLLM {vllm.version} has no "
+                             "custom_class proposer hook to hand runner mode's drafter to; "
+                             "the component adapter runs it")
     return _config_refusal(_key(config), config)
+
+
+def custom_drafter_hook() -> bool:
+    """Whether the installed vLLM takes a drafter class of ours
+    (``speculative_config`` method ``custom_class``)."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm.v1.spec_decode.custom_class_proposer") is not None
 
 
 _CONFIG_REFUSALS: dict[str, TargetRefused | None] = {}
