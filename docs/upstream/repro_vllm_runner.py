@@ -1,6 +1,7 @@
-"""Standalone reproducer: vLLM's V1 GPUModelRunner replays a FULL decode graph
-whose Mamba2 state indices are stale, so the replayed decode kernel reads and
-writes a live request's Mamba state.  Runs on a CPU (no GPU, no vllm._C) with
+"""Standalone reproducer: vLLM's V1 GPUModelRunner hands a Mamba2 decode kernel
+the wrong state — a FULL decode graph replayed on stale state indices (a live
+request's state read and written), or a speculative request's running state
+column lost when it skipped a step.  Runs on a CPU (no GPU, no vllm._C) with
 the regular vLLM wheel; needs only vllm and its runner's import chain.
 
     pip install einops loguru && pip install --no-deps compressed-tensors
@@ -30,7 +31,11 @@ CUDA; CUDA events/streams host placeholders; CUDA graphs emulated: a FULL
 persistent buffers with their current contents — which is what a replayed
 graph reads.  The model is a tiny hybrid registered with vLLM whose layers
 are vLLM's own MambaMixer2 and Attention; its forward records what the FULL
-replay's Mamba decode kernel would read (``state_indices_tensor_d``).
+replay's Mamba decode kernel would read (``state_indices_tensor_d``) and the
+column a speculative decode row starts from (``num_accepted_tokens - 1``).
+The speculative case runs eagerly with a drafter that proposes nothing
+(vLLM's ``custom_class`` hook): the script schedules the drafts, and the
+model's logits make greedy sampling accept the ones it plans.
 """
 
 from __future__ import annotations
