@@ -20,7 +20,7 @@ logic, ``InputBatch``, the block tables or the metadata builders:
   are gpu_impl's); ``get_current_memory_usage`` 0, ``support_hybrid_kv_cache``
   and ``support_static_graph_mode`` True (as CUDA's), ``num_compute_units`` 1;
 - ``torch.accelerator.synchronize`` / ``empty_cache`` no-ops and host
-  placeholders for ``torch.cuda.Event`` / ``Stream`` (as vLLM's own
+  placeholders for ``torch.cuda.Event`` / ``Stream`` / ``current_stream`` (as vLLM's own
   ``CPUModelRunner`` does), ``get_memory_info`` (0, 0);
 - ``gpu_model_runner.CUDAGraphWrapper`` is :class:`EmulatedCUDAGraphWrapper`
   and ``graph_capture`` a null context: a FULL graph is emulated by re-running
@@ -32,9 +32,8 @@ logic, ``InputBatch``, the block tables or the metadata builders:
 
 The platform's ``device_type`` is ``cpu`` (V2's buffers allocate on it once
 pinned memory is off).  V2's ``ModelRunner`` (``vllm/v1/worker/gpu/model_runner.py``)
-needs a few more, applied once by :func:`prepare_v2`: a graph-pool placeholder, host placeholders for
-``torch.cuda.current_stream`` / ``stream`` / ``set_stream``, ``Tensor.pin_memory``
-the identity (0.26 pins every staged copy), and its graph manager's
+needs a few more, applied once by :func:`prepare_v2`: a graph-pool placeholder,
+``Tensor.pin_memory`` the identity (0.26 pins every staged copy), and its graph manager's
 ``torch.cuda.CUDAGraph`` / ``torch.cuda.graph`` emulated by
 :class:`EmulatedCUDAGraph` (the model records what its forward ran at capture;
 ``replay`` runs it again on the captured objects).
@@ -196,6 +195,10 @@ def _prepare() -> SimpleNamespace:
         torch.accelerator.get_memory_info = lambda *a, **k: (0, 0)
     torch.Event = torch.cuda.Event = _Event
     torch.cuda.Stream = _Stream
+    main = _Stream()  # V2's sample_tokens, V1's draft-token copy
+    torch.cuda.current_stream = lambda device=None: main
+    torch.cuda.stream = lambda stream=None: contextlib.nullcontext()
+    torch.cuda.set_stream = lambda stream=None: None
     SHIMS.append("torch.accelerator synchronize / empty_cache no-ops, CUDA events and streams "
                  "host placeholders (as vLLM's CPUModelRunner)")
 
@@ -243,10 +246,6 @@ def prepare_v2() -> None:
     platform = type(current_platform)
     if not callable(getattr(current_platform, "graph_pool_handle", None)):
         platform.graph_pool_handle = staticmethod(lambda: object())
-    main = _Stream()
-    torch.cuda.current_stream = lambda device=None: main
-    torch.cuda.stream = lambda stream=None: contextlib.nullcontext()
-    torch.cuda.set_stream = lambda stream=None: None
     torch.Tensor.pin_memory = lambda self, *a, **k: self
     torch.cuda.CUDAGraph = EmulatedCUDAGraph
     torch.cuda.graph = _capture_into
@@ -254,8 +253,7 @@ def prepare_v2() -> None:
 
     cudagraph_utils.graph_capture = lambda device=None: contextlib.nullcontext()
     cudagraph_utils.tqdm = lambda items, *a, **k: items  # no capture bars (V1 has none either)
-    SHIMS.append("V2: a graph-pool placeholder, host placeholders "
-                 "for the current CUDA stream, pin_memory the identity, CUDA graphs emulated "
+    SHIMS.append("V2: a graph-pool placeholder, pin_memory the identity, CUDA graphs emulated "
                  "(EmulatedCUDAGraph)")
     _PREPARED_V2 = True
 
