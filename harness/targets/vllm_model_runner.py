@@ -211,8 +211,13 @@ class VllmModelRunnerTarget:
                 else:
                     kv = kcu.get_kv_cache_configs(self.vc, [spec], [memory])[0]
                 self.runner.initialize_kv_cache(kv)
-            except ValueError as e:  # vLLM refuses the pool (too few blocks for its checks)
-                refused = TargetRefused("num_blocks", "vLLM's KV-cache set-up refuses this pool ("
+            except (ValueError, NotImplementedError) as e:
+                # vLLM refuses the pool (too few blocks for its checks), or the
+                # model's pages (0.24: a Mamba page an attention page's size
+                # does not divide)
+                what = "pool" if isinstance(e, ValueError) else "model's KV-cache pages"
+                refused = TargetRefused("num_blocks" if isinstance(e, ValueError) else "vllm",
+                                        f"vLLM's KV-cache set-up refuses this {what} ("
                                         + str(e).split(". ")[0][:200] + ")")
                 _CONFIG_REFUSALS[_key(self.config)] = refused
                 raise refused from None

@@ -244,10 +244,6 @@ def verdicts_main(paths: list[str]) -> int:
     out = []
     for path in paths:
         trace = load_trace(path)
-        try:
-            mode = {"mode": target_mode(trace.config)[0]}
-        except TargetRefused:
-            mode = {}
         refused = target_spec("vllm").refusal(trace.config)
         if refused is not None:
             out.append({"verdict": "n/a", "reason": str(refused)})
@@ -257,6 +253,10 @@ def verdicts_main(paths: list[str]) -> int:
         except TargetRefused as e:
             out.append({"verdict": "n/a", "reason": str(e)})
             continue
+        try:  # after the run: a runner vLLM's set-up refused ran on the adapter
+            mode = {"mode": target_mode(trace.config)[0]}
+        except TargetRefused:
+            mode = {}
         if v.violation is None:
             reason = unexercised(trace)
             out.append({"verdict": "pass", **mode} if reason is None else
