@@ -32,7 +32,8 @@ def runner_configs(draw, runner: str | None = None,
                    spec: bool | dict = True, spec_dcp: bool = True,
                    engine: bool | str = True, sharing_ok: bool = True,
                    padding_ok: bool = True, uniform_pages: bool = False,
-                   plain: bool = False, mamba_needed: dict | None = None) -> RunnerConfig:
+                   plain: bool = False, mamba_needed: dict | None = None,
+                   spec_fits_graphs: bool = False) -> RunnerConfig:
     """A valid :class:`RunnerConfig`; ``runner`` pins ``v1`` / ``v2``.
 
     kernel_split: {runner: bool} — False keeps ``kernel_block_size == block_size``
@@ -54,6 +55,9 @@ def runner_configs(draw, runner: str | None = None,
     of it). False draws exactly as before it existed. mamba_needed: {runner:
     bool} — True always keeps the Mamba group for that runner (runner mode on
     V2, which needs one: ``harness.targets.vllm_model_runner.runner_refusal``).
+    spec_fits_graphs: True keeps ``1 + num_speculative_tokens`` within the
+    largest capture size (vLLM's own runner refuses FULL decode graphs smaller
+    than a speculative row).
     """
     runner = runner or draw(st.sampled_from(["v1", "v2"]))
     # Repeated entries weight the draw: most examples keep a Mamba group and
@@ -128,6 +132,8 @@ def runner_configs(draw, runner: str | None = None,
         caching and groups[0].sliding_window and len(groups) > 1) else 0
     if world > 1 and not spec_dcp:
         k = 0
+    if spec_fits_graphs and sizes and 1 + k > max(sizes):
+        k = max(sizes) - 1
     if reorder:
         reorder = 1 + k
     # The hybrid layout (kv_sharing: one block pool, attention and Mamba pages

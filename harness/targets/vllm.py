@@ -229,7 +229,8 @@ def geometry_limits() -> dict:
         return {"kernel_split": {"v1": False, "v2": False}, "dcp": {"v1": False, "v2": False},
                 "spec": {"v1": custom_drafter_hook(), "v2": False},
                 "spec_dcp": False, "engine": False, "sharing_ok": False,
-                "padding_ok": False, "plain": True, "mamba_needed": {"v2": True}}
+                "padding_ok": False, "plain": True, "mamba_needed": {"v2": True},
+                "spec_fits_graphs": True}
     return {"kernel_split": {"v1": vllm.v1_kernel_blocks, "v2": vllm.v2_kernel_blocks},
             "dcp": {"v1": True, "v2": v2_dcp_runs(vllm) is None},
             "spec": spec_decode_missing(vllm) is None, "spec_dcp": False,

@@ -98,6 +98,15 @@ def runner_refusal(config, vllm) -> TargetRefused | None:
         if present:
             return TargetRefused(field, f"runner mode does not model {what} yet; the "
                                  "component adapter runs it")
+    k, sizes = config.num_speculative_tokens, config.cudagraph_capture_sizes
+    if k and sizes and 1 + k > max(sizes):
+        # vLLM rounds FULL decode graph sizes to multiples of 1 + k and refuses
+        # a largest size below it when it resolves the graph modes
+        # (CompilationConfig.adjust_cudagraph_sizes_for_spec_decode)
+        return TargetRefused("cudagraph_capture_sizes", f"vLLM's FULL decode graphs with "
+                             f"{k} speculative token(s) need a capture size of at least "
+                             f"{1 + k} (it refuses {max(sizes)}); the component adapter "
+                             "runs it")
     if config.num_speculative_tokens and not custom_drafter_hook():
         return TargetRefused("num_speculative_tokens", f"vLLM {vllm.version} has no "
                              "custom_class proposer hook to hand runner mode's drafter to; "
