@@ -237,6 +237,7 @@ class ModelKernels:
         indices = torch.cat(parts)
         rows = int(indices.shape[0])
         self.forwards[-1]["mamba_rows"] = rows
+        self.forwards[-1].setdefault("accepted", {})[g] = accepted  # the column each row starts from, + 1
         self.forwards[-1].setdefault("state_indices", {})[g] = indices.tolist()
         if ncol == 1:
             indices = indices[:, 0].contiguous()

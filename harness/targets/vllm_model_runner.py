@@ -220,6 +220,7 @@ class VllmModelRunnerTarget:
                 else:
                     kv = kcu.get_kv_cache_configs(self.vc, [spec], [memory])[0]
                 self.runner.initialize_kv_cache(kv)
+                self.kv_cache_config = kv  # what vLLM's scheduler would be built with
             except (ValueError, NotImplementedError) as e:
                 # vLLM refuses the pool (too few blocks for its checks), or the
                 # model's pages (0.24: a Mamba page an attention page's size

@@ -365,3 +365,71 @@ def test_a_request_that_skips_a_step_restarts_from_state_column_0(gmr, monkeypat
     assert replay(unskipped, (), "vllm").violation is None
     _reentry_count_fix(monkeypatch)
     assert replay(trace, (), "vllm").violation is None
+
+
+DRAFTLESS = CORPORA / "vllm" / "v1-spec-decode-draftless-step-column-0.json"
+
+
+def test_vllms_own_scheduler_makes_the_draftless_step(gmr, monkeypatch):
+    """The draft-less step is one vLLM's own ``Scheduler`` makes: built over runner
+    mode's runner (as ``EngineCore`` builds it, from the runner's KV-cache config),
+    with a drafter proposing k drafts every step and a model whose target accepts
+    them all, a one-token prompt runs a prefill, two speculative steps keeping
+    3 tokens each, then — one position from ``max_model_len`` — one token and no
+    draft.  The accepted count vLLM's runner hands the Mamba2 builder there is 3
+    (start from column 2) where the release passes counts whenever a drafter is
+    configured, 1 (column 0: the bug) where it passes them only with a scheduled
+    draft — whichever the trace's recorded verdict for the release says."""
+    import math
+
+    from vllm.config import set_current_vllm_config
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.request import Request
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    from harness.targets import vllm_model
+    from harness.targets.vllm_model_runner import VllmModelRunnerTarget, _kw
+
+    trace = load(DRAFTLESS)
+    k = trace.config.num_speculative_tokens
+    monkeypatch.setattr(vllm_model.BlockfuzzProposer, "propose",
+                        lambda self, sampled, *a, **kw: [vllm_model.draft_token_ids(k)
+                                                         for _ in sampled])
+    target = VllmModelRunnerTarget(trace.config)
+    kv = target.kv_cache_config
+    target.vc.cache_config.num_gpu_blocks = kv.num_blocks
+    with set_current_vllm_config(target.vc):
+        scheduler = Scheduler(**_kw(Scheduler.__init__, dict(
+            vllm_config=target.vc, kv_cache_config=kv,
+            structured_output_manager=StructuredOutputManager(target.vc),
+            block_size=math.lcm(*[g.kv_cache_spec.block_size for g in kv.kv_cache_groups]),
+            hash_block_size=trace.config.groups[0].block_size, log_stats=False)))
+        scheduler.add_request(Request(**_kw(Request.__init__, dict(
+            request_id="0", prompt_token_ids=[0], pooling_params=None, eos_token_id=None,
+            sampling_params=SamplingParams(temperature=0.0, max_tokens=100),
+            arrival_time=0.0, client_index=0))))
+        steps = []
+        while True:
+            output = scheduler.schedule()
+            if not output.num_scheduled_tokens:
+                break
+            tokens = dict(output.num_scheduled_tokens)
+            target.kernels.rows = target._batch_rows(tokens)
+            target.kernels.accepted = {int(r): n for r, n in tokens.items()}  # accept all
+            target.kernels.forwards.clear()
+            target.runner.execute_model(output)
+            result = target.runner.sample_tokens(None)
+            mamba = trace.config.mamba_groups[0]
+            steps.append((tokens["0"], len(output.scheduled_spec_decode_tokens.get("0", ())),
+                          target.kernels.forwards[-1]["accepted"][mamba][0]))
+            scheduler.update_from_output(output, result)
+            drafts = target.runner.take_draft_token_ids()
+            if drafts is not None:
+                scheduler.update_draft_token_ids(drafts)
+    # (tokens, drafts scheduled, the count the Mamba kernel starts from) per step
+    assert [s[:2] for s in steps] == [(1, 0), (3, 2), (3, 2), (1, 0)], steps
+    recorded = vllm_target.recorded_verdict(trace, vllm_target.installed_version(), "runner")
+    if recorded is None:
+        pytest.skip(f"no verdict recorded for vLLM {vllm_target.installed_version()}")
+    assert steps[3][2] == (1 if recorded["verdict"] == "fail" else 3), (steps, recorded)
