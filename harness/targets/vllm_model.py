@@ -347,7 +347,10 @@ class _BlockfuzzModel(nn.Module):
     def _record_launch(self, ctx, positions) -> None:
         """While V2's graph manager captures a FULL graph (``EmulatedCUDAGraph``),
         keep this forward as a launch of it: the forward context's metadata and
-        slot mappings and the ``positions`` view as they are now."""
+        slot mappings and the ``positions`` view as they are now.  A replay runs
+        the kernels only: the output (and with it :meth:`ModelKernels.plan_samples`)
+        stays as captured, which is right while V2 runs no drafter of ours
+        (``runner_refusal`` refuses one): sampled ids feed no payload."""
         from types import SimpleNamespace
 
         from vllm.config import CUDAGraphMode

@@ -219,18 +219,19 @@ class VllmModelRunnerTarget:
                     kv = kcp.get_kv_cache_configs(self.vc, [spec], [memory], groups)[0]
                 else:
                     kv = kcu.get_kv_cache_configs(self.vc, [spec], [memory])[0]
-                self.runner.initialize_kv_cache(kv)
-                self.kv_cache_config = kv  # what vLLM's scheduler would be built with
             except (ValueError, NotImplementedError) as e:
-                # vLLM refuses the pool (too few blocks for its checks), or the
-                # model's pages (0.24: a Mamba page an attention page's size
-                # does not divide)
+                # vLLM's planning refuses the pool (too few blocks for its
+                # checks), or the model's pages (0.24: a Mamba page an attention
+                # page's size does not divide); a failure of the runner's own
+                # initialize_kv_cache below is no refusal and is raised
                 what = "pool" if isinstance(e, ValueError) else "model's KV-cache pages"
                 refused = TargetRefused("num_blocks" if isinstance(e, ValueError) else "vllm",
                                         f"vLLM's KV-cache set-up refuses this {what} ("
                                         + str(e).split(". ")[0][:200] + ")")
                 _CONFIG_REFUSALS[_key(self.config)] = refused
                 raise refused from None
+            self.runner.initialize_kv_cache(kv)
+            self.kv_cache_config = kv  # what vLLM's scheduler would be built with
         where = {name: i for i, grp in enumerate(kv.kv_cache_groups) for name in grp.layer_names}
         return {g: where[vllm_model.layer_name(self.config, g)]
                 for g in range(len(self.config.groups))}

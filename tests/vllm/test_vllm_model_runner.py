@@ -376,10 +376,11 @@ def test_vllms_own_scheduler_makes_the_draftless_step(gmr, monkeypatch):
     with a drafter proposing k drafts every step and a model whose target accepts
     them all, a one-token prompt runs a prefill, two speculative steps keeping
     3 tokens each, then — one position from ``max_model_len`` — one token and no
-    draft.  The accepted count vLLM's runner hands the Mamba2 builder there is 3
-    (start from column 2) where the release passes counts whenever a drafter is
-    configured, 1 (column 0: the bug) where it passes them only with a scheduled
-    draft — whichever the trace's recorded verdict for the release says."""
+    draft.  The decode kernel there starts from column 2 (count 3) where the
+    release passes counts whenever a drafter is configured, and from column 0
+    where it passes them only with a scheduled draft (vLLM hands the builder no
+    counts; the model reads that as 1: the bug) — whichever the trace's
+    recorded verdict for the release says."""
     import math
 
     from vllm.config import set_current_vllm_config
