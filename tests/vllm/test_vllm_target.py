@@ -133,13 +133,19 @@ def test_corpus_verdict_on_installed_release(vllm, path):
     from harness.core.session import replay
 
     trace = load(path)
+    if vllm_target.refusal(trace.config, vllm) is None:
+        verdict = replay(trace, (), "vllm")
+        # the mode after the run: a runner vLLM's KV-cache set-up refused ran on
+        # the adapter, and the verdict recorded for that mode is the one to meet
+        want = _expected(trace, vllm.version)
+        if want["verdict"] != "n/a":
+            assert verdict.matches(want), (verdict.violation and verdict.violation.line(), want)
+            return
     want = _expected(trace, vllm.version)
-    if want["verdict"] == "n/a":  # refused here, or its bug's code path is not vLLM's
-        assert vllm_target.refusal(trace.config, vllm) is not None \
-            or vllm_target.unexercised(trace) is not None, want
-        return
-    verdict = replay(trace, (), "vllm")
-    assert verdict.matches(want), (verdict.violation and verdict.violation.line(), want)
+    assert want["verdict"] == "n/a", want
+    # refused here, or its bug's code path is not vLLM's
+    assert vllm_target.refusal(trace.config, vllm) is not None \
+        or vllm_target.unexercised(trace) is not None, want
 
 
 @pytest.mark.parametrize("path", sorted((CORPORA / "seeds").glob("seed000*.json")),
