@@ -224,10 +224,13 @@ class VllmModelRunnerTarget:
                 # checks), or the model's pages (0.24: a Mamba page an attention
                 # page's size does not divide); a failure of the runner's own
                 # initialize_kv_cache below is no refusal and is raised
-                what = "pool" if isinstance(e, ValueError) else "model's KV-cache pages"
+                what = (f"pool of {self.config.num_blocks} blocks" if isinstance(e, ValueError)
+                        else "model's KV-cache pages")
+                said = str(e).split(". ")[0][:200]
+                said += ")" * max(0, said.count("(") - said.count(")"))
                 refused = TargetRefused("num_blocks" if isinstance(e, ValueError) else "vllm",
-                                        f"vLLM's KV-cache set-up refuses this {what} ("
-                                        + str(e).split(". ")[0][:200] + ")")
+                                        f"vLLM's KV-cache set-up refuses this {what} "
+                                        f"for the registered model (vLLM: {said})")
                 _CONFIG_REFUSALS[_key(self.config)] = refused
                 raise refused from None
             self.runner.initialize_kv_cache(kv)
