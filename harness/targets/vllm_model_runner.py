@@ -68,7 +68,7 @@ VOCAB_SIZE = 64  # sampled ids feed nothing (vllm_model.ModelKernels._payload)
 def runner_refusal(config, vllm) -> TargetRefused | None:
     """Why runner mode cannot run ``config`` (the component adapter then runs it);
     None when it can.  One line each, naming the field."""
-    if config.runner == "v2" and not config.mamba_groups and not config.num_speculative_tokens:
+    if config.runner == "v2" and not config.mamba_groups:
         return TargetRefused("groups", "runner mode drives vLLM's V2 ModelRunner for hybrid "
                              "configs only: without a Mamba group a trace may roll a step's "
                              "tokens back from the scheduler's side (rollback), and V2's "
