@@ -208,9 +208,11 @@ def test_a_kernel_that_ignores_vllms_slot_mapping_is_caught(gmr, monkeypatch):
                                              "NO_FOREIGN_READ"), v
 
 
-def test_runner_mode_draws_only_what_runner_mode_runs(gmr, monkeypatch):
+@pytest.mark.parametrize("runner", ["v1", "v2"])
+def test_runner_mode_draws_only_what_runner_mode_runs(gmr, monkeypatch, runner):
     """With ``$BLOCKFUZZ_VLLM_MODE=runner`` the vllm target's geometry limits keep
-    every drawn V1 config in runner mode (none would be refused mid-run)."""
+    every drawn config in runner mode (none would be refused mid-run): V1 with
+    drafters that fit its graphs, V2 always with a Mamba group."""
     from hypothesis import HealthCheck, given, settings
 
     from harness.search.geometry import runner_configs, target_limits
@@ -220,7 +222,7 @@ def test_runner_mode_draws_only_what_runner_mode_runs(gmr, monkeypatch):
 
     @settings(max_examples=200, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck))
-    @given(runner_configs("v1", **limits))
+    @given(runner_configs(runner, **limits))
     def check(cfg):
         assert vllm_target.target_mode(cfg) == ("runner", None), cfg
 
