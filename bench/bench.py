@@ -81,7 +81,7 @@ def _timed_metadata_build(clock):
 
 def _throughput(config, args, device):
     """(rows, share of fuzz wall time outside gpu_impl, fuzz-loop steps/s) for one config."""
-    from hypothesis import Phase, seed, settings
+    from hypothesis import seed
     from hypothesis.stateful import run_state_machine_as_test
 
     from harness.search import machine as machine_mod
@@ -98,8 +98,8 @@ def _throughput(config, args, device):
                                      base=recording_machine())
         seed(args.seed)(m)
         start = time.perf_counter()
-        run_state_machine_as_test(m, settings=settings(
-            profiles.get("dev"), max_examples=args.examples, phases=[Phase.generate]))
+        # What `blockfuzz fuzz` runs: its backend (every example drawn afresh), no shrinking.
+        run_state_machine_as_test(m, settings=profiles.search_settings("dev", args.examples))
         fuzz_s = time.perf_counter() - start
     finally:
         targets.GpuImplTarget = original

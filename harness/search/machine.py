@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
 from reference import RunnerConfig
 
@@ -32,6 +32,7 @@ from harness.core.session import Session
 from harness.search import profiles  # noqa: F401  (generation a function of the seed alone)
 from harness.search import steer
 from harness.search import swarm as swarm_mod
+from harness.search.draws import Draws
 from harness.search.coverage import Tracker
 from harness.search.geometry import runner_configs, target_limits
 
@@ -86,26 +87,29 @@ class BlockFuzzMachine(RuleBasedStateMachine):
         self.ops: list[dict] = []
         self.next_req = 0
         self.start_key = None  # what the example started from (a steering key, "corpus")
+        self.draws: Draws | None = None  # the example's choices (set in start)
+        self._enabled: tuple | None = None  # (ops applied, enabled OpSpecs) of this state
         self.stats["examples"] = self.stats.get("examples", 0) + 1
 
     @initialize(data=st.data())
     def start(self, data):
+        data = self.draws = Draws(data)
         prefix = None
-        if self.seed_corpus and data.draw(st.booleans(), label="from corpus"):
-            prefix = data.draw(st.sampled_from(self.seed_corpus), label="corpus trace")
+        if self.seed_corpus and data.boolean():
+            prefix = data.choice(self.seed_corpus)
         rare, configs, front = ((self.stats.get("steer_pool", []),
                                  self.stats.get("steer_configs_pool", []),
                                  self.stats.get("steer_frontier_pool", []))
                                 if self.use_steer and prefix is None else ([], [], []))
         if rare or configs or front:
-            pick = data.draw(st.integers(0, 7), label="steer")
+            pick = data.integer(0, 7)
             if rare and pick < steer.SHARE_EIGHTHS:
-                prefix = data.draw(st.sampled_from(rare), label="rare prefix")
+                prefix = data.choice(rare)
             elif configs and 0 <= pick - steer.SHARE_EIGHTHS < steer.CONFIG_EIGHTHS:
-                prefix = data.draw(st.sampled_from(configs), label="rare config")
+                prefix = data.choice(configs)
             elif front and 0 <= pick - steer.SHARE_EIGHTHS - steer.CONFIG_EIGHTHS \
                     < steer.FRONTIER_EIGHTHS:
-                prefix = data.draw(st.sampled_from(front), label="frontier")
+                prefix = data.choice(front)
         config = prefix.config if prefix is not None else self.config or data.draw(
             runner_configs(self.runner, **target_limits(self.target)), label="config")
         self.cfg = config
@@ -146,14 +150,21 @@ class BlockFuzzMachine(RuleBasedStateMachine):
         return self.ledger.free_blocks(g)
 
     def enabled_ops(self) -> list:
-        """Drawable ops whose precondition holds now, in registry order."""
-        return [spec for spec in drawable().values() if spec.enabled(self)]
+        """Drawable ops whose precondition holds now, in registry order.
 
-    @precondition(lambda self: bool(self.enabled_ops()))
-    @rule(data=st.data())
-    def act(self, data):
-        spec = swarm_mod.pick(self.enabled_ops(), self.swarm, data)
-        self.do(spec.draw(self, data) if spec.draws_data else spec.draw(self))
+        Preconditions read the ledger and the session, which only an applied
+        op changes: the list is computed once per state."""
+        key = len(self.ops)
+        if self._enabled is None or self._enabled[0] != key:
+            self._enabled = (key, [spec for spec in drawable().values() if spec.enabled(self)])
+        return self._enabled[1]
+
+    @rule()
+    def act(self):
+        # No Hypothesis precondition: ``dummy_run`` is enabled in every state
+        # (an idle rank can always run one), so some op always is.
+        spec = swarm_mod.pick(self.enabled_ops(), self.swarm, self.draws)
+        self.do(spec.draw(self, self.draws) if spec.draws_data else spec.draw(self))
 
     def teardown(self):
         """Count the features this example hit, and keep, per feature, the

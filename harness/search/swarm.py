@@ -49,15 +49,11 @@ class Swarm:
 
     def decode(self, data) -> bool:
         """Draw whether a forward is a uniform decode batch (one token per request)."""
-        from hypothesis import strategies as st
-
-        return data.draw(st.integers(0, 7)) < self.decode_eighths
+        return data.integer(0, 7) < self.decode_eighths
 
     def whole_batch(self, data) -> bool:
         """Draw whether a step schedules every steppable request."""
-        from hypothesis import strategies as st
-
-        return self.whole_batch_eighths > 0 and data.draw(st.integers(0, 7)) < \
+        return self.whole_batch_eighths > 0 and data.integer(0, 7) < \
             self.whole_batch_eighths
 
 
@@ -65,16 +61,14 @@ class Swarm:
         """A batch size in [lo, hi]: with the boundary share, one of the boundary
         values in range — a capture size +- 1, the previous forward's ``field``
         (``num_tokens`` / ``num_reqs``) - 1 — otherwise any."""
-        from hypothesis import strategies as st
-
-        if self.boundary_eighths and data.draw(st.integers(0, 7)) < self.boundary_eighths:
+        if self.boundary_eighths and data.integer(0, 7) < self.boundary_eighths:
             near = {s + d for s in config.cudagraph_capture_sizes for d in (-1, 1)}
             if last_forward is not None:
                 near.add(getattr(last_forward, field) - 1)
             near = sorted(v for v in near if lo <= v <= hi)
             if near:
-                return data.draw(st.sampled_from(near))
-        return data.draw(st.integers(lo, hi))
+                return data.choice(near)
+        return data.integer(lo, hi)
 
 
 DEFAULT = Swarm()
@@ -104,12 +98,13 @@ def pick(ops: list, swarm: Swarm, data):
     (forward ops times :data:`FORWARD_FACTOR`);
     when every one of them is weighted 0, all are equally likely (the example
     must go on)."""
-    from hypothesis import strategies as st
-
+    if not ops:
+        raise AssertionError("no op is enabled (dummy_run always is: has it been "
+                             "unregistered?)")
     weights = [swarm.weight(s.name) * (FORWARD_FACTOR if s.forward else 1) for s in ops]
     if not any(weights):
         weights = [1] * len(ops)
-    k = data.draw(st.integers(0, sum(weights) - 1), label="op")
+    k = data.integer(0, sum(weights) - 1)
     for spec, w in zip(ops, weights):
         if k < w:
             return spec

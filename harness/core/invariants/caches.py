@@ -39,7 +39,7 @@ def check_no_stale_write(before: Observation, after: Observation, permit: WriteP
                          op_index: int, op: str) -> list[Violation]:
     """The first cell per group an op changed outside its permit."""
     out, seen = [], set()
-    for w in classify_writes(before, after, permit):
+    for w in classify_writes(before, after, permit, offending_only=True):
         if not w.offending or (w.layer, w.group) in seen:
             continue
         seen.add((w.layer, w.group))

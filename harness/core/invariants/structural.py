@@ -25,7 +25,12 @@ def check_vacated_rows_zero(obs: Observation, op_index: int, op: str,
     out = []
     if obs.runner != "v1":
         return out
-    for row in np.flatnonzero(obs.host_req_ids == -1):
+    empty_rows = obs.host_req_ids == -1
+    if not any(((table[empty_rows] != config.empty_entry(g)).any()
+                or obs.host_num_blocks_per_row[g][empty_rows].any())
+               for g, table in enumerate(obs.host_block_table)):
+        return out  # every empty row is clean (the usual case): no per-row walk
+    for row in np.flatnonzero(empty_rows):
         for g, table in enumerate(obs.host_block_table):
             empty = config.empty_entry(g)
             if (table[row] != empty).any() or obs.host_num_blocks_per_row[g][row]:

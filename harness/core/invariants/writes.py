@@ -138,6 +138,18 @@ def _why(permit: WritePermit, group: int, block: int, allowed) -> str:
     return "no row of this op owns it"
 
 
+def _offending(g, block, mamba, changed, permit, layer="") -> bool:
+    """Does the permit refuse any cell ``block`` changed (what :func:`_classify_block`
+    puts in ``offending``, without describing the write)?"""
+    allowed = permit.cells.get((layer, g) if layer else g, {}).get(block, False)
+    if mamba:
+        return allowed is False and not (block == NULL_BLOCK_ID and g in permit.null_scratch)
+    if allowed is None:
+        return False
+    offs = np.flatnonzero(changed[block])
+    return allowed is False or bool(((offs < allowed[0]) | (offs >= allowed[1])).any())
+
+
 def _classify_block(g, block, mamba, b_cache, a_cache, changed, permit, layer="") -> Write:
     allowed = permit.cells.get((layer, g) if layer else g, {}).get(block, False)
     if mamba:
@@ -159,16 +171,23 @@ def _classify_block(g, block, mamba, b_cache, a_cache, changed, permit, layer=""
                  _why(permit, g, block, allowed) if bad else "", first, layer)
 
 
-def classify_writes(before, after, permit: WritePermit) -> list[Write]:
+def classify_writes(before, after, permit: WritePermit,
+                    offending_only: bool = False) -> list[Write]:
     """Every block whose cache content changed between two observations, by group
-    then block id, with the cells the permit does not allow."""
+    then block id, with the cells the permit does not allow (``offending_only``:
+    only the blocks with such cells — what ``NO_STALE_WRITE`` judges)."""
     old = {name: v for name, _, v, _ in before.caches()}
     out = []
     for name, g, a_cache, mamba in after.caches():
         b_cache = old[name]
+        if b_cache.shape == a_cache.shape and b_cache.tobytes() == a_cache.tobytes():
+            continue  # bit for bit unchanged (every cache, on most ops)
         layer = "draft" if name.startswith("draft") else ""
         changed = changed_cells(b_cache, a_cache)
-        blocks = sorted({int(c[0]) for c in np.argwhere(changed)})
+        blocks = np.flatnonzero(changed.reshape(len(changed), -1).any(axis=1)).tolist()
+        if offending_only:
+            blocks = [blk for blk in blocks
+                      if _offending(g, blk, mamba, changed, permit, layer)]
         out += [_classify_block(g, blk, mamba, b_cache, a_cache, changed, permit, layer)
                 for blk in blocks]
     return out

@@ -77,11 +77,11 @@ def _draw_step(m, data) -> dict:
     # Only hit requests: leading every new request broke up the uniform decode
     # batches padding bugs need (tried as the branch s10-pending-first; docs/search-power.md).
     hits = [r for r in cands if _hit_not_run(m, r) and r not in reqs]
-    if hits and data.draw(st.integers(0, 3)) > 0:
+    if hits and data.integer(0, 3) > 0:
         reqs = (hits + reqs)[:most]
     budget = m.cfg.max_num_batched_tokens - len(reqs)
     decode_only = m.swarm.decode(data)  # one token each: FULL graphs apply
-    if decode_only and m.cfg.num_speculative_tokens and data.draw(st.booleans()):
+    if decode_only and m.cfg.num_speculative_tokens and data.boolean():
         # With a drafter, half the decode batches verify drafts: a decode's 1 + up
         # to k tokens (vLLM's uniform decode query length is 1 + k), any token
         # count for a request still in its prompt.
@@ -93,17 +93,16 @@ def _draw_step(m, data) -> dict:
             sizes = _sizes(m, req, 1 + min(_room(m, req) - 1, budget))
             if not sizes:
                 continue
-            n = sizes[0] if decode_only else data.draw(st.sampled_from(sizes))
+            n = sizes[0] if decode_only else data.choice(sizes)
         else:
-            n = 1 if decode_only else data.draw(st.integers(1, 1 + min(_room(m, req) - 1,
-                                                                       budget)))
+            n = 1 if decode_only else data.integer(1, 1 + min(_room(m, req) - 1, budget))
         budget -= n - 1
         scheduled.append([req, n])
     if not scheduled:  # align mode: no legal chunk within the budget; the first alone
         req = reqs[0]
-        scheduled.append([req, data.draw(st.sampled_from(_sizes(
-            m, req, min(_room(m, req), m.cfg.max_num_batched_tokens))))])
-    mode = data.draw(st.sampled_from(m.swarm.modes))
+        scheduled.append([req, data.choice(_sizes(
+            m, req, min(_room(m, req), m.cfg.max_num_batched_tokens)))])
+    mode = data.choice(m.swarm.modes)
     return {"op": "step", "scheduled": scheduled, "cudagraph_mode": mode}
 
 
@@ -213,14 +212,13 @@ register(OpSpec(
 
 
 def _draw_dummy(m, data) -> dict:
-    from hypothesis import strategies as st  # search only: reproducers import no Hypothesis
 
     cfg, last = m.cfg, m.session.reference.last_forward
     num_reqs = m.swarm.size(data, 1, cfg.max_num_reqs, cfg, last, "num_reqs")
     uniform = m.swarm.decode(data)  # num_tokens == num_reqs: FULL applies
     num_tokens = num_reqs if uniform else m.swarm.size(
         data, num_reqs, cfg.max_num_batched_tokens, cfg, last, "num_tokens")
-    mode = data.draw(st.sampled_from(m.swarm.modes))
+    mode = data.choice(m.swarm.modes)
     return {"op": "dummy_run", "num_reqs": num_reqs, "num_tokens": num_tokens,
             "cudagraph_mode": mode}
 

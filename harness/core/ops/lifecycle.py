@@ -67,9 +67,9 @@ def _draw_add(m, data) -> dict:
     if cfg.num_speculative_tokens and capacity < cfg.max_model_len:
         # Mostly a prompt that leaves room for the drafter's lookahead tokens (the
         # scheduler admits one only then); else one that waits for an append.
-        if capacity > cfg.num_speculative_tokens and data.draw(st.integers(0, 3)):
+        if capacity > cfg.num_speculative_tokens and data.integer(0, 3):
             capacity -= cfg.num_speculative_tokens
-    prompt_len = data.draw(st.integers(1, capacity))
+    prompt_len = data.integer(1, capacity)
     req = m.next_req
     m.next_req += 1
     return {"op": "add", "req": req, "blocks": blocks, "prompt_len": prompt_len}
@@ -115,12 +115,11 @@ def _appendable(m) -> list[int]:
 
 
 def _draw_append(m, data) -> dict:
-    from hypothesis import strategies as st  # search only: reproducers import no Hypothesis
 
-    req = data.draw(st.sampled_from(_appendable(m)))
+    req = data.choice(_appendable(m))
     blocks, taken = [[] for _ in m.cfg.groups], set()
     for g in m.cfg.attention_groups:
-        blocks[g] = [data.draw(st.sampled_from([b for b in m.free(g) if b not in taken]))]
+        blocks[g] = [data.choice([b for b in m.free(g) if b not in taken])]
         if m.cfg.kv_sharing:  # one pool: no id twice in one append
             taken.add(blocks[g][0])
     return {"op": "append", "req": req, "blocks": blocks}
@@ -136,9 +135,8 @@ register(OpSpec(
 
 # -- remove ----------------------------------------------------------------------------
 def _draw_remove(m, data) -> dict:
-    from hypothesis import strategies as st  # search only: reproducers import no Hypothesis
 
-    return {"op": "remove", "req": data.draw(st.sampled_from(m.ledger.live()))}
+    return {"op": "remove", "req": data.choice(m.ledger.live())}
 
 
 def _permit_all_blocks(config, ledger, op):

@@ -59,56 +59,52 @@ def _can_admit(m) -> bool:
 
 
 def _draw_admit(m, data) -> dict:
-    from hypothesis import strategies as st  # search only: reproducers import no Hypothesis
 
     cfg, ledger = m.cfg, m.ledger
     req = m.next_req
     m.next_req += 1
     prefix = []
     sources = sorted(ledger.prompts)
-    if cfg.enable_prefix_caching and sources and data.draw(st.integers(0, 3)):
+    if cfg.enable_prefix_caching and sources and data.integer(0, 3):
         # Mostly a prompt that shares an earlier one's prefix (the whole of it,
         # or a cut), then its own tokens: where prefix hits come from — most
         # often an earlier prompt whose blocks are registered already.
         cached = [r for r in sources if ledger.expected_hit(
             np.append(ledger.prompts[r], -1))[0] > 0]
-        src = data.draw(st.sampled_from(cached if cached and data.draw(st.integers(0, 3))
-                                        else sources))
+        src = data.choice(cached if cached and data.integer(0, 3) else sources)
         src_len = len(ledger.prompts[src])
         whole = ledger.expected_hit(np.append(ledger.prompts[src], -1))[0]
-        if whole and data.draw(st.integers(0, 3)) == 0:
+        if whole and data.integer(0, 3) == 0:
             # The boundary of the hit length: a prompt exactly as long as the
             # source's cached blocks, every token of it cached — the engine must
             # still leave its last token to compute.
             prompt_len = n = whole
         else:
-            extra = 0 if data.draw(st.booleans()) else data.draw(
-                st.integers(0, max(cfg.max_model_len - src_len, 0)))
+            extra = 0 if data.boolean() else data.integer(0, max(cfg.max_model_len - src_len, 0))
             prompt_len = min(src_len + extra, cfg.max_model_len)
-            n = src_len if data.draw(st.booleans()) else data.draw(st.integers(1, src_len))
+            n = src_len if data.boolean() else data.integer(1, src_len)
         prefix = [src, min(n, prompt_len)]
-    elif data.draw(st.integers(0, 3)) == 0:
+    elif data.integer(0, 3) == 0:
         # A prompt at a block boundary (a multiple of the block size, or one
         # off): where a last block is exactly full, or holds one token.
         unit = cfg.prefix_unit
         near = sorted({k * unit + d for k in range(1, cfg.max_model_len // unit + 1)
                        for d in (-1, 0, 1) if 1 <= k * unit + d <= cfg.max_model_len})
-        prompt_len = data.draw(st.sampled_from(near)) if near else 1
-    elif cfg.enable_prefix_caching and data.draw(st.booleans()):
+        prompt_len = data.choice(near) if near else 1
+    elif cfg.enable_prefix_caching and data.boolean():
         # A prompt of a block or two (and a few tokens): full blocks to register
         # and share within a few steps — one more with a drafter, whose hit
         # drops its last block (the drafter computes it again).
         units = 2 + (cfg.num_speculative_tokens > 0)
-        prompt_len = data.draw(st.integers(1, min(cfg.max_model_len,
-                                                  units * cfg.prefix_unit + 2)))
+        prompt_len = data.integer(1, min(cfg.max_model_len, units * cfg.prefix_unit + 2))
     else:
-        prompt_len = data.draw(st.integers(1, cfg.max_model_len))
+        prompt_len = data.integer(1, cfg.max_model_len)
     tokens = ledger.prompt_tokens(req, prompt_len, prefix)
     hit, _ = ledger.expected_hit(tokens)
     most = max(1, min(prompt_len - hit, cfg.max_num_batched_tokens))
     # Mostly what a scheduler does: as much of the prompt as the token budget allows.
     sizes = _chunk_sizes(ledger, RequestLedger(req, prompt_len, []), hit, most)
-    num_new = sizes[-1] if data.draw(st.booleans()) else data.draw(st.sampled_from(sizes))
+    num_new = sizes[-1] if data.boolean() else data.choice(sizes)
     return {"op": "admit", "req": req, "prompt_len": prompt_len, "prefix": prefix,
             "num_new_tokens": num_new}
 
@@ -211,7 +207,6 @@ def _allocatable(m) -> list[int]:
 
 
 def _draw_allocate(m, data) -> dict:
-    from hypothesis import strategies as st  # search only: reproducers import no Hypothesis
 
     cands = _allocatable(m)
     # Mostly a request whose blocks do not cover its prompt, or that has no room
@@ -219,13 +214,13 @@ def _draw_allocate(m, data) -> dict:
     short = [r for r in cands if m.ledger.requests[r].capacity_tokens(m.cfg)
              < max(m.ledger.requests[r].prompt_len,
                    m.ledger.requests[r].num_computed_tokens + 1 + m.cfg.num_speculative_tokens)]
-    req = data.draw(st.sampled_from(short if short and data.draw(st.booleans()) else cands))
+    req = data.choice(short if short and data.boolean() else cands)
     r = m.ledger.requests[req]
     most = min(m.cfg.max_model_len - r.num_computed_tokens, m.cfg.max_num_batched_tokens)
     sizes = _chunk_sizes(m.ledger, r, r.num_computed_tokens, most)
     chunk = min(max(r.prompt_len - r.num_computed_tokens, 1), most)
     chunk = max([n for n in sizes if n <= chunk] or sizes[:1])
-    n = chunk if data.draw(st.booleans()) else data.draw(st.sampled_from(sizes))
+    n = chunk if data.boolean() else data.choice(sizes)
     return {"op": "allocate", "req": req, "num_new_tokens": n}
 
 

@@ -29,14 +29,13 @@ def _spec_on(m) -> bool:
 
 
 def _draw_spec_step(m, data) -> dict:
-    from hypothesis import strategies as st  # search only: reproducers import no Hypothesis
 
     step = _draw_step(m, data)
     scheduled = []
     for req, n in step["scheduled"]:
         r = m.ledger.requests[req]
         if r.is_decode():  # the rejection sampler's kept prefix
-            a = n if data.draw(st.integers(0, 3)) == 0 else data.draw(st.integers(1, n))
+            a = n if data.integer(0, 3) == 0 else data.integer(1, n)
         else:  # a prefill's sample is kept only when the chunk ends its prompt
             a = int(r.num_computed_tokens + n >= r.prompt_len)
         scheduled.append([req, n, a])
@@ -97,12 +96,11 @@ def _rollbackable(m) -> list[int]:
 
 
 def _draw_rollback(m, data) -> dict:
-    from hypothesis import strategies as st  # search only: reproducers import no Hypothesis
 
-    req = data.draw(st.sampled_from(_rollbackable(m)))
+    req = data.choice(_rollbackable(m))
     s = m.ledger.requests[req]
     most = min(s.last_step_tokens - 1, s.num_computed_tokens - s.prompt_len)
-    return {"op": "rollback", "req": req, "num_tokens": data.draw(st.integers(1, most))}
+    return {"op": "rollback", "req": req, "num_tokens": data.integer(1, most)}
 
 
 def _rollback_sizes(op: dict) -> list[Size]:

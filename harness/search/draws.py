@@ -1,0 +1,60 @@
+"""The state machine's draws: Hypothesis choices without a strategy per draw.
+
+An op's ``draw`` (:mod:`harness.core.ops`) picks a batch, a request, a size
+many times per step.  Drawing each through ``st.data().draw(st.integers(..))``
+costs a strategy lookup, a span, a random-state check and a note per draw —
+measured at about 9x the choice itself (``bench/profile_fuzz.py``).
+:class:`Draws` makes the same choices straight on the example's
+``ConjectureData``: ``integer``, ``choice`` and ``boolean`` ask for exactly
+the choice (kind and constraints) that ``st.integers`` / ``st.sampled_from``
+/ ``st.booleans`` would, so a seed draws the same examples as before; any
+other strategy goes through :meth:`draw`.  Choices still come from
+Hypothesis, so its engine records and replays them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hypothesis import strategies as st
+
+# st.integers(lo, hi) weights its bounds when hi - lo exceeds this; such draws
+# go through the strategy, so the choice stays the one it would make.
+_UNWEIGHTED_SPAN = 127
+
+
+class Draws:
+    """Draw choices for one example; ``data``: the rule's ``st.data()`` object
+    (its ``conjecture_data`` is the example's choice sequence)."""
+
+    __slots__ = ("_cd",)
+
+    def __init__(self, data) -> None:
+        self._cd = data.conjecture_data
+
+    def integer(self, lo: int, hi: int) -> int:
+        """An int in [lo, hi] (as ``st.integers(lo, hi)``); ValueError when lo > hi."""
+        if lo > hi:
+            raise ValueError(f"empty range [{lo}, {hi}]")
+        if hi - lo > _UNWEIGHTED_SPAN:
+            return self._cd.draw(st.integers(lo, hi))
+        return self._cd.draw_integer(lo, hi)
+
+    def choice(self, seq: Sequence):
+        """One element of ``seq`` (as ``st.sampled_from(seq)``: a single element
+        is returned without a choice); ValueError when ``seq`` is empty."""
+        n = len(seq)
+        if n == 0:
+            raise ValueError("choice from an empty sequence")
+        if n == 1:
+            return seq[0]
+        return seq[self._cd.draw_integer(0, n - 1)]
+
+    def boolean(self) -> bool:
+        """True or False (as ``st.booleans()``)."""
+        return self._cd.draw_boolean()
+
+    def draw(self, strategy, label=None):
+        """A value of any Hypothesis ``strategy`` (``label`` is accepted for
+        ``st.data().draw``'s signature and not used)."""
+        return self._cd.draw(strategy)
