@@ -8,7 +8,9 @@ Prints one table of steps/s (an op of a trace is a step) for
 and one table per fault: examples, seconds, shrunk length to kill it from a seed.
 
 Usage: python bench/bench.py [--examples N] [--seed S] [--device cpu|cuda|auto]
-Ratios are computed within this one run (same machine, same moment).
+                             [--rounds R] [--only TEXT ...] [--no-kills]
+Ratios are computed within this one run (same machine, same moment); each
+layer is timed R times in turn and its median reported.
 """
 
 from __future__ import annotations
@@ -79,15 +81,15 @@ def _timed_metadata_build(clock):
             setattr(RunnerShell, name, fn)
 
 
-def _throughput(config, args, device):
-    """(rows, share of fuzz wall time outside gpu_impl, fuzz-loop steps/s) for one config."""
+def _fuzz_once(config, args, device):
+    """One fuzz-loop run from the seed: (ops of each example, steps, seconds,
+    seconds inside gpu_impl)."""
     from hypothesis import seed
     from hypothesis.stateful import run_state_machine_as_test
 
+    from harness import targets
     from harness.search import machine as machine_mod
     from harness.search import profiles
-    from harness import targets
-    from harness.core.session import Session
 
     stats = {"traces": []}
     clock = [0.0]
@@ -103,40 +105,69 @@ def _throughput(config, args, device):
         fuzz_s = time.perf_counter() - start
     finally:
         targets.GpuImplTarget = original
-    workload = stats["traces"]
-    fuzz_steps = stats["steps"]
-    ref_steps, ref_s = _time_apply(lambda: targets.ReferenceTarget(config), workload)
-    meta = [0.0]  # seconds inside the metadata-build phase of the gpu_impl replay below
-    with _timed_metadata_build(meta):
-        gpu_steps, gpu_s = _time_apply(lambda: targets.GpuImplTarget(config, (), device),
-                                       workload)
-    start = time.perf_counter()
-    sess_steps = 0
-    for ops in workload:
-        session = Session(config, (), "gpu_impl", device)
-        for op in ops:
-            session.apply(op)
-            sess_steps += 1
-    sess_s = time.perf_counter() - start
+    return stats["traces"], stats["steps"], fuzz_s, clock[0]
+
+
+def _throughput(config, args, device):
+    """(rows, share of fuzz wall time outside gpu_impl, fuzz-loop steps/s) for one
+    config: each layer timed ``args.rounds`` times in turn on the same workload,
+    its median taken (the machine's load moves between layers otherwise)."""
+    from statistics import median
+
+    from harness import targets
+    from harness.core.session import Session
     from harness.search.coverage import Tracker
 
-    start = time.perf_counter()
-    cov_steps = 0
-    for ops in workload:
-        session, tracker = Session(config, (), "gpu_impl", device), Tracker(config)
-        for op in ops:
-            tracker.before(op, session.ledger, session.reference)
-            session.apply(op)
-            tracker.after(op, session.reference)
-            cov_steps += 1
-    cov_s = time.perf_counter() - start
-    rows = [("reference alone", ref_steps, ref_s), ("gpu_impl alone", gpu_steps, gpu_s),
-            (f"  of which metadata build ({meta[0] / gpu_s:.1%} of gpu_impl's time)",
-             gpu_steps, meta[0]),
-            ("session (ref + gpu_impl + invariants)", sess_steps, sess_s),
-            ("session + coverage tracker", cov_steps, cov_s),
-            ("fuzz loop (Hypothesis + session)", fuzz_steps, fuzz_s)]
-    return rows, (fuzz_s - clock[0]) / fuzz_s, fuzz_steps / fuzz_s
+    def session_only(workload):
+        start, steps = time.perf_counter(), 0
+        for ops in workload:
+            session = Session(config, (), "gpu_impl", device)
+            for op in ops:
+                session.apply(op)
+                steps += 1
+        return steps, time.perf_counter() - start
+
+    def with_tracker(workload):
+        start, steps = time.perf_counter(), 0
+        for ops in workload:
+            session, tracker = Session(config, (), "gpu_impl", device), Tracker(config)
+            for op in ops:
+                tracker.before(op, session.ledger, session.reference)
+                session.apply(op)
+                tracker.after(op, session.reference)
+                steps += 1
+        return steps, time.perf_counter() - start
+
+    times: dict[str, list] = {}
+    shares, workload, meta = [], None, []
+    for _ in range(args.rounds):
+        traces, fuzz_steps, fuzz_s, inside = _fuzz_once(config, args, device)
+        workload = workload or traces
+        times.setdefault("fuzz", []).append(fuzz_s)
+        shares.append((fuzz_s - inside) / fuzz_s)
+        ref_steps, s = _time_apply(lambda: targets.ReferenceTarget(config), workload)
+        times.setdefault("ref", []).append(s)
+        clock = [0.0]  # seconds inside the metadata-build phase of the gpu_impl replay
+        with _timed_metadata_build(clock):
+            gpu_steps, s = _time_apply(lambda: targets.GpuImplTarget(config, (), device),
+                                       workload)
+        times.setdefault("gpu", []).append(s)
+        meta.append(clock[0] / s)
+        sess_steps, s = session_only(workload)
+        times.setdefault("session", []).append(s)
+        cov_steps, s = with_tracker(workload)
+        times.setdefault("cov", []).append(s)
+    t = {k: median(v) for k, v in times.items()}
+    share = median(shares)
+    rows = [("reference alone", ref_steps, t["ref"]), ("gpu_impl alone", gpu_steps, t["gpu"]),
+            (f"  of which metadata build ({median(meta):.1%} of gpu_impl's time)",
+             gpu_steps, median(meta) * t["gpu"]),
+            ("session (ref + gpu_impl + invariants)", sess_steps, t["session"]),
+            ("session + coverage tracker", cov_steps, t["cov"]),
+            ("fuzz loop (Hypothesis + session)", fuzz_steps, t["fuzz"]),
+            (f"  of which outside gpu_impl ({share:.1%} of the loop's time)", fuzz_steps,
+             share * t["fuzz"])]
+    return rows, share, fuzz_steps / t["fuzz"]
 
 
 def _nightly_scaling(args, device, fuzz_rate, console):
@@ -167,6 +198,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--examples", type=int, default=40, help="fuzz examples for throughput")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--only", action="append", metavar="TEXT",
+                    help="only the configs whose label contains TEXT (repeatable), "
+                         "e.g. --only default --only drawn")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="times each layer is timed in turn (the median is reported)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--kill-examples", type=int, default=200)
     ap.add_argument("--nightly", type=float, default=0, metavar="S",
@@ -205,11 +241,14 @@ def main() -> None:
                               groups=(GroupSpec("attention", 24, 8), GroupSpec("mamba", 16, 16)),
                               max_num_blocks_per_req=2)),
                           ("v1 geometry drawn", None), ("v2 geometry drawn", None)):
+        if args.only and not any(o in label for o in args.only):
+            continue
         if config is None:
-            r = fuzz(None, args.seed, args.examples, (), "gpu_impl", device, profile="dev",
-                     runner=label[:2])
+            runs = [fuzz(None, args.seed, args.examples, (), "gpu_impl", device, profile="dev",
+                         runner=label[:2]) for _ in range(args.rounds)]
+            r = sorted(runs, key=lambda r: r.search_seconds)[len(runs) // 2]  # the median
             t.add_row(label, "fuzz loop (Hypothesis + session)", str(r.steps),
-                      f"{r.seconds:.2f}", f"{r.steps_per_s:.0f}", "-")
+                      f"{r.search_seconds:.2f}", f"{r.steps_per_s:.0f}", "-")
             drawn_rate = drawn_rate or r.steps_per_s
             continue
         rows, share, _ = _throughput(config, args, device)
@@ -220,7 +259,7 @@ def main() -> None:
         shares.append(f"{label}: {share:.1%}")
     console.print(t)
     console.print("fuzz loop wall time outside gpu_impl (runner start-up and observations "
-                  "count as gpu_impl): " + "; ".join(shares))
+                  "count as gpu_impl; median of the rounds): " + "; ".join(shares))
     if args.nightly:
         _nightly_scaling(args, device, drawn_rate, console)
     if args.no_kills:
