@@ -10,20 +10,11 @@ out as a temporary git worktree, alternating revisions for ``--rounds`` rounds
 so machine load hits them alike.  Prints steps/s per round and the ratio of
 each revision's median to the first revision's.
 
-``--fuzz`` adds the whole fuzz loop (Hypothesis, the machine's draws, the
-session, coverage): each revision runs ``blockfuzz fuzz`` itself from seed 0
-for ``--fuzz-examples`` examples per runner, on the default hybrid config
-and with the geometry drawn.  A loop draws its own ops, so the table also
-says whether every revision drew the same examples (steps and coverage
-digest): only then do its rows compare like for like.
+``--fail-below R``: exit status 1 when any row of a later revision runs
+below R times the first revision's median (the whole fuzz loop's guard is
+``bench/search_throughput.py``, which takes the same option).
 
-``--fail-below R`` makes this the regression guard: exit status 1 when any
-row of a later revision runs below R times the first revision's median (e.g.
-``--fail-below 0.9 --fuzz main WORKTREE`` before merging a change to the
-harness).  It is a bench, run by hand or a dedicated job, not a timed test.
-
-Usage: python bench/revisions.py [--examples 30] [--rounds 2] [--fuzz]
-                                 [--fuzz-examples 15] [--fail-below R] REV [REV ...]
+Usage: python bench/revisions.py [--examples 30] [--rounds 2] [--fail-below R] REV [REV ...]
        (e.g. ``fa527dd HEAD``; ``WORKTREE`` means the working tree as it is)
 """
 
@@ -75,24 +66,6 @@ print(json.dumps(out))
 '''
 
 
-# Run inside each revision: the fuzz loop as `blockfuzz fuzz` runs it (seed 0, gpu_impl).
-FUZZ_TIMER = r'''
-import hashlib, json, sys, time
-from reference import RunnerConfig
-from harness.search.fuzz import fuzz
-examples = int(sys.argv[1])
-out = {}
-for runner in ("v1", "v2"):
-    for label, cfg in (("default hybrid", RunnerConfig(runner=runner)), ("geometry drawn", None)):
-        start = time.perf_counter()
-        r = fuzz(cfg, 0, examples, (), "gpu_impl", "cpu", profile="dev", runner=runner)
-        secs = time.perf_counter() - start
-        digest = hashlib.sha256(json.dumps(sorted(r.coverage.items())).encode()).hexdigest()[:8]
-        out[f"{runner} fuzz loop, {label}"] = (r.steps / secs, f"{r.steps} steps {digest}")
-print(json.dumps(out))
-'''
-
-
 def record(examples: int, path: Path) -> None:
     """The workload: ops of ``examples`` fuzz examples per runner (reference target)."""
     from hypothesis import Phase, seed, settings
@@ -136,15 +109,27 @@ def run_in(tree: Path, script: str, *args: str, what: str = "the script") -> dic
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def time_revision(tree: Path, workload: Path, fuzz_examples: int = 0) -> dict:
-    """{row: steps/s} of one revision; with ``fuzz_examples`` the fuzz-loop rows
-    too, and {row + " drew": "N steps DIGEST"} beside them."""
-    out = run_in(tree, TIMER, str(workload), what="the timer")
-    if fuzz_examples:
-        for key, (rate, drew) in run_in(tree, FUZZ_TIMER, str(fuzz_examples),
-                                        what="the fuzz-loop timer").items():
-            out[key], out[key + " drew"] = rate, drew
-    return out
+def time_revision(tree: Path, workload: Path) -> dict:
+    return run_in(tree, TIMER, str(workload), what="the timer")
+
+
+def report_slow(rates: dict, revs: list, fail_below: float | None) -> int:
+    """The guard's exit status: 1 (and a line naming them) when a later
+    revision's median on some row is below ``fail_below`` x the first's.
+    rates: {rev: [{row: steps/s} per round]}."""
+    if fail_below is None:
+        return 0
+    first, slow = revs[0], []
+    for key in rates[first][0]:
+        base = statistics.median(r[key] for r in rates[first])
+        for rev in revs[1:]:
+            ratio = statistics.median(r[key] for r in rates[rev]) / base
+            if ratio < fail_below:
+                slow.append(f"{rev}: {key} {ratio:.2f}x")
+    if slow:
+        Console(stderr=True).print(f"below {fail_below:g}x {first}: " + "; ".join(slow))
+        return 1
+    return 0
 
 
 def main() -> int:
@@ -152,8 +137,6 @@ def main() -> int:
     ap.add_argument("revs", nargs="+", metavar="REV")
     ap.add_argument("--examples", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--fuzz", action="store_true", help="also time the whole fuzz loop")
-    ap.add_argument("--fuzz-examples", type=int, default=15)
     ap.add_argument("--fail-below", type=float, metavar="R",
                     help="exit 1 when a later revision's row is below R x the first's")
     args = ap.parse_args()
@@ -166,45 +149,31 @@ def main() -> int:
             runs = {rev: [] for rev in args.revs}
             for _ in range(args.rounds):
                 for rev in args.revs:
-                    runs[rev].append(time_revision(trees[rev], workload,
-                                                   args.fuzz_examples if args.fuzz else 0))
+                    runs[rev].append(time_revision(trees[rev], workload))
         finally:
             for rev, tree in trees.items():
                 if tree != ROOT:
                     subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
                                     str(tree)], check=False)
-    slow = _print(runs, args)
-    if args.fail_below is not None and slow:
-        Console(stderr=True).print(f"below {args.fail_below:g}x the first revision: "
-                                   + "; ".join(slow))
-        return 1
-    return 0
+    _print(runs, args)
+    return report_slow(runs, args.revs, args.fail_below)
 
 
-def _print(runs: dict, args) -> list[str]:
-    """Print the table; the rows (``rev: row ratio``) below ``--fail-below``."""
+def _print(runs: dict, args) -> None:
     first = args.revs[0]
     table = Table(title=f"same workload ({args.examples} examples per runner, default hybrid "
                         f"config), steps/s per round; ratio of medians vs {first}")
     for col in ("rows", *args.revs):
         table.add_column(col)
-    slow = []
-    for key in sorted(k for k in runs[first][0] if not k.endswith(" drew")):
+    for key in sorted(runs[first][0]):
         base = statistics.median(r[key] for r in runs[first])
         cells = []
         for rev in args.revs:
             vals = [r[key] for r in runs[rev]]
             ratio = statistics.median(vals) / base
             cells.append(" / ".join(f"{v:.0f}" for v in vals) + f"  ({ratio:.2f}x)")
-            if args.fail_below is not None and rev != first and ratio < args.fail_below:
-                slow.append(f"{rev}: {key} {ratio:.2f}x")
         table.add_row(key, *cells)
-        drew = [runs[rev][0].get(key + " drew") for rev in args.revs]
-        if drew[0] is not None:
-            same = "same examples" if len(set(drew)) == 1 else "DIFFERENT examples"
-            table.add_row(f"  drew ({same})", *drew)
     Console().print(table)
-    return slow
 
 
 if __name__ == "__main__":

@@ -91,6 +91,9 @@ def load() -> SimpleNamespace:
     except Exception as e:  # noqa: BLE001 - any import failure means "cannot use"
         raise TargetUnavailable(f"vLLM {version} failed to import ({type(e).__name__}: {e}); "
                                 "reinstall with scripts/install-vllm-target.sh") from None
+    from gpu_impl.interpret import hold_language_patch
+
+    hold_language_patch()  # vLLM's kernels launch in the interpreter too
     for module in (torch_utils, v1_utils, buffer_utils, v1_block_table, gpu_input_batch,
                    backend_utils):
         if hasattr(module, "PIN_MEMORY"):
