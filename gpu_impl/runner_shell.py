@@ -963,11 +963,13 @@ class RunnerShell(abc.ABC):
 
     def _bindings(self, buffers: dict) -> tuple:
         """What :meth:`graph_addresses`' current side depends on: each named
-        buffer's and each handed-over tensor's address (storage and view), and
+        buffer's and each handed-over tensor's address, shape and strides, and
         the captured graphs."""
         def ptrs(x):
+            # A rebound buffer is a new allocation: the captured one is still held
+            # by the graph's launches, so its address cannot be reused.
             if isinstance(x, torch.Tensor):
-                return (x.data_ptr(), x.untyped_storage().data_ptr(), tuple(x.shape))
+                return (x.data_ptr(), x.shape, x.stride())
             if isinstance(x, (tuple, list)):
                 return tuple(ptrs(y) for y in x)
             if isinstance(x, dict):

@@ -88,7 +88,7 @@ class BlockFuzzMachine(RuleBasedStateMachine):
         self.next_req = 0
         self.start_key = None  # what the example started from (a steering key, "corpus")
         self.draws: Draws | None = None  # the example's choices (set in start)
-        self._enabled: tuple | None = None  # (ops applied, enabled OpSpecs) of this state
+        self._state_memo: tuple = (-1, {})  # (ops applied, {name: value}): per_state
         self.stats["examples"] = self.stats.get("examples", 0) + 1
 
     @initialize(data=st.data())
@@ -149,15 +149,23 @@ class BlockFuzzMachine(RuleBasedStateMachine):
         """Free block ids of group ``g`` (the whole pool: freed blocks get reused)."""
         return self.ledger.free_blocks(g)
 
-    def enabled_ops(self) -> list:
-        """Drawable ops whose precondition holds now, in registry order.
-
-        Preconditions read the ledger and the session, which only an applied
-        op changes: the list is computed once per state."""
+    def per_state(self, name: str, compute):
+        """``compute()``, once per state: the machine's state (ledger, session)
+        changes only when an op is applied, so a value an op's precondition and
+        its draw both need (the steppable requests, the enabled ops) is kept
+        under ``name`` until the next op.  The value is shared: do not mutate it."""
         key = len(self.ops)
-        if self._enabled is None or self._enabled[0] != key:
-            self._enabled = (key, [spec for spec in drawable().values() if spec.enabled(self)])
-        return self._enabled[1]
+        if self._state_memo[0] != key:
+            self._state_memo = (key, {})
+        memo = self._state_memo[1]
+        if name not in memo:
+            memo[name] = compute()
+        return memo[name]
+
+    def enabled_ops(self) -> list:
+        """Drawable ops whose precondition holds now, in registry order (once per state)."""
+        return self.per_state("enabled ops", lambda: [
+            spec for spec in drawable().values() if spec.enabled(self)])
 
     @rule()
     def act(self):

@@ -52,8 +52,14 @@ def _hit_not_run(m, req: int) -> bool:
 
 
 def _steppable(m) -> list[int]:
-    return [r for r in m.ledger.live() if _room(m, r) > 0
-            and _sizes(m, r, min(_room(m, r), m.cfg.max_num_batched_tokens))]
+    """Live requests that can run a step now (once per machine state where the
+    machine keeps one: ``step``'s and ``spec_step``'s preconditions and draws)."""
+    def now():
+        return [r for r in m.ledger.live() if _room(m, r) > 0
+                and _sizes(m, r, min(_room(m, r), m.cfg.max_num_batched_tokens))]
+
+    per_state = getattr(m, "per_state", None)
+    return per_state("steppable", now) if per_state is not None else now()
 
 
 def _draw_step(m, data) -> dict:
