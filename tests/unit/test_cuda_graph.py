@@ -74,6 +74,21 @@ def test_graph_addresses_come_from_recorded_launches(device):
                if name != "slot_mapping[0]")
 
 
+def test_graph_addresses_are_recorded_again_when_a_buffer_is_rebound(device):
+    """The observation is kept between ops (recording every graph's forward
+    was most of an observation's cost) only while nothing it depends on was
+    rebound: a buffer rebound after an observation shows in the next one."""
+    runner = _runner((), device)
+    first = runner.graph_addresses()
+    assert runner.graph_addresses() is first  # nothing rebound: kept
+    old = runner.slot_mappings[0]
+    runner.slot_mappings[0] = old.clone()  # what captured-buffer-rebound does, later
+    now = runner.graph_addresses()
+    assert all(ptrs["slot_mapping[0]"][0] != ptrs["slot_mapping[0]"][1] for ptrs in now.values())
+    runner.slot_mappings[0] = old
+    assert all(a == b for ptrs in runner.graph_addresses().values() for a, b in ptrs.values())
+
+
 @pytest.mark.parametrize("path", sorted(CORPORA.rglob("*.json")), ids=lambda p: p.name)
 def test_startup_warmup_forward_on_the_corpora(monkeypatch, path, device):
     """CUDA start-up runs each capture size's warm-up forward eagerly (to compile

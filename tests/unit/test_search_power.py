@@ -714,3 +714,39 @@ def test_a_target_that_cannot_split_blocks_never_draws_a_kernel_block_split(runn
         assert all(g.kernel_block_size == g.block_size for g in cfg.groups), cfg
 
     check()
+
+
+def test_draws_make_the_choices_strategies_make():
+    """The machine's Draws (integer, choice, boolean) ask Hypothesis for the
+    same choices st.integers / st.sampled_from / st.booleans do, so a seed
+    draws the same examples through either (the search's backend draws each
+    choice afresh; Hypothesis's own would also mutate spans, which Draws
+    does not open)."""
+    from hypothesis import given, seed, settings, strategies as st
+
+    from harness.search.draws import Draws
+
+    def script(draw_int, draw_choice, draw_bool):
+        return [draw_int(0, 3), draw_int(5, 5), draw_int(-4, 200), draw_int(1, 127),
+                draw_choice([7]), draw_choice(["a", "b", "c"]), draw_bool(),
+                draw_choice(list(range(300))), draw_int(0, 7)]
+
+    got = {}
+    for how in ("strategies", "draws"):
+        runs = got.setdefault(how, [])
+
+        @seed(5)
+        @settings(profiles.search_settings("dev", 30))  # the search's backend
+        @given(st.data())
+        def run(data):
+            if how == "strategies":
+                runs.append(script(lambda a, b: data.draw(st.integers(a, b)),
+                                   lambda xs: data.draw(st.sampled_from(xs)),
+                                   lambda: data.draw(st.booleans())))
+            else:
+                d = Draws(data)
+                runs.append(script(d.integer, d.choice, d.boolean))
+
+        run()
+    assert len(got["draws"]) == 30 and got["draws"] == got["strategies"]
+    assert len({repr(r) for r in got["draws"]}) > 20  # the examples differ from each other
