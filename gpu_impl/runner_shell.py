@@ -137,7 +137,7 @@ class RunnerShell(abc.ABC):
                 self.mamba_states[g] = self._cache((cfg.num_blocks, cfg.state_floats(g)))
         self._init_buffers()
         self.graphs: dict[int, Graph] = {}
-        self._graph_ptrs_memo: tuple | None = None  # (bindings key, graph_addresses())
+        self._graph_ptrs_memo: dict = {}  # bindings key -> graph_addresses(), a few kept
         self.last_forward: ForwardInfo | None = None
         self.dummy_read: list[torch.Tensor] | None = None
         self._init_tables()
@@ -937,13 +937,13 @@ class RunnerShell(abc.ABC):
         the tensors :meth:`buffers` names and the builder's hand-over
         (``attn_inputs``).  It is recorded again only when one of them is
         bound to another tensor, a graph was captured again, or a view moved
-        (:meth:`_bindings`); otherwise the last answer stands (recording every
-        graph's forward took most of an observation's time).
+        (:meth:`_bindings`); otherwise the answer for those bindings stands
+        (recording every graph's forward took most of an observation's time).
         """
         buffers = self.buffers()
         key = self._bindings(buffers)
-        if self._graph_ptrs_memo is not None and self._graph_ptrs_memo[0] == key:
-            return self._graph_ptrs_memo[1]
+        if key in self._graph_ptrs_memo:
+            return self._graph_ptrs_memo[key]
         names = {t.untyped_storage().data_ptr(): n for n, t in sorted(buffers.items())}
         out = {}
         for size, graph in sorted(self.graphs.items()):
@@ -958,7 +958,9 @@ class RunnerShell(abc.ABC):
                     if name not in pairs or pairs[name][0] == pairs[name][1]:
                         pairs[name] = pair
             out[size] = pairs
-        self._graph_ptrs_memo = (key, out)
+        if len(self._graph_ptrs_memo) >= 8:  # a few hand-overs alternate (V2: dummy tables)
+            self._graph_ptrs_memo.pop(next(iter(self._graph_ptrs_memo)))
+        self._graph_ptrs_memo[key] = out
         return out
 
     def _bindings(self, buffers: dict) -> tuple:
