@@ -75,9 +75,13 @@ def main() -> int:
     args = ap.parse_args()
     rows = [(runner, geometry) for runner in args.runners.split(",")
             for geometry in args.geometry.split(",")]
-    bad = [g for _, g in rows if g not in ("default", "drawn")]
-    if bad:
-        raise SystemExit(f"--geometry: {bad[0]!r} is neither 'default' nor 'drawn'")
+    for flag, got, known in (("--runners", [r for r, _ in rows], ("v1", "v2")),
+                             ("--geometry", [g for _, g in rows], ("default", "drawn"))):
+        bad = [x for x in got if x not in known]
+        if bad:
+            print(f"search_throughput.py: {flag}: {bad[0]!r} is not one of {', '.join(known)}",
+                  file=sys.stderr)
+            return 2
     with tempfile.TemporaryDirectory(prefix="blockfuzz-search-") as tmp_name:
         trees = {rev: checkout(rev, Path(tmp_name)) for rev in args.revs}
         try:
