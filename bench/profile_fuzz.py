@@ -46,7 +46,7 @@ def _layer_of(filename: str) -> str:
     for name, frags in LAYERS:
         if any(f in filename for f in frags):
             return name
-    return "other (stdlib, builtins)"
+    return "other (stdlib)"
 
 
 def main() -> None:
@@ -85,9 +85,14 @@ def main() -> None:
     stats = pstats.Stats(prof)
     total = stats.total_tt
     own: dict[str, float] = {}
-    for (filename, _line, _fn), (_cc, _nc, tt, _ct, _callers) in stats.stats.items():
+    for (filename, _line, _fn), (_cc, _nc, tt, _ct, callers) in stats.stats.items():
+        if filename == "~" and callers:  # a builtin: its time goes to its callers' layers
+            for (caller_file, _, _), caller_stats in callers.items():
+                layer = _layer_of(caller_file)
+                own[layer] = own.get(layer, 0.0) + caller_stats[2]
+            continue
         own[_layer_of(filename)] = own.get(_layer_of(filename), 0.0) + tt
-    t = Table(title="own time per layer (cProfile)")
+    t = Table(title="own time per layer (cProfile; a builtin's time goes to its caller's layer)")
     for col in ("layer", "seconds", "share", "ms per step"):
         t.add_column(col)
     for name, secs in sorted(own.items(), key=lambda kv: -kv[1]):
