@@ -35,6 +35,8 @@ from typing import NamedTuple
 
 import torch
 
+from gpu_impl.interpret import hold_language_patch
+
 _recording: list | None = None  # launches of the capture / recording in progress
 _record_only = True  # False while a CUDA graph captures: launches also run (into the graph)
 
@@ -66,19 +68,6 @@ class Launch(NamedTuple):
                       copy.deepcopy(self.kwargs, memo))
 
 
-_language_held = False
-
-
-def _hold_language() -> None:
-    """Under the interpreter, swap triton.language for its interpreted stand-ins
-    once per process, not once per launch (:mod:`gpu_impl.interpret`)."""
-    global _language_held
-    from gpu_impl.interpret import hold_language_patch
-
-    hold_language_patch()
-    _language_held = True
-
-
 def launch(kernel, grid, *args, **kwargs) -> None:
     """Launch a Triton kernel, or record it when a graph captures / launches are recorded."""
     if _recording is not None:
@@ -89,8 +78,7 @@ def launch(kernel, grid, *args, **kwargs) -> None:
 
 
 def _run(kernel, grid, args, kwargs) -> None:
-    if not _language_held:
-        _hold_language()
+    hold_language_patch()  # once per process under the interpreter (gpu_impl/interpret.py)
     if _memo is not None:
         _memo.run(kernel, grid, args, kwargs)
     else:

@@ -138,34 +138,28 @@ def _why(permit: WritePermit, group: int, block: int, allowed) -> str:
     return "no row of this op owns it"
 
 
-def _offending(g, block, mamba, changed, permit, layer="") -> bool:
-    """Does the permit refuse any cell ``block`` changed (what :func:`_classify_block`
-    puts in ``offending``, without describing the write)?"""
+def _refused(g, block, mamba, changed, permit, layer=""):
+    """(allowed, offsets changed, offsets the permit refuses) of one changed block;
+    a Mamba block's single state counts as offset 0."""
     allowed = permit.cells.get((layer, g) if layer else g, {}).get(block, False)
     if mamba:
-        return allowed is False and not (block == NULL_BLOCK_ID and g in permit.null_scratch)
+        scratch = block == NULL_BLOCK_ID and g in permit.null_scratch
+        return allowed, (), () if (allowed is not False or scratch) else (0,)
+    offs = [int(o) for o in np.flatnonzero(changed[block])]
     if allowed is None:
-        return False
-    offs = np.flatnonzero(changed[block])
-    return allowed is False or bool(((offs < allowed[0]) | (offs >= allowed[1])).any())
+        return allowed, tuple(offs), ()
+    if allowed is False:
+        return allowed, tuple(offs), tuple(offs)
+    return allowed, tuple(offs), tuple(o for o in offs if not allowed[0] <= o < allowed[1])
 
 
 def _classify_block(g, block, mamba, b_cache, a_cache, changed, permit, layer="") -> Write:
-    allowed = permit.cells.get((layer, g) if layer else g, {}).get(block, False)
+    allowed, offsets, bad = _refused(g, block, mamba, changed, permit, layer)
     if mamba:
-        offsets, cells = (), a_cache[block][None]
-        scratch = block == NULL_BLOCK_ID and g in permit.null_scratch
-        bad = () if (allowed is not False or scratch) else (0,)
+        cells = a_cache[block][None]
         first = fmt_values(a_cache[block]) if bad else ""
     else:
-        offs = [int(o) for o in np.flatnonzero(changed[block])]
-        offsets, cells = tuple(offs), a_cache[block][offs]
-        if allowed is None:
-            bad = ()
-        elif allowed is False:
-            bad = tuple(offs)
-        else:
-            bad = tuple(o for o in offs if not allowed[0] <= o < allowed[1])
+        cells = a_cache[block][list(offsets)]
         first = fmt_values(a_cache[block, bad[0]]) if bad else ""
     return Write(g, block, mamba, offsets, value_class(cells), permit.describe(g, block), bad,
                  _why(permit, g, block, allowed) if bad else "", first, layer)
@@ -187,7 +181,7 @@ def classify_writes(before, after, permit: WritePermit,
         blocks = np.flatnonzero(changed.reshape(len(changed), -1).any(axis=1)).tolist()
         if offending_only:
             blocks = [blk for blk in blocks
-                      if _offending(g, blk, mamba, changed, permit, layer)]
+                      if _refused(g, blk, mamba, changed, permit, layer)[2]]
         out += [_classify_block(g, blk, mamba, b_cache, a_cache, changed, permit, layer)
                 for blk in blocks]
     return out
