@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 
 # Catalogue groupings (Fault.family), one place: docs and tests iterate this.
-FAMILIES = ("core", "metadata", "spec-decode", "scheduler", "layout")
+FAMILIES = ("core", "metadata", "spec-decode", "scheduler", "layout", "async")
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class Fault:
     source: str
     invariant: str
     also: tuple[str, ...] = ()  # invariants that catch it first on some traces
-    family: str = "core"  # catalogue grouping: core, metadata, spec-decode, scheduler, layout
+    family: str = "core"  # catalogue grouping: core, metadata, spec-decode, scheduler, layout, async
     sites: tuple[str, ...] = ()  # the upstream files the bug lived in (vLLM paths)
 
     def __post_init__(self):
@@ -412,6 +412,29 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "NO_STALE_WRITE", ("MATCHES_REFERENCE", "ATTENTION_FINITE", "LOADED_BLOCKS_INTACT",
                              "NULL_BLOCK_FINITE"),
           family="layout", sites=("vllm/_custom_ops.py",)),  # reshape_and_cache_flash
+    Fault("abort-frees-blocks-mid-load", ("v1", "v2"),
+          "a request removed (aborted) while a KV load into its blocks is in flight has its "
+          "blocks freed at once instead of when the last load ends: the connector's late "
+          "write lands in blocks the pool may already have handed to another request",
+          "vllm-project/vllm PR #32255 '[BugFix] scheduler: Delay freeing blocks of aborted "
+          "async loads' (vllm/v1/core/sched/scheduler.py, finish_requests / "
+          "_update_from_kv_xfer_finished); the same class in sgl-project/sglang PR #35049 "
+          "'[PD] Deferred decode-side KV release for aborts mid-transfer' (issue #24527: "
+          "decode reused KV pages before the prefill writer finished)",
+          "NO_FREE_WHILE_PENDING", ("MATCHES_REFERENCE", "POOL_ACCOUNTING",
+                                    "ONE_OWNER_PER_BLOCK", "NO_STALE_WRITE"),
+          family="async", sites=("vllm/v1/core/sched/scheduler.py",)),
+    Fault("failed-load-frees-before-siblings", ("v1", "v2"),
+          "when one of a request's several KV-load handles fails, the request is failed and "
+          "its blocks freed while its sibling handles are still writing into them",
+          "vllm-project/vllm PR #56104 '[Bugfix][NIXL] Fix multiple handles xfer race' "
+          "(vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py: the first handle "
+          "in error reported the request failed before the others had stopped; a request "
+          "given the blocks next could be corrupted)",
+          "NO_FREE_WHILE_PENDING", ("MATCHES_REFERENCE", "POOL_ACCOUNTING",
+                                    "ONE_OWNER_PER_BLOCK", "NO_STALE_WRITE"),
+          family="async",
+          sites=("vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py",)),
 )}
 
 

@@ -115,6 +115,10 @@ class RunnerShell(abc.ABC):
         self.attn_groups = [g for g, s in enumerate(groups) if s.kind == "attention"]
         self.mamba_groups = [g for g, s in enumerate(groups) if s.kind == "mamba"]
         self.requests: dict[int, CachedRequestState] = {}
+        # Asynchronous KV loads in flight: handle -> (req, columns per group, the
+        # writes it delivers); per request loading by transfers, columns landed.
+        self.transfers: dict[int, tuple] = {}
+        self.landed: dict[int, list[list[int]]] = {}
         # Align mode: the column of each request's running Mamba state after its
         # latest step (vLLM's runner-side ``mamba_state_idx``).
         self.mamba_state_idx: dict[int, int] = {}
@@ -500,6 +504,7 @@ class RunnerShell(abc.ABC):
         ones), None: all of the request's."""
         self._rows_remove(req)
         self.mamba_state_idx.pop(req, None)
+        self.landed.pop(req, None)
         state = self.requests.pop(req)
         for g, ids in enumerate(state.block_ids if freed is None else freed):
             self.poison_blocks(g, ids)
@@ -507,28 +512,86 @@ class RunnerShell(abc.ABC):
     def kv_load(self, req: int) -> None:
         """A P/D connector writes the prompt's KV and the final Mamba state."""
         state = self.requests[req]
+        self._write_load(self._load_writes(state, None))
+        state.num_computed_tokens = state.prompt_len
+        self._set_num_computed(req, state.prompt_len)
+
+    def _load_writes(self, state: CachedRequestState, columns) -> list:
+        """What a connector's transfer of ``state``'s prompt delivers into block
+        ``columns`` per group (None: all): [(group, (blocks, offsets) or a state
+        block, values)] — attention cells of this rank's prompt positions in those
+        columns, a Mamba group's final state when its column 0 is among them."""
         pos = np.arange(state.prompt_len)
         values = torch.from_numpy(ids_payload(state.token_ids(pos),
                                               self.config.head_size)).to(self.device)
+        out = []
         for g in self.attn_groups:
             local, column, offset = self._local_positions(g, pos)  # DCP: this rank's share
+            if columns is not None:
+                local &= np.isin(column, columns[g])
             blocks = torch.tensor(np.asarray(state.block_ids[g])[column[local]],
                                   device=self.device)
             cells = (blocks, torch.from_numpy(offset[local]).to(self.device))
-            rows = values[torch.from_numpy(local).to(self.device)]
-            if g in self.kv_params:  # quantized: the connector writes payload and parameters
-                q, p = quantize_rows(rows)
-                self.kv_caches[g][cells], self.kv_params[g][cells] = q, p
-            else:
-                self.kv_caches[g][cells] = rows
+            out.append((g, cells, values[torch.from_numpy(local).to(self.device)]))
         for g in self.mamba_groups:  # the state after the prompt: conv part, SSM part
+            if columns is not None and 0 not in columns[g]:
+                continue
             conv = self.config.groups[g].conv_size
             tail = torch.zeros((conv, values.shape[1]), device=self.device)
             if conv:
                 last = values[max(len(values) - conv, 0):]
                 tail[conv - len(last):] = last
-            self.mamba_states[g][state.block_ids[g][0]] = torch.cat(
-                [tail.reshape(-1), values.sum(dim=0)])
+            out.append((g, state.block_ids[g][0], torch.cat([tail.reshape(-1),
+                                                              values.sum(dim=0)])))
+        return out
+
+    def _write_load(self, writes: list) -> None:
+        for g, where, rows in writes:
+            if g in self.mamba_groups:
+                self.mamba_states[g][where] = rows
+            elif g in self.kv_params:  # quantized: the connector writes payload and parameters
+                q, p = quantize_rows(rows)
+                self.kv_caches[g][where], self.kv_params[g][where] = q, p
+            else:
+                self.kv_caches[g][where] = rows
+
+    # -- asynchronous KV loads (the worker side of a KV connector) ------------
+    def kv_load_begin(self, req: int, handle: int, blocks: list[list[int]]) -> None:
+        """A connector starts loading part of ``req``'s prompt into ``blocks`` (per
+        group, blocks the request holds); what it will deliver is fixed now
+        (the remote side's data), nothing lands before :meth:`kv_load_complete`."""
+        state = self.requests[req]
+        columns = [[state.block_ids[g].index(b) for b in ids] for g, ids in enumerate(blocks)]
+        self.transfers[handle] = (req, columns, self._load_writes(state, columns))
+        self.landed.setdefault(req, [[] for _ in self.config.groups])
+
+    def kv_load_complete(self, handle: int) -> bool:
+        """Transfer ``handle``'s data lands in its blocks (whoever holds them now).
+        Returns whether its request, still live, now has every prompt column
+        (and Mamba state) it needs: the caller then marks the prompt computed
+        (:meth:`loaded_prompt`)."""
+        req, columns, writes = self.transfers.pop(handle)
+        self._write_load(writes)
+        landed = self.landed.get(req)
+        state = self.requests.get(req)
+        if landed is None or state is None:
+            return False
+        for g, cols in enumerate(columns):
+            landed[g].extend(cols)
+        pos = np.arange(state.prompt_len)
+        for g in self.attn_groups:
+            local, column, _ = self._local_positions(g, pos)
+            if not set(column[local].tolist()) <= set(landed[g]):
+                return False
+        return all(0 in landed[g] for g in self.mamba_groups)
+
+    def kv_load_fail(self, handle: int) -> None:
+        """Transfer ``handle`` failed: nothing lands."""
+        self.transfers.pop(handle)
+
+    def loaded_prompt(self, req: int) -> None:
+        """Every transfer of ``req`` has landed: its prompt counts as computed."""
+        state = self.requests[req]
         state.num_computed_tokens = state.prompt_len
         self._set_num_computed(req, state.prompt_len)
 

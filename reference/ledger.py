@@ -56,6 +56,11 @@ class RequestLedger:
     last_step_tokens: int = 0  # tokens its latest step ran, until rolled back (speculation)
     last_seq_len: int = 0  # context its latest step's attention read (rejected tokens included)
     num_cached_tokens: int = 0  # prefix-cache hit when admitted (allocator "engine")
+    # Asynchronous KV loads (kv_load_begin): handles in flight, the block columns
+    # already landed per group, and whether one failed.
+    pending: set = field(default_factory=set)
+    landed: list = field(default_factory=list)
+    load_failed: bool = False
 
     def is_decode(self) -> bool:
         """Its prompt is done (stepped or loaded): a step of it decodes."""
@@ -65,6 +70,19 @@ class RequestLedger:
         """Tokens the request's attention blocks can hold (min over groups)."""
         return min(len(self.blocks[g]) * config.tokens_per_block(g)
                    for g in config.attention_groups)
+
+
+@dataclass
+class Transfer:
+    """One asynchronous KV load in flight (``kv_load_begin``): the request it
+    loads for and, per group, the block columns it fills (attention groups:
+    the prompt positions of those columns on this rank; a Mamba group: column 0,
+    the prompt's final state)."""
+
+    handle: int
+    req: int
+    columns: list[list[int]]
+    blocks: list[list[int]]
 
 
 @dataclass
@@ -100,6 +118,12 @@ class Ledger:
         self.ref_count = [counts[self.pool_of(g)] for g in range(len(self.config.groups))]
         self.registered: list[dict[int, tuple]] = [{} for _ in self.config.groups]
         self.last_taken_busy: list[tuple[int, int, tuple]] = []
+        # Asynchronous KV loads: handle -> Transfer while in flight; handles ever
+        # used; requests that left (removed, or failed by a load) while a load
+        # into their blocks was in flight — they keep their blocks until it ends.
+        self.transfers: dict[int, Transfer] = {}
+        self.used_handles: set[int] = set()
+        self.finishing: dict[int, RequestLedger] = {}
 
     @property
     def pool_count(self) -> int:
@@ -313,8 +337,10 @@ class Ledger:
                    for g in range(len(self.config.groups)))
 
     def holders(self, group: int, block: int) -> list[int]:
-        """Live requests holding ``block`` of ``group``."""
-        return sorted(r for r, s in self.requests.items() if block in s.blocks[group])
+        """Requests holding ``block`` of ``group``: live ones, and those that left
+        while a load into their blocks was in flight."""
+        return sorted(r for held in (self.requests, self.finishing)
+                      for r, s in held.items() if block in s.blocks[group])
 
     # -- queries -----------------------------------------------------------
     def free_blocks(self, group: int) -> list[int]:
@@ -379,8 +405,145 @@ class Ledger:
         if not any(blocks):
             raise OpError("blocks", "append needs at least one block")
 
+    def prompt_columns(self, r: RequestLedger, g: int) -> list[int]:
+        """Block columns of attention group ``g`` holding ``r``'s prompt positions
+        on this rank (what a KV load of the whole prompt fills)."""
+        from .dcp import local_slots
+
+        cfg = self.config
+        local, col, _ = local_slots(np.arange(r.prompt_len), cfg.groups[g].block_size,
+                                    cfg.dcp_world_size, cfg.dcp_rank,
+                                    cfg.cp_kv_cache_interleave_size)
+        return sorted(set(col[local].tolist()))
+
+    def check_kv_load_begin(self, req, handle, blocks) -> list[list[int]]:
+        """Legality of a ``kv_load_begin``; returns the columns per group it fills.
+
+        A connector starts loading part of a new request's prompt KV into
+        ``blocks`` (per group, blocks the request holds): attention blocks
+        holding prompt positions, a Mamba group's state block (column 0).
+        Several handles may load one request, never the same block twice."""
+        r = self.get(req)
+        cfg = self.config
+        if cfg.mamba_cache_mode == ALIGN:
+            raise OpError("op", "kv_load_begin with Mamba prefix caching (align mode) is not "
+                          "modelled (where a connector puts the state block)")
+        if r.stepped or r.loaded or r.num_computed_tokens:
+            raise OpError("req", f"request {req} already has KV (stepped, loaded or a "
+                          "prefix hit)")
+        if r.load_failed:
+            raise OpError("req", f"request {req} failed a load")
+        if isinstance(handle, bool) or not isinstance(handle, int) or handle < 0:
+            raise OpError("handle", f"must be an integer >= 0, got {handle!r}")
+        if handle in self.used_handles:
+            raise OpError("handle", f"handle {handle} was used already (one per transfer)")
+        if not isinstance(blocks, list) or len(blocks) != len(cfg.groups):
+            raise OpError("blocks", f"must be a list of {len(cfg.groups)} lists (one per group)")
+        busy = [set(r.landed[g]) if r.landed else set() for g in range(len(cfg.groups))]
+        for h in r.pending:
+            for g, cols in enumerate(self.transfers[h].columns):
+                busy[g] |= set(cols)
+        columns = []
+        for g, ids in enumerate(blocks):
+            if not isinstance(ids, list):
+                raise OpError(f"blocks[{g}]", "must be a list of block ids")
+            allowed = ([0] if cfg.groups[g].kind == MAMBA
+                       else self.prompt_columns(r, g))
+            cols = []
+            for k, b in enumerate(ids):
+                path = f"blocks[{g}][{k}]"
+                if isinstance(b, bool) or not isinstance(b, int) or b not in r.blocks[g]:
+                    raise OpError(path, f"block {b!r} is not one of request {req}'s blocks "
+                                  f"of group {g}")
+                c = r.blocks[g].index(b)
+                if c not in allowed:
+                    raise OpError(path, f"block {b} holds none of request {req}'s prompt "
+                                  + ("positions on this rank" if cfg.groups[g].kind != MAMBA
+                                     else "state (a Mamba group loads its state block)"))
+                if c in busy[g] or c in cols:
+                    raise OpError(path, f"block {b} is loaded already or by a transfer in "
+                                  "flight")
+                cols.append(c)
+            columns.append(cols)
+        if not any(columns):
+            raise OpError("blocks", "a transfer loads at least one block")
+        return columns
+
+    def kv_load_begin(self, req: int, handle: int, blocks: list[list[int]]) -> None:
+        columns = self.check_kv_load_begin(req, handle, blocks)
+        r = self.requests[req]
+        if not r.landed:
+            r.landed = [[] for _ in self.config.groups]
+        r.pending.add(handle)
+        self.used_handles.add(handle)
+        self.transfers[handle] = Transfer(handle, req, columns, [list(b) for b in blocks])
+
+    def transfer(self, handle, req=None) -> Transfer:
+        """The transfer ``handle`` in flight (loading for ``req`` when given);
+        raises :class:`OpError`."""
+        if isinstance(handle, bool) or not isinstance(handle, int):
+            raise OpError("handle", f"must be an integer handle, got {handle!r}")
+        if handle not in self.transfers:
+            raise OpError("handle", f"no transfer {handle} in flight")
+        t = self.transfers[handle]
+        if req is not None and t.req != req:
+            raise OpError("req", f"transfer {handle} loads for request {t.req}, not {req!r}")
+        return t
+
+    def owner_of_transfer(self, t: Transfer) -> RequestLedger:
+        """The request a transfer loads for: live, or left with the load in flight."""
+        return self.requests.get(t.req) or self.finishing[t.req]
+
+    def _end_transfer(self, handle: int) -> list[list[int]] | None:
+        """End ``handle``; when its request has left and this was its last
+        transfer, free its blocks now (returned per group as :meth:`remove`)."""
+        t = self.transfers.pop(handle)
+        r = self.owner_of_transfer(t)
+        r.pending.discard(handle)
+        if t.req in self.finishing and not r.pending:
+            return self._free(self.finishing.pop(t.req))
+        return None
+
+    def kv_load_complete(self, handle: int) -> list[list[int]] | None:
+        """The transfer's KV has landed: its columns are loaded; the request is
+        ``loaded`` (its prompt computed) once every prompt column of every group
+        has landed and no load failed.  Returns blocks freed (see :meth:`_end_transfer`)."""
+        t = self.transfer(handle)
+        r = self.owner_of_transfer(t)
+        for g, cols in enumerate(t.columns):
+            r.landed[g].extend(cols)
+        if t.req in self.requests and not r.load_failed and len(r.pending) == 1:
+            cfg = self.config
+            if all(set(self.prompt_columns(r, g)) <= set(r.landed[g])
+                   for g in cfg.attention_groups) \
+                    and all(0 in r.landed[g] for g in cfg.mamba_groups):
+                r.loaded = True
+                r.num_computed_tokens = r.prompt_len
+                self.register_computed(t.req)
+        return self._end_transfer(handle)
+
+    def kv_load_fail(self, handle: int) -> tuple[bool, list[list[int]] | None]:
+        """The transfer failed: the engine fails its request (it leaves now — the
+        first failure only — and keeps its blocks until its last transfer has
+        ended: vLLM's ``kv_load_failure_policy`` "fail" with the frees the
+        scheduler delays).  Returns (whether the request left now, blocks freed)."""
+        t = self.transfer(handle)
+        r = self.owner_of_transfer(t)
+        r.load_failed = True
+        left = t.req in self.requests
+        if left:
+            del self.requests[t.req]
+            self.finishing[t.req] = r
+        return left, self._end_transfer(handle)
+
+    def pending_blocks(self, group: int) -> dict[int, int]:
+        """{block: handle} of ``group`` that a transfer in flight writes."""
+        return {b: h for h, t in self.transfers.items() for b in t.blocks[group]}
+
     def check_kv_load(self, req) -> None:
         r = self.get(req)
+        if r.pending or r.landed:
+            raise OpError("req", f"request {req} loads by transfers (kv_load_begin)")
         if self.config.mamba_cache_mode == ALIGN:
             raise OpError("op", "kv_load with Mamba prefix caching (align mode) is not "
                           "modelled (where a connector puts the state block)")
@@ -445,6 +608,9 @@ class Ledger:
                 raise OpError(f"scheduled[{i}]", "must be [req, num_tokens]")
             req, n = item
             r = self.get(req, f"scheduled[{i}][0]")
+            if r.pending:
+                raise OpError(f"scheduled[{i}][0]", f"request {req} waits for its KV "
+                              f"(transfers {sorted(r.pending)} in flight)")
             if req in seen:
                 raise OpError(f"scheduled[{i}][0]", f"request {req} scheduled twice")
             seen.add(req)
@@ -500,6 +666,11 @@ class Ledger:
                     raise OpError(path, f"block {b} out of range [0, {cfg.num_blocks})")
                 if b == NULL_BLOCK_ID and cfg.has_null_block(g):
                     raise OpError(path, "block 0 is the null block; it is never allocated")
+                pending = self.pending_blocks(g) if self.transfers else {}
+                if b in pending:
+                    t = self.transfers[pending[b]]
+                    raise OpError(path, f"block {b} is not free: request {t.req} holds it and "
+                                  f"transfer {t.handle} is loading into it")
                 if b in seen or self.owner[g][b] != FREE:
                     raise OpError(path, f"block {b} is not free" + (
                         " (kv_sharing: one pool for every group)" if cfg.kv_sharing else ""))
@@ -659,6 +830,13 @@ class Ledger:
         with its other holders)."""
         r = self.get(req)
         del self.requests[req]
+        if r.pending:  # a load into its blocks is in flight: they stay until it ends
+            self.finishing[req] = r
+            return [[] for _ in self.config.groups]
+        return self._free(r)
+
+    def _free(self, r: RequestLedger) -> list[list[int]]:
+        req = r.req
         freed = []
         for g, ids in enumerate(r.blocks):
             out = []

@@ -256,11 +256,15 @@ class ReferenceRunnerBase(abc.ABC):
     def remove(self, req: int) -> None:
         """Request finished: leave the batch, free (and poison) its blocks."""
         self.ledger.get(req)
+        self._leave(req)
+        for g, ids in enumerate(self.ledger.remove(req)):
+            self._poison(g, ids)
+
+    def _leave(self, req: int) -> None:
+        """``req`` leaves the batch (its blocks are the ledger's business)."""
         row = self.rows.row_of(req)
         if row is not None:
             self.rows.clear_row(row)
-        for g, ids in enumerate(self.ledger.remove(req)):
-            self._poison(g, ids)
         self.num_accepted_of.pop(req, None)
         self.mamba_state_idx.pop(req, None)
         self.runner_blocks.pop(req, None)
@@ -269,18 +273,57 @@ class ReferenceRunnerBase(abc.ABC):
         """A P/D transfer fills ``req``'s prompt KV and its mamba state."""
         self.ledger.kv_load(req)
         r = self.ledger.requests[req]
+        self._land(r, None)
+        self._row_progress(req, r.prompt_len)
+
+    def _land(self, r, columns: list[list[int]] | None) -> None:
+        """Write ``r``'s prompt KV into its blocks at ``columns`` per group (None:
+        all of them) and, where a Mamba group's column 0 is among them, the
+        prompt's final state: what a connector's transfer delivers."""
         cfg = self.config
         pos = np.arange(r.prompt_len)
         for g in cfg.attention_groups:
             is_local, col, off = local_slots(pos, cfg.groups[g].block_size, cfg.dcp_world_size,
                                              cfg.dcp_rank, cfg.cp_kv_cache_interleave_size)
+            if columns is not None:
+                is_local &= np.isin(col, columns[g])
             blocks = np.asarray(r.blocks[g])[col[is_local]]
             self.kv_cache[g][blocks, off[is_local]] = self._stored(token_payload(
-                self.ledger.token_ids(req, pos[is_local]), cfg.head_size))
+                self.ledger.token_ids(r.req, pos[is_local]), cfg.head_size))
         for g in self.config.mamba_groups:
-            self.mamba_state[g][r.blocks[g][0]] = mamba_state_of(token_payload(
-                self.ledger.token_ids(req, pos), cfg.head_size), cfg.groups[g].conv_size)
-        self._row_progress(req, r.prompt_len)
+            if columns is None or 0 in columns[g]:
+                self.mamba_state[g][r.blocks[g][0]] = mamba_state_of(token_payload(
+                    self.ledger.token_ids(r.req, pos), cfg.head_size), cfg.groups[g].conv_size)
+
+    def kv_load_begin(self, req: int, handle: int, blocks: list[list[int]]) -> None:
+        """A connector starts loading part of ``req``'s prompt KV into ``blocks``
+        (per group); nothing lands until :meth:`kv_load_complete`."""
+        self.ledger.kv_load_begin(req, handle, blocks)
+
+    def kv_load_complete(self, req: int, handle: int) -> None:
+        """Transfer ``handle``'s KV lands in its blocks (its request may have left:
+        the blocks were kept for it); the request's prompt counts as computed
+        once all of it has landed; a request that left is freed after its last
+        transfer."""
+        t = self.ledger.transfer(handle, req)
+        r = self.ledger.owner_of_transfer(t)
+        self._land(r, t.columns)
+        freed = self.ledger.kv_load_complete(handle)
+        if r.loaded:
+            self._row_progress(r.req, r.prompt_len)
+        for g, ids in enumerate(freed or []):
+            self._poison(g, ids)
+
+    def kv_load_fail(self, req: int, handle: int) -> None:
+        """Transfer ``handle`` failed: nothing lands; its request fails (leaves the
+        batch, the first failure only) and keeps its blocks until its last
+        transfer has ended."""
+        t = self.ledger.transfer(handle, req)
+        left, freed = self.ledger.kv_load_fail(handle)
+        if left:
+            self._leave(t.req)
+        for g, ids in enumerate(freed or []):
+            self._poison(g, ids)
 
     def rollback(self, req: int, num_tokens: int) -> None:
         """The scheduler rolls back ``num_tokens`` rejected speculative tokens of

@@ -2,7 +2,8 @@
 engine's block-table classes) implement, and the observable state they expose.
 
 A target takes ops through the op methods (``add``, ``append``, ``remove``,
-``condense``, ``swap``, ``kv_load``, ``step``, ``dummy_run`` — the names of
+``condense``, ``swap``, ``kv_load``, ``kv_load_begin`` / ``_complete`` / ``_fail``,
+``step``, ``dummy_run`` — the names of
 :func:`harness.trace.apply_op`) and reports its state as an
 :class:`Observation` of NumPy copies, so invariants are pure functions of
 observations.  Targets are registered in :data:`REGISTRY` (one
@@ -44,6 +45,9 @@ class Target(Protocol):
     def condense(self) -> None: ...
     def swap(self, i: int, j: int) -> None: ...
     def kv_load(self, req: int) -> None: ...
+    def kv_load_begin(self, req: int, handle: int, blocks: list[list[int]]) -> None: ...
+    def kv_load_complete(self, req: int, handle: int) -> None: ...
+    def kv_load_fail(self, req: int, handle: int) -> None: ...
     def step(self, scheduled: list, cudagraph_mode: str, accepted: list | None = None) -> None: ...
     def dummy_run(self, num_reqs: int, num_tokens: int, cudagraph_mode: str) -> None: ...
     def rollback(self, req: int, num_tokens: int) -> None: ...
@@ -127,7 +131,10 @@ class GpuImplTarget(RunnerTarget):
             from gpu_impl.kv_cache_manager import KVCacheManager
 
             manager = KVCacheManager(config, FaultSet(faults))
-        super().__init__("gpu_impl", cls(config, FaultSet(faults), dev), manager)
+        from gpu_impl.kv_transfer import KVTransferTracker
+
+        super().__init__("gpu_impl", cls(config, FaultSet(faults), dev), manager,
+                         KVTransferTracker(FaultSet(faults)))
 
 
 def _gpu_impl_target(config: RunnerConfig, faults=(), device: str | None = None):

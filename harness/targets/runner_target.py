@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from gpu_impl.kv_transfer import ABORT, FAILED, KVTransferTracker
+
 from harness.core.observation import Observation, rows_indexed_by
 
 
@@ -21,12 +23,16 @@ class RunnerTarget:
     ``pool_view``, as :class:`gpu_impl.kv_cache_manager.KVCacheManager`), None
     when the trace names the blocks."""
 
-    def __init__(self, name: str, runner, manager=None):
+    def __init__(self, name: str, runner, manager=None, transfers=None):
         self.name = name
         self.runner = runner
         self.config = runner.config
         self.manager = manager
         self.prompts: dict[int, np.ndarray] = {}  # the scheduler's prompt token ids
+        # The scheduler side of asynchronous KV loads (gpu_impl.kv_transfer's
+        # tracker), and the blocks of requests that left while one was in flight.
+        self.transfers = transfers if transfers is not None else KVTransferTracker(())
+        self.left_blocks: dict[int, list[list[int]]] = {}
 
     def add(self, req, blocks, prompt_len):
         self.runner.add_request(req, blocks, prompt_len)
@@ -64,10 +70,47 @@ class RunnerTarget:
         return {"blocks": new, "freed": freed}
 
     def remove(self, req):
-        if self.manager is None:
-            self.runner.finish_request(req)
-        else:
-            self.runner.finish_request(req, self.manager.free(req))
+        self._leave(req, ABORT)
+
+    def _leave(self, req, reason: str) -> None:
+        """``req`` leaves the batch; its blocks are freed now or, while a load
+        into them is in flight, when the last one ends (the tracker decides)."""
+        if self.transfers.finish(req, reason):
+            if self.manager is None:
+                self.runner.finish_request(req)
+            else:
+                self.runner.finish_request(req, self.manager.free(req))
+            return
+        self.left_blocks[req] = [list(b) for b in self.runner.requests[req].block_ids]
+        self.runner.finish_request(req, [[] for _ in self.config.groups])
+
+    def _free_left(self, req) -> None:
+        """The blocks of ``req``, which left earlier, are freed now."""
+        blocks = self.left_blocks.pop(req)
+        freed = blocks if self.manager is None else self.manager.free(req)
+        for g, ids in enumerate(freed):
+            self.runner.poison_blocks(g, ids)
+
+    def kv_load_begin(self, req, handle, blocks):
+        self.transfers.begin(handle, req)
+        self.runner.kv_load_begin(req, handle, blocks)
+
+    def kv_load_complete(self, req, handle):
+        ready = self.runner.kv_load_complete(handle)
+        req, free = self.transfers.end(handle)
+        if ready:
+            self.runner.loaded_prompt(req)
+            self._computed([req])
+        if free:
+            self._free_left(req)
+
+    def kv_load_fail(self, req, handle):
+        self.runner.kv_load_fail(handle)
+        req, free = self.transfers.end(handle)
+        if req in self.runner.requests:  # the engine fails the request (policy "fail")
+            self._leave(req, FAILED)
+        elif free:
+            self._free_left(req)
 
     def _computed(self, reqs) -> None:
         if self.manager is not None:

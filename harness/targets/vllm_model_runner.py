@@ -305,6 +305,13 @@ class VllmModelRunnerTarget:
                 mamba_state_of(values, cfg.groups[g].conv_size))
         r["computed"] = r["prompt_len"]
 
+    def _no_async_loads(self, *args):
+        raise TargetRefused("op", "runner mode does not drive asynchronous KV loads "
+                            "(kv_load_begin / kv_load_complete / kv_load_fail: vLLM's "
+                            "KV-connector scheduler side is not under test yet); use kv_load")
+
+    kv_load_begin = kv_load_complete = kv_load_fail = _no_async_loads
+
     def rollback(self, req, num_tokens):
         """The scheduler lowers the request's computed tokens; vLLM's
         ``_update_states`` takes the lower count from the next output."""

@@ -153,7 +153,7 @@ def describe() -> list[dict]:
 
 
 # Check order = import order, then registration order within each module.
-from harness.core.invariants import structural, caches, reads, differential, scheduler  # noqa: E402,F401,I001
+from harness.core.invariants import structural, transfers, caches, reads, differential, scheduler  # noqa: E402,F401,I001
 from harness.core.invariants.caches import (  # noqa: E402
     check_loaded_blocks, check_no_stale_write, check_null_block_finite)
 from harness.core.invariants.differential import check_matches_reference  # noqa: E402

@@ -62,7 +62,8 @@ def permit_for(config: RunnerConfig, ledger: Ledger, op: dict) -> WritePermit:
         for g, blocks in granted.items():
             cells.setdefault(g, {}).update(blocks)
     _share_pages(config, cells)
-    held_in = {b: g for r in ledger.requests.values() for g, ids in enumerate(r.blocks)
+    held_in = {b: g for r in (*ledger.requests.values(), *ledger.finishing.values())
+               for g, ids in enumerate(r.blocks)
                for b in ids} if config.kv_sharing else None
     scratch = frozenset(g for g in config.mamba_groups if config.has_null_block(g))
     return WritePermit(cells, [o.copy() for o in ledger.owner], runs,

@@ -55,7 +55,8 @@ def _steppable(m) -> list[int]:
     """Live requests that can run a step now (once per machine state where the
     machine keeps one: ``step``'s and ``spec_step``'s preconditions and draws)."""
     def now():
-        return [r for r in m.ledger.live() if _room(m, r) > 0
+        return [r for r in m.ledger.live() if not m.ledger.requests[r].pending
+                and _room(m, r) > 0
                 and _sizes(m, r, min(_room(m, r), m.cfg.max_num_batched_tokens))]
 
     per_state = getattr(m, "per_state", None)

@@ -17,7 +17,7 @@ def _loadable(m) -> list[int]:
     if m.cfg.mamba_cache_mode == "align":  # not modelled: the ledger refuses it
         return []
     return [r for r, s in sorted(m.ledger.requests.items())
-            if not (s.stepped or s.loaded or s.num_computed_tokens)
+            if not (s.stepped or s.loaded or s.num_computed_tokens or s.pending or s.landed)
             and s.capacity_tokens(m.cfg) >= s.prompt_len]
 
 
@@ -33,3 +33,131 @@ register(OpSpec(
     draw=_draw_kv_load,
     enabled=lambda m: bool(_loadable(m)), requests=_req, rename=_rename,
     permit=_permit_all_blocks))
+
+
+# -- asynchronous loads: kv_load_begin / kv_load_complete / kv_load_fail ---------------
+# Modelled on a P/D decode instance's connector loads (vLLM's KV-connector API:
+# the scheduler side in vllm/v1/core/sched/scheduler.py, the NIXL connector's
+# per-request read handles): a request's prompt KV arrives in transfers that
+# complete or fail independently; an abort is a ``remove`` while one is in
+# flight.  The reference's rule (reference/ledger.py): a request that leaves
+# keeps its blocks until its last transfer has ended; a failed transfer fails
+# its request (the "fail" policy).  ``NO_FREE_WHILE_PENDING`` judges the target.
+HANDLE = {"type": "integer", "minimum": 0}
+
+
+def _open_columns(m, req: int) -> list[list[int]]:
+    """Per group, the blocks of ``req`` a new transfer may load (prompt blocks not
+    landed and not in flight; a Mamba group's state block)."""
+    ledger, cfg = m.ledger, m.cfg
+    r = ledger.requests[req]
+    busy = [set(r.landed[g]) if r.landed else set() for g in range(len(cfg.groups))]
+    for h in r.pending:
+        for g, cols in enumerate(ledger.transfers[h].columns):
+            busy[g] |= set(cols)
+    out = []
+    for g, spec in enumerate(cfg.groups):
+        cols = [0] if spec.kind == "mamba" else ledger.prompt_columns(r, g)
+        out.append([r.blocks[g][c] for c in cols if c not in busy[g]])
+    return out
+
+
+def _transfer_loadable(m) -> list[int]:
+    def now():
+        if m.cfg.mamba_cache_mode == "align":
+            return []
+        return [r for r, s in sorted(m.ledger.requests.items())
+                if not (s.stepped or s.loaded or s.num_computed_tokens or s.load_failed)
+                and s.capacity_tokens(m.cfg) >= s.prompt_len and any(_open_columns(m, r))]
+
+    per_state = getattr(m, "per_state", None)
+    return per_state("transfer_loadable", now) if per_state is not None else now()
+
+
+def _draw_kv_load_begin(m, data) -> dict:
+    from hypothesis import strategies as st  # search only: reproducers import no Hypothesis
+
+    req = data.choice(_transfer_loadable(m))
+    avail = _open_columns(m, req)
+    whole = data.integer(0, 2) == 0  # sometimes one transfer of everything left
+    blocks = []
+    for ids in avail:
+        if whole or not ids:
+            blocks.append(list(ids))
+        else:  # mostly a run of consecutive blocks (one handle's share)
+            if data.boolean():
+                lo = data.integer(0, len(ids) - 1)
+                blocks.append(ids[lo:data.integer(lo, len(ids) - 1) + 1])
+            else:
+                blocks.append(data.draw(st.lists(st.sampled_from(ids), unique=True,
+                                                 max_size=len(ids))))
+    if not any(blocks):
+        g = next(g for g, ids in enumerate(avail) if ids)
+        blocks[g] = [avail[g][0]]
+    handle = max(m.ledger.used_handles, default=-1) + 1
+    return {"op": "kv_load_begin", "req": req, "handle": handle, "blocks": blocks}
+
+
+def _handle_rename(op: dict, req, block) -> dict:
+    return dict(op, req=req(op["req"]))
+
+
+def _begin_rename(op: dict, req, block) -> dict:
+    return _rename(op, req, block)
+
+
+def _narrow_begin(op: dict):
+    for g, ids in enumerate(op["blocks"]):
+        if len(ids) > 1:
+            yield dict(op, blocks=[b[:1] if h == g else b for h, b in enumerate(op["blocks"])])
+
+
+def _permit_transfer_end(config, ledger, op):
+    """A transfer's end writes its blocks and, when its request left and this was
+    its last transfer, frees (poisons) all the request's blocks: any cell of them."""
+    t = ledger.transfers.get(op["handle"])
+    if t is None:  # an illegal op: the reference raises OpError next
+        raise KeyError(op["handle"])
+    r = ledger.owner_of_transfer(t)
+    cells = {g: {b: None for b in ids} for g, ids in enumerate(r.blocks)}
+    if config.draft_group is not None:
+        cells[("draft", config.draft_group)] = dict(cells[config.draft_group])
+    return cells, frozenset([t.req])
+
+
+def _in_flight(m) -> list[int]:
+    return sorted(m.ledger.transfers)
+
+
+def _draw_transfer_end(name):
+    def draw(m, data) -> dict:
+        handle = data.choice(_in_flight(m))
+        return {"op": name, "req": m.ledger.transfers[handle].req, "handle": handle}
+    return draw
+
+
+register(OpSpec(
+    name="kv_load_begin", summary="a connector starts loading part of a new request's prompt "
+    "KV (and Mamba state) into some of its blocks; nothing lands until it completes",
+    fields={"req": INT, "handle": HANDLE, "blocks": {"type": "array", "items": {
+        "type": "array", "items": INT}}},
+    example={"op": "kv_load_begin", "req": 0, "handle": 0, "blocks": [[4, 5], [9]]},
+    apply=lambda t, op: t.kv_load_begin(op["req"], op["handle"], op["blocks"]),
+    draw=_draw_kv_load_begin, enabled=lambda m: bool(_transfer_loadable(m)), requests=_req,
+    rename=_begin_rename, narrow=_narrow_begin, family="async"))
+register(OpSpec(
+    name="kv_load_complete", summary="a transfer in flight lands: its blocks get the prompt "
+    "KV; a request that left meanwhile is freed after its last transfer",
+    fields={"req": INT, "handle": HANDLE},
+    example={"op": "kv_load_complete", "req": 0, "handle": 0},
+    apply=lambda t, op: t.kv_load_complete(op["req"], op["handle"]), draw=_draw_transfer_end("kv_load_complete"),
+    enabled=lambda m: bool(_in_flight(m)), requests=_req, rename=_handle_rename,
+    permit=_permit_transfer_end, family="async"))
+register(OpSpec(
+    name="kv_load_fail", summary="a transfer in flight fails: nothing lands, the engine fails "
+    "its request, whose blocks stay reserved until its last transfer ends",
+    fields={"req": INT, "handle": HANDLE},
+    example={"op": "kv_load_fail", "req": 0, "handle": 0},
+    apply=lambda t, op: t.kv_load_fail(op["req"], op["handle"]), draw=_draw_transfer_end("kv_load_fail"),
+    enabled=lambda m: bool(_in_flight(m)), requests=_req, rename=_handle_rename,
+    permit=_permit_transfer_end, family="async"))

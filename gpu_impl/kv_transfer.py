@@ -1,0 +1,71 @@
+"""gpu_impl's scheduler side of a KV connector's asynchronous loads.
+
+Written as vLLM's scheduler treats a P/D decode instance's remote loads
+(``vllm/v1/core/sched/scheduler.py``: ``finish_requests``, ``_free_request``,
+``_update_from_kv_xfer_finished``; the NIXL connector's per-request read
+handles in ``vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py``):
+
+- a request may be loaded by several transfers (handles) at once;
+- a request that leaves while a transfer into its blocks is in flight — an
+  abort, or the first failed transfer under the "fail" policy — keeps its
+  blocks until its last transfer has finished (the scheduler delays the free
+  until the connector reports the load finished);
+- the request's blocks are freed exactly once, when the last transfer ends.
+
+Faults (``family: async``) live at the lines their upstream bugs did.
+"""
+
+from __future__ import annotations
+
+ABORT, FAILED = "abort", "failed"
+
+
+class KVTransferTracker:
+    """Transfers in flight per request, and the requests whose free waits for them.
+
+    ``begin(handle, req)``; ``finish(req, reason)`` when a request leaves
+    (``"abort"``: removed; ``"failed"``: its first failed load) returns whether
+    its blocks are freed now; ``end(handle)`` when a transfer completes or
+    fails returns (req, whether the request's blocks are freed now)."""
+
+    def __init__(self, faults):
+        self.faults = faults
+        self.req_of: dict[int, int] = {}
+        self.in_flight: dict[int, set[int]] = {}
+        self.free_waits: set[int] = set()
+
+    def begin(self, handle: int, req: int) -> None:
+        self.req_of[handle] = req
+        self.in_flight.setdefault(req, set()).add(handle)
+
+    def loading(self, req: int) -> bool:
+        return bool(self.in_flight.get(req))
+
+    def finish(self, req: int, reason: str) -> bool:
+        """``req`` leaves; True: free its blocks now, False: when its last transfer ends."""
+        if reason == ABORT and "abort-frees-blocks-mid-load" in self.faults:
+            # The historical bug: an aborted request waiting for remote KV was
+            # freed at once, the connector still writing into its blocks.
+            self.in_flight.pop(req, None)
+            return True
+        if reason == FAILED and "failed-load-frees-before-siblings" in self.faults:
+            # The historical race: the first failed handle reported the request
+            # failed (and its blocks freed) while its sibling handles still wrote.
+            self.in_flight.pop(req, None)
+            return True
+        if self.loading(req):
+            self.free_waits.add(req)
+            return False
+        self.in_flight.pop(req, None)
+        return True
+
+    def end(self, handle: int) -> tuple[int, bool]:
+        req = self.req_of.pop(handle)
+        handles = self.in_flight.get(req)
+        if handles is not None:
+            handles.discard(handle)
+        if req in self.free_waits and not handles:
+            self.free_waits.discard(req)
+            self.in_flight.pop(req, None)
+            return req, True
+        return req, False
