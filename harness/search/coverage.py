@@ -53,6 +53,12 @@ FEATURES: dict[str, str] = {
                           "remove and later taken by another request",
     "loaded-next-to-padded": "a forward over a request whose KV was loaded (kv_load) "
                              "with padded rows or tokens beside it",
+    "load-ends-after-leave": "a KV transfer completes or fails after its request left "
+                             "(removed, or failed by a sibling transfer)",
+    "load-fails-beside-siblings": "a KV transfer fails while another transfer of its request "
+                                  "is still in flight",
+    "block-reused-after-late-load": f"a block freed when a departed request's last KV "
+                                    f"transfer ended handed out again within {REUSE_WINDOW} ops",
     "padding-over-prefilling-row": "a FULL forward padded over a V1 row whose last request's "
                                    "last step was a prompt chunk (engines keep its counters "
                                    "there: vLLM #41841)",
@@ -127,6 +133,9 @@ class Tracker:
     prev_real_forward: object = None
     prev_op: str | None = None
     freed: dict = field(default_factory=dict)  # (group, block) -> op index freed
+    late_freed: dict = field(default_factory=dict)  # freed when a departed request's
+    # last transfer ended: (group, block) -> op index
+    _transfer: tuple | None = None  # a transfer's end: (its request had left, siblings)
     vacated: set = field(default_factory=set)  # rows vacated by a remove, not yet reused
     loaded: set = field(default_factory=set)  # requests that arrived by kv_load
     left_prefilling: set = field(default_factory=set)  # V1 rows left in a prompt chunk
@@ -143,9 +152,20 @@ class Tracker:
     def before(self, op: dict, ledger, reference) -> None:
         self._sched_before = self._scheduler_state(op, ledger)
         self._pending_free = []
+        self._transfer = None
         if op["op"] == "remove" and op["req"] in ledger.requests:
             r = ledger.requests[op["req"]]
-            self._pending_free = [(g, b) for g, ids in enumerate(r.blocks) for b in ids]
+            if not r.pending:  # else its blocks are freed when its last transfer ends
+                self._pending_free = [(g, b) for g, ids in enumerate(r.blocks) for b in ids]
+        elif op["op"] in ("kv_load_complete", "kv_load_fail") \
+                and op.get("handle") in ledger.transfers:
+            t = ledger.transfers[op["handle"]]
+            r = ledger.owner_of_transfer(t)
+            left = t.req not in ledger.requests
+            last = r.pending == {t.handle}
+            self._transfer = (left, not last)
+            if last and (left or op["op"] == "kv_load_fail"):
+                self._pending_free = [(g, b) for g, ids in enumerate(r.blocks) for b in ids]
         self._rows_before = reference.rows.req_ids.copy()
         self._counts_before = dict(getattr(reference, "num_accepted_of", {}))
         self._computed_before = {req: r.num_computed_tokens
@@ -159,6 +179,8 @@ class Tracker:
             self.first.setdefault(f, self.op_index)
         for gb in self._pending_free:
             self.freed[gb] = self.op_index
+            if self._transfer is not None:
+                self.late_freed[gb] = self.op_index
         self.prev_op = op["op"]
         self.op_index += 1
         return hit
@@ -182,6 +204,15 @@ class Tracker:
                     self.left_prefilling.discard(row)
         if kind == "kv_load":
             self.loaded.add(op["req"])
+        if self._transfer is not None:
+            left, siblings = self._transfer
+            if left:
+                hit.append("load-ends-after-leave")
+            if kind == "kv_load_fail" and siblings:
+                hit.append("load-fails-beside-siblings")
+            r = reference.ledger.requests.get(op["req"])
+            if r is not None and r.loaded:
+                self.loaded.add(op["req"])
         if kind in ("admit", "allocate"):
             hit += self._scheduler_hits(op)
         if kind in ("add", "kv_load", "append", "admit", "allocate"):
@@ -190,6 +221,9 @@ class Tracker:
                        for b in ids):
                     hit.append("freed-block-reused")
                     break
+            if any(self.op_index - self.late_freed.get((g, b), -10**9) <= REUSE_WINDOW
+                   for g, ids in enumerate(op.get("blocks") or []) for b in ids):
+                hit.append("block-reused-after-late-load")
             taken = {(g, b) for g, ids in enumerate(op.get("blocks") or []) for b in ids if b}
             if any(h != g and (h, b) in self.freed
                    and self.op_index - self.freed[(h, b)] <= REUSE_WINDOW
@@ -377,6 +411,9 @@ NEEDS = {
     "full-replay-mixed-batch": lambda c: c.cudagraph_support == "ALWAYS",
     "backend-slots-padded": lambda c: any(g.slot_buffer for g in c.groups),
     "loaded-next-to-padded": lambda c: c.mamba_cache_mode != "align",
+    "load-ends-after-leave": lambda c: c.mamba_cache_mode != "align",
+    "load-fails-beside-siblings": lambda c: c.mamba_cache_mode != "align",
+    "block-reused-after-late-load": lambda c: c.mamba_cache_mode != "align",
     "prefix-hit": lambda c: c.enable_prefix_caching,
     "prompt-all-cached": lambda c: c.enable_prefix_caching,
     "hit-on-freed-cached-block": lambda c: c.enable_prefix_caching,
