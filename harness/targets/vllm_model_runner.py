@@ -55,6 +55,8 @@ import inspect
 import numpy as np
 import torch
 
+from gpu_impl.kv_transfer import ABORT, FAILED, KVTransferTracker
+
 from harness.core.observation import ROWS_BY_ENGINE, Observation
 from harness.targets.registry import TargetRefused
 from reference.payload import mamba_state_of, token_payload
@@ -181,6 +183,9 @@ class VllmModelRunnerTarget:
         self.kernels = model.kernels = vllm_model.ModelKernels(config)
         self.groups = self._init_kv_cache(vllm_model)
         self.requests: dict[int, dict] = {}
+        self.transfers = KVTransferTracker(())  # asynchronous KV loads in flight
+        self.in_flight: dict[int, tuple] = {}  # handle -> (req, columns per group)
+        self.left: dict[int, dict] = {}  # requests that left with a load in flight
         self.finished: set[str] = set()
         self.last_forward: ForwardInfo | None = None
         self._observe_runner()
@@ -278,9 +283,19 @@ class VllmModelRunnerTarget:
             (r["new"] if r["sent"] else r["blocks"])[g].extend(ids)
 
     def remove(self, req):
+        self._leave(req, ABORT)
+
+    def _leave(self, req, reason: str) -> None:
+        """The request leaves; its blocks are poisoned now or, while a KV load
+        into them is in flight, when its last transfer ends (blockfuzz's
+        scheduler-side tracker, ``gpu_impl/kv_transfer.py``: vLLM's scheduler is
+        not driven here)."""
         r = self.requests.pop(req)
-        for g, ids in enumerate(r["blocks"]):
-            self.kernels.poison(g, ids)
+        if self.transfers.finish(req, reason):
+            for g, ids in enumerate(r["blocks"]):
+                self.kernels.poison(g, ids)
+        else:
+            self.left[req] = r
         if r["sent"]:
             self.finished.add(str(req))
 
@@ -292,25 +307,64 @@ class VllmModelRunnerTarget:
 
     def kv_load(self, req):
         """The P/D connector's write: the prompt's KV and its final Mamba state."""
-        r, cfg = self.requests[req], self.config
+        r = self.requests[req]
+        self._land(req, r, None)
+        r["computed"] = r["prompt_len"]
+
+    def _land(self, req, r, columns) -> None:
+        """Write ``req``'s prompt KV into its blocks at ``columns`` per group (None:
+        all) and its final Mamba state where a Mamba group's column 0 is among them."""
+        cfg = self.config
         pos = np.arange(r["prompt_len"])
         values = token_payload(req * 256 + pos, cfg.head_size)
         for g in cfg.attention_groups:
             bs = cfg.groups[g].block_size
-            blocks = np.asarray(r["blocks"][g])[pos // bs]
-            self.kernels.kv_cache[g][torch.from_numpy(blocks), torch.from_numpy(pos % bs)] = \
-                torch.from_numpy(values)
+            keep = np.ones(len(pos), bool) if columns is None else np.isin(pos // bs, columns[g])
+            blocks = np.asarray(r["blocks"][g])[pos[keep] // bs]
+            self.kernels.kv_cache[g][torch.from_numpy(blocks),
+                                     torch.from_numpy(pos[keep] % bs)] = \
+                torch.from_numpy(values[keep])
         for g in cfg.mamba_groups:
-            self.kernels.mamba_state[g][r["blocks"][g][0]] = torch.from_numpy(
-                mamba_state_of(values, cfg.groups[g].conv_size))
-        r["computed"] = r["prompt_len"]
+            if columns is None or 0 in columns[g]:
+                self.kernels.mamba_state[g][r["blocks"][g][0]] = torch.from_numpy(
+                    mamba_state_of(values, cfg.groups[g].conv_size))
 
-    def _no_async_loads(self, *args):
-        raise TargetRefused("op", "runner mode does not drive asynchronous KV loads "
-                            "(kv_load_begin / kv_load_complete / kv_load_fail: vLLM's "
-                            "KV-connector scheduler side is not under test yet); use kv_load")
+    # Asynchronous KV loads: the connector's worker side writes the KV (as
+    # kv_load); the scheduler side is blockfuzz's tracker, not vLLM's.
+    def kv_load_begin(self, req, handle, blocks):
+        r = self.requests[req]
+        self.transfers.begin(handle, req)
+        self.in_flight[handle] = (req, [[r["blocks"][g].index(b) for b in ids]
+                                        for g, ids in enumerate(blocks)])
 
-    kv_load_begin = kv_load_complete = kv_load_fail = _no_async_loads
+    def kv_load_complete(self, req, handle):
+        req, columns = self.in_flight.pop(handle)
+        live = req in self.requests
+        r = self.requests[req] if live else self.left[req]
+        self._land(req, r, columns)
+        landed = r.setdefault("landed", [[] for _ in self.config.groups])
+        for g, cols in enumerate(columns):
+            landed[g].extend(cols)
+        _, free = self.transfers.end(handle)
+        cfg = self.config
+        if live and all(set(range(-(-r["prompt_len"] // cfg.groups[g].block_size)))
+                        <= set(landed[g]) for g in cfg.attention_groups) \
+                and all(0 in landed[g] for g in cfg.mamba_groups):
+            r["computed"] = r["prompt_len"]
+        if free:
+            self._poison_left(req)
+
+    def kv_load_fail(self, req, handle):
+        req, _ = self.in_flight.pop(handle)
+        _, free = self.transfers.end(handle)
+        if req in self.requests:
+            self._leave(req, FAILED)
+        elif free:
+            self._poison_left(req)
+
+    def _poison_left(self, req) -> None:
+        for g, ids in enumerate(self.left.pop(req)["blocks"]):
+            self.kernels.poison(g, ids)
 
     def rollback(self, req, num_tokens):
         """The scheduler lowers the request's computed tokens; vLLM's
