@@ -246,8 +246,8 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "decode' (vllm/v1/worker/gpu_model_runner.py: the non-blocking copy into "
           "input_batch.num_accepted_tokens_cpu_tensor landed around swap_states()/condense(), "
           "so the GDN builder saw another row's count)",
-          "MATCHES_REFERENCE", ("NO_STALE_WRITE",), family="spec-decode",
-          sites=("vllm/v1/worker/gpu_model_runner.py",)),
+          "ROW_RESULTS_FOLLOW_REQUESTS", ("MATCHES_REFERENCE", "NO_STALE_WRITE"),
+          family="spec-decode", sites=("vllm/v1/worker/gpu_model_runner.py",)),
     Fault("draft-slots-allocation-block-size", ("v1", "v2"),
           "the drafter computes its slot mapping with the KV-cache group's allocation block "
           "size although the block table holds kernel blocks: column pos // block_size of a "
@@ -412,6 +412,21 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "NO_STALE_WRITE", ("MATCHES_REFERENCE", "ATTENTION_FINITE", "LOADED_BLOCKS_INTACT",
                              "NULL_BLOCK_FINITE"),
           family="layout", sites=("vllm/_custom_ops.py",)),  # reshape_and_cache_flash
+    Fault("completed-counts-land-by-row", ("v1",),
+          "async scheduling: when a dispatched step completes, its accepted counts are "
+          "copied into the persistent batch by the batch rows the step had at dispatch; a "
+          "remove, condense or the next dispatch in between moved the rows, so a count lands "
+          "on another request, which then starts its next spec step from the wrong Mamba "
+          "state column",
+          "vllm-project/vllm PR #51599 '[Bugfix][MRv1] Decouple async Mamba align D2H counts "
+          "from InputBatch row shifts' (issue #51571; vllm/v1/worker/gpu_model_runner.py: "
+          "condense() moved rows while the copy into num_accepted_tokens_cpu_tensor was in "
+          "flight; the fix copies into a runner-owned buffer and remaps by request after the "
+          "event sync); the same bug in vllm-project/vllm-ascend PR #13864 (issue #13863 'Async "
+          "MTP can reuse stale accepted-token counts after batch condense')",
+          "ROW_RESULTS_FOLLOW_REQUESTS", ("MATCHES_REFERENCE", "NO_STALE_WRITE",
+                                          "NO_FOREIGN_READ"),
+          family="async", sites=("vllm/v1/worker/gpu_model_runner.py",)),
     Fault("abort-frees-blocks-mid-load", ("v1", "v2"),
           "a request removed (aborted) while a KV load into its blocks is in flight has its "
           "blocks freed at once instead of when the last load ends: the connector's late "

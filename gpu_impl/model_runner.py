@@ -7,7 +7,8 @@ the fault branches of the dummy run's slot mappings (plus those of
 :mod:`gpu_impl.runner_faults`, the input batch and the block tables).
 
 Faults consulted here: ``dummy-slots-not-padded``, ``dummy-slots-unpadded-count``,
-``dummy-rows-not-committed``, ``accepted-counts-land-after-condense``.
+``dummy-rows-not-committed``, ``accepted-counts-land-after-condense``,
+``completed-counts-land-by-row``.
 """
 
 from __future__ import annotations
@@ -49,6 +50,16 @@ class GPUModelRunnerV1(RunnerFaults, RunnerShellV1):
         self._late_accepted = list(kept)
         for (req, _, _), a in zip(batch, kept):
             self.requests[req].num_accepted = a
+
+    def _land_results(self, batch, kept) -> None:
+        if "completed-counts-land-by-row" not in self.faults:
+            return super()._land_results(batch, kept)
+        # The historical race: the host copy of a dispatched step's counts lands
+        # in the rows its batch had at dispatch, whoever holds them now.
+        for b, ((req, _, _), a) in enumerate(zip(batch, kept)):
+            self.input_batch.num_accepted_tokens[b] = a
+            if req in self.requests:
+                self.requests[req].num_accepted = a
 
     def _update_states(self, num_tokens_of: dict) -> None:
         super()._update_states(num_tokens_of)

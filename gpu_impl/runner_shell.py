@@ -118,6 +118,8 @@ class RunnerShell(abc.ABC):
         # Asynchronous KV loads in flight: handle -> (req, columns per group, the
         # writes it delivers); per request loading by transfers, columns landed.
         self.transfers: dict[int, tuple] = {}
+        # Steps dispatched and not completed: (batch, accepted counts), oldest first.
+        self.steps_in_flight: list[tuple] = []
         self.landed: dict[int, list[list[int]]] = {}
         # Align mode: the column of each request's running Mamba state after its
         # latest step (vLLM's runner-side ``mamba_state_idx``).
@@ -605,11 +607,13 @@ class RunnerShell(abc.ABC):
 
     # -- forwards --------------------------------------------------------------
     def execute_model(self, scheduled: list, cudagraph_mode: str,
-                      accepted: list | None = None) -> None:
+                      accepted: list | None = None, in_flight: bool = False) -> None:
         """One real step. scheduled: [(req, num_tokens)], any subset of live requests;
         accepted: per item, the tokens the sampler keeps (speculative decoding;
         None: every token of a decode, one for a prefill chunk that ends the
-        prompt, none for one that does not)."""
+        prompt, none for one that does not).  in_flight: async scheduling — the
+        step's per-request results (accepted counts) are copied back to the host
+        only at :meth:`complete_step`, after whatever ops came in between."""
         self.draft_rows = None
         # Per request: the tokens the sampler keeps, and how far it advances (a
         # decode by its kept tokens, the rejected ones' KV is garbage; a prefill
@@ -649,9 +653,26 @@ class RunnerShell(abc.ABC):
         self._advance(advanced)
         for req, adv, start in advanced:
             self.requests[req].num_computed_tokens = start + adv
-        self._store_accepted(batch, [kept_of[req] for req, _, _ in batch])
+        if in_flight:
+            self.steps_in_flight.append((batch, [kept_of[req] for req, _, _ in batch]))
+        else:
+            self._store_accepted(batch, [kept_of[req] for req, _, _ in batch])
         self.last_forward = ForwardInfo(False, mode, num_reqs, reqs_padded, num_tokens,
                                         tokens_padded, tuple(req for req, _, _ in batch))
+
+    def complete_step(self) -> None:
+        """The oldest dispatched step completes: its results land on the host,
+        on the requests that ran it (:meth:`_land_results`)."""
+        batch, kept = self.steps_in_flight.pop(0)
+        self._land_results(batch, kept)
+
+    def _land_results(self, batch: list, kept: list[int]) -> None:
+        """A completed step's accepted counts, per request of its batch that is
+        still live: where it sits now (vLLM keeps the dispatch's request ids and
+        maps them to the rows the batch has at completion)."""
+        for (req, _, _), a in zip(batch, kept):
+            if req in self.requests:
+                self._set_accepted(req, a)
 
     def _build_spec_metadata(self, num_reqs: int, num_rows: int, dummy: bool) -> None:
         """The Mamba builder's spec-decode metadata of rows [0, num_rows): each

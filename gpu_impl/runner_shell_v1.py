@@ -237,6 +237,13 @@ class RunnerShellV1(RunnerShell):
             self.input_batch.num_accepted_tokens[b] = a
             self.requests[req].num_accepted = a
 
+    def _set_accepted(self, req: int, a: int) -> None:
+        """``req``'s accepted count, in its row if it has one."""
+        self.requests[req].num_accepted = a
+        row = self.input_batch.row_of(req)
+        if row is not None:
+            self.input_batch.num_accepted_tokens[row] = a
+
     def _host_rows(self) -> dict:
         batch = self.input_batch
         tables = batch.block_table.block_tables
@@ -245,4 +252,5 @@ class RunnerShellV1(RunnerShell):
                                              for t in tables],
                     host_req_ids=batch.req_ids.copy(),
                     num_computed_tokens=batch.num_computed_tokens.copy(),
-                    num_prompt_tokens=batch.num_prompt_tokens.copy())
+                    num_prompt_tokens=batch.num_prompt_tokens.copy(),
+                    row_accepted=np.asarray(batch.num_accepted_tokens).copy())

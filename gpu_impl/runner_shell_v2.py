@@ -127,6 +127,10 @@ class RunnerShellV2(RunnerShell):
     def _row_accepted(self, num_reqs: int) -> np.ndarray:
         return self.accepted_by_index[self.idx_mapping.np[:num_reqs]].copy()
 
+    def _set_accepted(self, req: int, a: int) -> None:
+        self.accepted_by_index[self.req_index[req]] = a
+        self.requests[req].num_accepted = a
+
     def _store_accepted(self, batch, kept) -> None:
         for (req, _, _), a in zip(batch, kept):
             self.accepted_by_index[self.req_index[req]] = a

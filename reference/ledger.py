@@ -30,6 +30,7 @@ from .payload import NULL_BLOCK_ID, POSITION_MAX, REQ_ID_MAX, default_token_ids
 
 FREE = -1
 RESERVED = -2
+MAX_STEPS_IN_FLIGHT = 2  # async scheduling: step N+1 is prepared while step N runs
 
 
 class OpError(ValueError):
@@ -122,6 +123,8 @@ class Ledger:
         # used; requests that left (removed, or failed by a load) while a load
         # into their blocks was in flight — they keep their blocks until it ends.
         self.transfers: dict[int, Transfer] = {}
+        # Steps dispatched and not completed (step_dispatch): their requests, oldest first.
+        self.steps_in_flight: list[list[int]] = []
         self.used_handles: set[int] = set()
         self.finishing: dict[int, RequestLedger] = {}
 
@@ -535,6 +538,28 @@ class Ledger:
             del self.requests[t.req]
             self.finishing[t.req] = r
         return left, self._end_transfer(handle)
+
+    def check_dispatch(self, scheduled) -> None:
+        """A ``step_dispatch`` besides what any step needs: at most
+        :data:`MAX_STEPS_IN_FLIGHT` steps in flight; with a drafter a request runs
+        in one of them at a time (its next drafts and accepted count are only
+        known when its step completes)."""
+        if len(self.steps_in_flight) >= MAX_STEPS_IN_FLIGHT:
+            raise OpError("op", f"{MAX_STEPS_IN_FLIGHT} steps are in flight already: "
+                          "step_complete first")
+        if self.config.num_speculative_tokens:
+            busy = {r for reqs in self.steps_in_flight for r in reqs}
+            for i, item in enumerate(scheduled):
+                if isinstance(item, (list, tuple)) and item and item[0] in busy:
+                    raise OpError(f"scheduled[{i}][0]", f"request {item[0]} has a step in "
+                                  "flight (with a drafter its next step waits for its "
+                                  "accepted count)")
+
+    def check_no_step_in_flight(self) -> None:
+        if self.steps_in_flight:
+            raise OpError("op", f"{len(self.steps_in_flight)} step(s) in flight: an engine "
+                          "with steps in flight dispatches its steps (step_dispatch) and "
+                          "completes them in order (step_complete)")
 
     def pending_blocks(self, group: int) -> dict[int, int]:
         """{block: handle} of ``group`` that a transfer in flight writes."""

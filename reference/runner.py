@@ -167,6 +167,7 @@ class ReferenceRunnerBase(abc.ABC):
         self.write_indices = {g: np.zeros((rows, cfg.mamba_columns), np.int32)
                               for g in cfg.mamba_groups}
         self.num_accepted_of: dict[int, int] = {}
+        self.results_in_flight: list[dict[int, int]] = []  # per step in flight, oldest first
         # Align mode: the column holding each request's running Mamba state
         # after its latest step (vLLM's runner-side ``mamba_state_idx``).
         self.mamba_state_idx: dict[int, int] = {}
@@ -350,12 +351,23 @@ class ReferenceRunnerBase(abc.ABC):
         self._row_progress(req, self.ledger.requests[req].num_computed_tokens)
 
     # -- forwards ----------------------------------------------------------
-    def step(self, scheduled: list, cudagraph_mode: str, accepted: list | None = None) -> None:
+    def step(self, scheduled: list, cudagraph_mode: str, accepted: list | None = None,
+             in_flight: bool = False) -> None:
         """One real step; scheduled: [[req, num_tokens], ...], any subset of live
         requests; accepted: per item, the tokens the sampler keeps (speculative
         decoding: ``Ledger.sampled``; None = every decode token).  With
-        ``num_speculative_tokens`` the drafter runs after the forward."""
+        ``num_speculative_tokens`` the drafter runs after the forward.
+
+        in_flight: the step stays in flight (async scheduling): its device work
+        happens now — in stream order, before anything later on the device — and
+        the scheduler's counts move as an async scheduler moves them, but the
+        per-request results the host copies back (each request's accepted
+        count) land at :meth:`step_complete`, on the requests that ran."""
         _check_mode(cudagraph_mode)
+        if in_flight:
+            self.ledger.check_dispatch(scheduled)
+        else:
+            self.ledger.check_no_step_in_flight()
         if accepted is not None and not self.config.num_speculative_tokens:
             raise OpError("op", "spec_step needs a config with num_speculative_tokens > 0 "
                           "(a drafter); use step")
@@ -402,11 +414,25 @@ class ReferenceRunnerBase(abc.ABC):
         if spec:
             self._draft(batch, kept_of, is_decode, num_tokens, cudagraph_mode)
         self.ledger.step(scheduled, kept)
+        if in_flight:
+            self.ledger.steps_in_flight.append([req for req, _, _ in batch])
+            self.results_in_flight.append({req: kept_of[req] for req, _, _ in batch})
         for req, n, row in batch:
-            self.num_accepted_of[req] = kept_of[req]
+            if not in_flight:
+                self.num_accepted_of[req] = kept_of[req]
             self._row_progress(req, self.ledger.requests[req].num_computed_tokens)
         self.last_forward = ForwardInfo(False, mode, num_reqs, reqs_padded, num_tokens,
                                         tokens_padded, tuple(req for req, _, _ in batch))
+
+    def step_complete(self) -> None:
+        """The oldest step in flight completes: each of its requests still live
+        gets the accepted count it had (the host copy lands by request)."""
+        if not self.ledger.steps_in_flight:
+            raise OpError("op", "no step in flight (step_dispatch first)")
+        self.ledger.steps_in_flight.pop(0)
+        for req, kept in self.results_in_flight.pop(0).items():
+            if req in self.num_accepted_of:  # still live
+                self.num_accepted_of[req] = kept
 
     def _preprocess_mamba(self, batch: list) -> None:
         """Align mode, before the forward: each request's running state moves to

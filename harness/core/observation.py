@@ -73,6 +73,10 @@ class Observation:
     - ``pool``: allocator ``engine`` only — the target's KV-cache manager's own
       view of each group's pool, ``{g: {"ref_count": int64 (num_blocks,),
       "num_free": int}}``; None otherwise;
+    - ``row_accepted`` int32 (max_num_reqs,): V1 only — the host row buffer of
+      each persistent row's last accepted count (vLLM's
+      ``num_accepted_tokens_cpu``), meaningful for occupied rows; None
+      elsewhere;
     - ``device_row_counts[g]`` (reference V2 only): entries of each input-table
       row the last gather defined; past them a row holds whatever the engine
       left, and is compared up to there only.
@@ -101,6 +105,7 @@ class Observation:
     draft_rows: tuple | None = None
     pool: dict | None = None
     kv_params: dict | None = None
+    row_accepted: np.ndarray | None = None
 
     def caches(self) -> list[tuple[str, int, np.ndarray, bool]]:
         """Every cache a kernel writes, as (name, group, array, is_mamba): the

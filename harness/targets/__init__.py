@@ -16,6 +16,8 @@ docs/writing-a-target.md.
 from __future__ import annotations
 
 import os
+
+import numpy as np
 from typing import Protocol
 
 from reference import ReferenceV1Runner, ReferenceV2Runner, RunnerConfig
@@ -48,7 +50,9 @@ class Target(Protocol):
     def kv_load_begin(self, req: int, handle: int, blocks: list[list[int]]) -> None: ...
     def kv_load_complete(self, req: int, handle: int) -> None: ...
     def kv_load_fail(self, req: int, handle: int) -> None: ...
-    def step(self, scheduled: list, cudagraph_mode: str, accepted: list | None = None) -> None: ...
+    def step(self, scheduled: list, cudagraph_mode: str, accepted: list | None = None,
+             in_flight: bool = False) -> None: ...
+    def step_complete(self) -> None: ...
     def dummy_run(self, num_reqs: int, num_tokens: int, cudagraph_mode: str) -> None: ...
     def rollback(self, req: int, num_tokens: int) -> None: ...
     def observe(self) -> Observation: ...
@@ -76,6 +80,9 @@ class _ObserveReference:
             draft_slot_mapping=self.draft_slot_mapping.copy(),
             draft_rows=self.draft_rows,
             mamba_state={g: v.copy() for g, v in self.mamba_state.items()},
+            row_accepted=(np.array([self.num_accepted_of.get(int(r), 0)
+                                    for r in self.rows.req_ids], np.int32)
+                          if self.config.runner == "v1" else None),
             slot_mapping={g: self.write_slots(g).copy() for g in self.slot_mapping},
             state_indices={g: read_rows_only(v, self.last_forward)
                            for g, v in self.state_indices.items()},

@@ -132,9 +132,12 @@ class RunnerTarget:
         if self.manager is not None:
             self.manager.rolled_back(req, self.runner.requests[req].num_computed_tokens)
 
-    def step(self, scheduled, cudagraph_mode, accepted=None):
-        self.runner.execute_model(scheduled, cudagraph_mode, accepted)
+    def step(self, scheduled, cudagraph_mode, accepted=None, in_flight=False):
+        self.runner.execute_model(scheduled, cudagraph_mode, accepted, in_flight)
         self._computed([req for req, *_ in scheduled])
+
+    def step_complete(self):
+        self.runner.complete_step()
 
     def dummy_run(self, num_reqs, num_tokens, cudagraph_mode):
         self.runner.dummy_run(num_reqs, num_tokens, cudagraph_mode)

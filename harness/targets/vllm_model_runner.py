@@ -371,7 +371,11 @@ class VllmModelRunnerTarget:
         ``_update_states`` takes the lower count from the next output."""
         self.requests[req]["computed"] -= num_tokens
 
-    def step(self, scheduled, cudagraph_mode, accepted=None):
+    def step_complete(self):
+        """vLLM's runner runs a dispatched step synchronously here (its async
+        scheduling path is not driven): its results landed at dispatch."""
+
+    def step(self, scheduled, cudagraph_mode, accepted=None, in_flight=False):
         decodes = {req: n for req, n in scheduled
                    if self.requests[req]["computed"] >= self.requests[req]["prompt_len"]}
         kept = {req: (n if accepted is None else a) for (req, n), a in

@@ -72,3 +72,24 @@ def test_seed000_v2_consequence_is_caught_downstream():
     v = replay(trace, trace.faults, skip={"DUMMY_TABLES_ZERO", "MATCHES_REFERENCE"}).violation
     assert (v.invariant, trace.ops[v.op_index]["op"]) == ("NO_STALE_WRITE", "dummy_run")
     assert "owned by req 2" in v.detail
+
+
+def test_late_accepted_counts_consequence_is_the_state_column_read():
+    """The accepted-count race's damage, not only the row buffer: without the
+    structural checks, request 1's next spec step starts from the state column
+    of its rejected tokens (the state index its kernel read differs)."""
+    trace = load(CORPORA / "seeds" / "accepted-counts-land-after-condense.json")
+    v = replay(trace, trace.faults, skip=set(structural_ids())).violation
+    assert (v.invariant, v.op_index) == ("MATCHES_REFERENCE", 5), v.line()
+    assert "state_indices[1]" in v.detail
+
+
+def test_completed_counts_consequence_is_the_state_column_read():
+    """Steps in flight: a completed step's counts landing by dispatch-time row are
+    flagged at the completion, and their damage at the next spec step: request 2
+    starts from the state column of tokens it rejected."""
+    trace = load(CORPORA / "seeds" / "completed-counts-land-by-row.json")
+    assert replay(trace).violation is None
+    v = replay(trace, trace.faults, skip=set(structural_ids())).violation
+    assert (v.invariant, trace.ops[v.op_index]["op"]) == ("MATCHES_REFERENCE", "spec_step")
+    assert "state_indices[1][0]" in v.detail

@@ -23,7 +23,7 @@ def test_every_op_is_complete_and_its_example_loads():
     assert list(ops.REGISTRY) == ["add", "append", "remove", "condense", "swap", "kv_load",
                                   "kv_load_begin", "kv_load_complete", "kv_load_fail",
                                   "step", "dummy_run", "spec_step", "rollback", "admit",
-                                  "allocate"]
+                                  "allocate", "step_dispatch", "step_complete"]
     for name, spec in ops.REGISTRY.items():
         assert spec.name == name and spec.summary and spec.draw is not None
         assert set(spec.example) == set(spec.fields) | {"op"}, name
@@ -33,7 +33,7 @@ def test_every_op_is_complete_and_its_example_loads():
         desc = spec.to_json()
         assert desc["runners"] and desc["targets"] and desc["example"]["op"] == name
     assert [s.name for s in ops.REGISTRY.values() if s.forward] == ["step", "dummy_run",
-                                                                     "spec_step"]
+                                                                     "spec_step", "step_dispatch"]
 
 
 def test_unknown_op_names_the_registry():
@@ -62,17 +62,18 @@ def desc_after(invariant_id: str) -> list:
 
 def test_invariant_registry_order_flags_and_startup():
     assert inv.ids() == ("VACATED_ROWS_ZERO", "DUMMY_TABLES_ZERO", "PADDED_ROWS_NEUTRAL",
-                         "GRAPH_ADDRESSES_STABLE", "NO_FREE_WHILE_PENDING",
+                         "ROW_RESULTS_FOLLOW_REQUESTS", "GRAPH_ADDRESSES_STABLE", "NO_FREE_WHILE_PENDING",
                          "NULL_BLOCK_FINITE", "NO_STALE_WRITE",
                          "LOADED_BLOCKS_INTACT", "NO_FOREIGN_READ", "ATTENTION_FINITE",
                          "MATCHES_REFERENCE", "POOL_ACCOUNTING", "PREFIX_CONTENT",
                          "ONE_OWNER_PER_BLOCK", "CACHED_BLOCKS_IMMUTABLE")
     assert inv.structural_ids() == ("VACATED_ROWS_ZERO", "DUMMY_TABLES_ZERO",
-                                    "PADDED_ROWS_NEUTRAL")
-    assert desc_after("PADDED_ROWS_NEUTRAL") == ["step", "dummy_run", "spec_step"]
+                                    "PADDED_ROWS_NEUTRAL", "ROW_RESULTS_FOLLOW_REQUESTS")
+    assert desc_after("PADDED_ROWS_NEUTRAL") == ["step", "dummy_run", "spec_step",
+                                                 "step_dispatch"]
     desc = {d["id"]: d for d in inv.describe()}
     assert desc["DUMMY_TABLES_ZERO"]["after"] == ["dummy_run"]
-    assert desc["NO_FOREIGN_READ"]["after"] == ["step", "spec_step"]
+    assert desc["NO_FOREIGN_READ"]["after"] == ["step", "spec_step", "step_dispatch"]
     assert desc["MATCHES_REFERENCE"]["after"][0] == "start"
     assert "start" not in desc["NO_STALE_WRITE"]["after"]
     assert desc["PREFIX_CONTENT"]["after"] == ["admit", "allocate"]  # applies_text: admit

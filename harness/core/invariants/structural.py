@@ -146,6 +146,29 @@ register(Invariant(
     lambda c: check_padded_rows_neutral(c.after, c.op_index, c.kind, c.config),
     structural=True,
     applies=lambda spec: spec.forward is not None, applies_text="steps and dummy runs"))
+def check_row_results(ctx) -> list[Violation]:
+    """V1 with a drafter: each occupied persistent row's last accepted count (the
+    host buffer the next step's Mamba metadata reads) is its request's — the
+    reference's count for the request in that row, whichever row the reference
+    keeps it in.  A dispatched step's counts count only once it completed."""
+    after, ref = ctx.after, ctx.reference
+    if after.row_accepted is None or ref.row_accepted is None \
+            or not ctx.config.num_speculative_tokens or after.runner != "v1":
+        return []
+    want = {int(r): int(a) for r, a in zip(ref.host_req_ids, ref.row_accepted) if r >= 0}
+    for row, (req, got) in enumerate(zip(after.host_req_ids, after.row_accepted)):
+        req = int(req)
+        if req in want and int(got) != want[req]:
+            return [ctx.violation("ROW_RESULTS_FOLLOW_REQUESTS", f"row {row} holds request "
+                                  f"{req} with an accepted count of {int(got)}; its last "
+                                  f"completed step accepted {want[req]}", row=row)]
+    return []
+
+
+register(Invariant(
+    "ROW_RESULTS_FOLLOW_REQUESTS", "V1 with a drafter: each persistent row's last accepted "
+    "count is that of the request it holds (results copied back follow requests, not rows)",
+    check_row_results, structural=True))
 register(Invariant(
     "GRAPH_ADDRESSES_STABLE", "every buffer a captured graph reads keeps its data_ptr",
     lambda c: check_graph_addresses(c.after, c.op_index, c.kind), at_startup=True))

@@ -55,8 +55,10 @@ def _steppable(m) -> list[int]:
     """Live requests that can run a step now (once per machine state where the
     machine keeps one: ``step``'s and ``spec_step``'s preconditions and draws)."""
     def now():
+        busy = ({r for reqs in m.ledger.steps_in_flight for r in reqs}
+                if m.cfg.num_speculative_tokens else ())  # waits for its accepted count
         return [r for r in m.ledger.live() if not m.ledger.requests[r].pending
-                and _room(m, r) > 0
+                and r not in busy and _room(m, r) > 0
                 and _sizes(m, r, min(_room(m, r), m.cfg.max_num_batched_tokens))]
 
     per_state = getattr(m, "per_state", None)
@@ -211,7 +213,7 @@ register(OpSpec(
             "cudagraph_mode": CUDAGRAPH_MODE},
     example={"op": "step", "scheduled": [[0, 5], [1, 1]], "cudagraph_mode": "FULL"},
     apply=lambda t, op: t.step([list(x) for x in op["scheduled"]], op["cudagraph_mode"]),
-    draw=_draw_step, enabled=lambda m: bool(_steppable(m)),
+    draw=_draw_step, enabled=lambda m: not m.ledger.steps_in_flight and bool(_steppable(m)),
     requests=lambda op: [r for r, _ in op["scheduled"]], without_request=_step_without,
     rename=_step_rename, narrow=_narrow_step, sizes=_step_sizes, merge=_merge_steps,
     fold=_fold_step, permit=_permit_step,

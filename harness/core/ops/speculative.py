@@ -80,7 +80,8 @@ register(OpSpec(
     example={"op": "spec_step", "scheduled": [[0, 3, 2], [1, 1, 1]], "cudagraph_mode": "NONE"},
     apply=lambda t, op: t.step(_pairs(op), op["cudagraph_mode"],
                                accepted=[a for _, _, a in op["scheduled"]]),
-    draw=_draw_spec_step, enabled=lambda m: _spec_on(m) and bool(_steppable(m)),
+    draw=_draw_spec_step, enabled=lambda m: (_spec_on(m) and not m.ledger.steps_in_flight
+                                             and bool(_steppable(m))),
     requests=lambda op: [r for r, _, _ in op["scheduled"]], without_request=_spec_without,
     rename=lambda op, req, block: dict(op, scheduled=[[req(r), n, a]
                                                       for r, n, a in op["scheduled"]]),
