@@ -427,6 +427,20 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "ROW_RESULTS_FOLLOW_REQUESTS", ("MATCHES_REFERENCE", "NO_STALE_WRITE",
                                           "NO_FOREIGN_READ"),
           family="async", sites=("vllm/v1/worker/gpu_model_runner.py",)),
+    Fault("finished-request-frees-blocks-mid-store", ("v1", "v2"),
+          "a request that finishes while a connector is still saving its KV to an external "
+          "store has its blocks freed at once: the store's copy reads blocks the pool may "
+          "already have handed to another request, and saves that request's KV (or the "
+          "allocator's garbage) under the first request's prefix",
+          "vllm-project/vllm PR #39186 '[KV Offload] Per-job store completion for CPU "
+          "offloading connector' (request_finished returned False too early, so the blocks "
+          "were freed before the worker reported finished_sending); vllm-project/vllm issue "
+          "#52360 '[MooncakeStoreConnector]: Preemption frees GPU blocks while async store "
+          "jobs are still reading them, storing KV that does not belong to the key'",
+          "STORE_PROVENANCE", ("NO_FREE_WHILE_PENDING", "POOL_ACCOUNTING", "MATCHES_REFERENCE",
+                               "ONE_OWNER_PER_BLOCK"),
+          family="async", sites=("vllm/distributed/kv_transfer/kv_connector/v1/",
+                                 "vllm/v1/core/sched/scheduler.py")),
     Fault("abort-frees-blocks-mid-load", ("v1", "v2"),
           "a request removed (aborted) while a KV load into its blocks is in flight has its "
           "blocks freed at once instead of when the last load ends: the connector's late "

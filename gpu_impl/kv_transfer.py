@@ -5,11 +5,14 @@ Written as vLLM's scheduler treats a P/D decode instance's remote loads
 ``_update_from_kv_xfer_finished``; the NIXL connector's per-request read
 handles in ``vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py``):
 
-- a request may be loaded by several transfers (handles) at once;
-- a request that leaves while a transfer into its blocks is in flight — an
+- a request may be loaded by several transfers (handles) at once, and a
+  connector may be saving its computed KV to an external store (a store
+  reads the blocks until it has finished sending);
+- a request that leaves while a transfer of its blocks is in flight — an
   abort, or the first failed transfer under the "fail" policy — keeps its
   blocks until its last transfer has finished (the scheduler delays the free
-  until the connector reports the load finished);
+  until the connector reports the load received or the store sent:
+  ``request_finished`` / ``finished_sending``);
 - the request's blocks are freed exactly once, when the last transfer ends.
 
 Faults (``family: async``) live at the lines their upstream bugs did.
@@ -18,6 +21,7 @@ Faults (``family: async``) live at the lines their upstream bugs did.
 from __future__ import annotations
 
 ABORT, FAILED = "abort", "failed"
+LOAD, STORE = "load", "store"
 
 
 class KVTransferTracker:
@@ -31,14 +35,19 @@ class KVTransferTracker:
     def __init__(self, faults):
         self.faults = faults
         self.req_of: dict[int, int] = {}
+        self.kind_of: dict[int, str] = {}
         self.in_flight: dict[int, set[int]] = {}
         self.free_waits: set[int] = set()
 
-    def begin(self, handle: int, req: int) -> None:
+    def begin(self, handle: int, req: int, kind: str = LOAD) -> None:
+        """A transfer of ``req``'s blocks starts: a ``"load"`` into them or a
+        ``"store"`` reading them (a connector saving the request's KV)."""
         self.req_of[handle] = req
+        self.kind_of[handle] = kind
         self.in_flight.setdefault(req, set()).add(handle)
 
-    def loading(self, req: int) -> bool:
+    def transferring(self, req: int) -> bool:
+        """Is a transfer of ``req``'s blocks in flight?"""
         return bool(self.in_flight.get(req))
 
     def finish(self, req: int, reason: str) -> bool:
@@ -53,7 +62,13 @@ class KVTransferTracker:
             # failed (and its blocks freed) while its sibling handles still wrote.
             self.in_flight.pop(req, None)
             return True
-        if self.loading(req):
+        if "finished-request-frees-blocks-mid-store" in self.faults and any(
+                self.kind_of[h] == STORE for h in self.in_flight.get(req, ())):
+            # The historical bug: the connector said nothing was still being
+            # sent, so the scheduler freed the blocks a store was still reading.
+            self.in_flight.pop(req, None)
+            return True
+        if self.transferring(req):
             self.free_waits.add(req)
             return False
         self.in_flight.pop(req, None)
@@ -61,6 +76,7 @@ class KVTransferTracker:
 
     def end(self, handle: int) -> tuple[int, bool]:
         req = self.req_of.pop(handle)
+        self.kind_of.pop(handle)
         handles = self.in_flight.get(req)
         if handles is not None:
             handles.discard(handle)

@@ -120,6 +120,11 @@ class RunnerShell(abc.ABC):
         self.transfers: dict[int, tuple] = {}
         # Steps dispatched and not completed: (batch, accepted counts), oldest first.
         self.steps_in_flight: list[tuple] = []
+        # The external KV store a connector saves to: prefix token ids -> {group:
+        # float32 (positions on this rank, head_size)}; stores in flight:
+        # handle -> (key, per group (blocks, offsets) the copy reads).
+        self.kv_store: dict[tuple, dict] = {}
+        self.stores: dict[int, tuple] = {}
         self.landed: dict[int, list[list[int]]] = {}
         # Align mode: the column of each request's running Mamba state after its
         # latest step (vLLM's runner-side ``mamba_state_idx``).
@@ -590,6 +595,25 @@ class RunnerShell(abc.ABC):
     def kv_load_fail(self, handle: int) -> None:
         """Transfer ``handle`` failed: nothing lands."""
         self.transfers.pop(handle)
+
+    def kv_store_begin(self, req: int, handle: int, num_tokens: int) -> None:
+        """A connector starts saving ``req``'s first ``num_tokens`` tokens' KV to the
+        external store (keyed by their token ids); the copy reads the blocks
+        until :meth:`kv_store_complete`."""
+        state = self.requests[req]
+        pos = np.arange(num_tokens)
+        cells = {}
+        for g in self.attn_groups:
+            local, column, offset = self._local_positions(g, pos)
+            cells[g] = (np.asarray(state.block_ids[g])[column[local]], offset[local])
+        self.stores[handle] = (tuple(int(t) for t in state.token_ids(pos)), cells)
+
+    def kv_store_complete(self, handle: int) -> None:
+        """The copy finishes: the store holds what those blocks hold now."""
+        key, cells = self.stores.pop(handle)
+        self.kv_store[key] = {g: host(self._dequantized(g)[torch.from_numpy(blocks),
+                                                          torch.from_numpy(offsets)])
+                              for g, (blocks, offsets) in cells.items()}
 
     def loaded_prompt(self, req: int) -> None:
         """Every transfer of ``req`` has landed: its prompt counts as computed."""
@@ -1112,4 +1136,5 @@ class RunnerShell(abc.ABC):
             last_forward=self.last_forward,
             graph_ptrs=self.graph_addresses(),
             dummy_tables=self.dummy_tables_read(),
+            kv_store={k: dict(v) for k, v in self.kv_store.items()},
         )

@@ -75,15 +75,18 @@ class RequestLedger:
 
 @dataclass
 class Transfer:
-    """One asynchronous KV load in flight (``kv_load_begin``): the request it
-    loads for and, per group, the block columns it fills (attention groups:
-    the prompt positions of those columns on this rank; a Mamba group: column 0,
-    the prompt's final state)."""
+    """One asynchronous KV transfer in flight: a load (``kv_load_begin``) — the
+    request it loads for and, per group, the block columns it fills (attention
+    groups: the prompt positions of those columns on this rank; a Mamba group:
+    column 0, the prompt's final state) — or a store (``kv_store_begin``): the
+    request whose first ``num_tokens`` tokens' KV it reads, from those blocks."""
 
     handle: int
     req: int
     columns: list[list[int]]
     blocks: list[list[int]]
+    kind: str = "load"  # or "store": the connector reads the blocks (kv_store_begin)
+    num_tokens: int = 0  # a store: the prefix it saves
 
 
 @dataclass
@@ -443,7 +446,7 @@ class Ledger:
         if not isinstance(blocks, list) or len(blocks) != len(cfg.groups):
             raise OpError("blocks", f"must be a list of {len(cfg.groups)} lists (one per group)")
         busy = [set(r.landed[g]) if r.landed else set() for g in range(len(cfg.groups))]
-        for h in r.pending:
+        for h in self.loads_in_flight(r):
             for g, cols in enumerate(self.transfers[h].columns):
                 busy[g] |= set(cols)
         columns = []
@@ -481,16 +484,18 @@ class Ledger:
         self.used_handles.add(handle)
         self.transfers[handle] = Transfer(handle, req, columns, [list(b) for b in blocks])
 
-    def transfer(self, handle, req=None) -> Transfer:
-        """The transfer ``handle`` in flight (loading for ``req`` when given);
-        raises :class:`OpError`."""
+    def transfer(self, handle, req=None, kind: str = "load") -> Transfer:
+        """The transfer ``handle`` in flight, a ``kind`` ("load" / "store") for
+        ``req`` when given; raises :class:`OpError`."""
         if isinstance(handle, bool) or not isinstance(handle, int):
             raise OpError("handle", f"must be an integer handle, got {handle!r}")
         if handle not in self.transfers:
             raise OpError("handle", f"no transfer {handle} in flight")
         t = self.transfers[handle]
+        if t.kind != kind:
+            raise OpError("handle", f"transfer {handle} is a {t.kind}, not a {kind}")
         if req is not None and t.req != req:
-            raise OpError("req", f"transfer {handle} loads for request {t.req}, not {req!r}")
+            raise OpError("req", f"transfer {handle} is request {t.req}'s, not {req!r}'s")
         return t
 
     def owner_of_transfer(self, t: Transfer) -> RequestLedger:
@@ -515,7 +520,7 @@ class Ledger:
         r = self.owner_of_transfer(t)
         for g, cols in enumerate(t.columns):
             r.landed[g].extend(cols)
-        if t.req in self.requests and not r.load_failed and len(r.pending) == 1:
+        if t.req in self.requests and not r.load_failed and self.loads_in_flight(r) == [handle]:
             cfg = self.config
             if all(set(self.prompt_columns(r, g)) <= set(r.landed[g])
                    for g in cfg.attention_groups) \
@@ -538,6 +543,53 @@ class Ledger:
             del self.requests[t.req]
             self.finishing[t.req] = r
         return left, self._end_transfer(handle)
+
+    def loads_in_flight(self, r: RequestLedger) -> list[int]:
+        """Handles of the loads into ``r``'s blocks in flight."""
+        return sorted(h for h in r.pending if self.transfers[h].kind == "load")
+
+    def check_kv_store_begin(self, req, handle, num_tokens) -> list[list[int]]:
+        """Legality of a ``kv_store_begin``; returns the block columns it reads per group.
+
+        A connector starts saving ``req``'s first ``num_tokens`` computed tokens'
+        KV (attention groups) to an external store keyed by those tokens' ids;
+        it reads the blocks until :meth:`kv_store_complete`."""
+        r = self.get(req)
+        cfg = self.config
+        if any(g.sliding_window for g in cfg.groups):
+            raise OpError("op", "kv_store_begin with sliding windows is not modelled (a "
+                          "window's frees under a store in flight)")
+        if isinstance(handle, bool) or not isinstance(handle, int) or handle < 0:
+            raise OpError("handle", f"must be an integer >= 0, got {handle!r}")
+        if handle in self.used_handles:
+            raise OpError("handle", f"handle {handle} was used already (one per transfer)")
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) \
+                or not 1 <= num_tokens <= r.num_computed_tokens:
+            raise OpError("num_tokens", f"must be in [1, {r.num_computed_tokens}] (request "
+                          f"{req}'s computed tokens), got {num_tokens!r}")
+        from .dcp import local_slots
+
+        columns = [[] for _ in cfg.groups]
+        for g in cfg.attention_groups:
+            local, col, _ = local_slots(np.arange(num_tokens), cfg.groups[g].block_size,
+                                        cfg.dcp_world_size, cfg.dcp_rank,
+                                        cfg.cp_kv_cache_interleave_size)
+            columns[g] = sorted(set(col[local].tolist()))
+        return columns
+
+    def kv_store_begin(self, req: int, handle: int, num_tokens: int) -> None:
+        columns = self.check_kv_store_begin(req, handle, num_tokens)
+        r = self.requests[req]
+        r.pending.add(handle)
+        self.used_handles.add(handle)
+        self.transfers[handle] = Transfer(
+            handle, req, columns, [[r.blocks[g][c] for c in cols] for g, cols in
+                                   enumerate(columns)], "store", num_tokens)
+
+    def kv_store_complete(self, handle: int) -> list[list[int]] | None:
+        """The store's copy has finished; returns blocks freed (its request left
+        and this was its last transfer)."""
+        return self._end_transfer(handle)
 
     def check_dispatch(self, scheduled) -> None:
         """A ``step_dispatch`` besides what any step needs: at most
@@ -633,9 +685,9 @@ class Ledger:
                 raise OpError(f"scheduled[{i}]", "must be [req, num_tokens]")
             req, n = item
             r = self.get(req, f"scheduled[{i}][0]")
-            if r.pending:
+            if self.loads_in_flight(r):
                 raise OpError(f"scheduled[{i}][0]", f"request {req} waits for its KV "
-                              f"(transfers {sorted(r.pending)} in flight)")
+                              f"(transfers {self.loads_in_flight(r)} in flight)")
             if req in seen:
                 raise OpError(f"scheduled[{i}][0]", f"request {req} scheduled twice")
             seen.add(req)
@@ -855,7 +907,7 @@ class Ledger:
         with its other holders)."""
         r = self.get(req)
         del self.requests[req]
-        if r.pending:  # a load into its blocks is in flight: they stay until it ends
+        if r.pending:  # a transfer of its blocks is in flight: they stay until it ends
             self.finishing[req] = r
             return [[] for _ in self.config.groups]
         return self._free(r)

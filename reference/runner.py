@@ -90,6 +90,12 @@ def dispatch(config: RunnerConfig, num_reqs: int, num_tokens: int, uniform_decod
     return PIECEWISE, padded, num_reqs
 
 
+def store_key(token_ids) -> tuple:
+    """The external store's key of a prefix: its token ids (a connector keys a
+    saved prefix by its tokens' hashes; the model's token ids name them)."""
+    return tuple(int(t) for t in token_ids)
+
+
 class ReferenceRunnerBase(abc.ABC):
     """What both runners share: request ops, buffers, kernels; one instance per replay.
 
@@ -168,6 +174,8 @@ class ReferenceRunnerBase(abc.ABC):
                               for g in cfg.mamba_groups}
         self.num_accepted_of: dict[int, int] = {}
         self.results_in_flight: list[dict[int, int]] = []  # per step in flight, oldest first
+        # The external KV store (kv_store_complete): prefix key -> {group: KV}.
+        self.kv_store: dict[tuple, dict] = {}
         # Align mode: the column holding each request's running Mamba state
         # after its latest step (vLLM's runner-side ``mamba_state_idx``).
         self.mamba_state_idx: dict[int, int] = {}
@@ -314,6 +322,34 @@ class ReferenceRunnerBase(abc.ABC):
             self._row_progress(r.req, r.prompt_len)
         for g, ids in enumerate(freed or []):
             self._poison(g, ids)
+
+    def kv_store_begin(self, req: int, handle: int, num_tokens: int) -> None:
+        """A connector starts saving ``req``'s first ``num_tokens`` tokens' KV to the
+        external store; it reads the blocks until :meth:`kv_store_complete`."""
+        self.ledger.kv_store_begin(req, handle, num_tokens)
+
+    def kv_store_complete(self, req: int, handle: int) -> None:
+        """The store's copy finishes: the external store holds, under the prefix's
+        token ids, that prefix's KV (this rank's positions) — what the request's
+        blocks, kept for it, hold; a request that left is freed after its last
+        transfer."""
+        t = self.ledger.transfer(handle, req, "store")
+        ids = self.ledger.token_ids(req, np.arange(t.num_tokens))
+        self.kv_store[store_key(ids)] = self._prefix_kv(ids)
+        for g, ids in enumerate(self.ledger.kv_store_complete(handle) or []):
+            self._poison(g, ids)
+
+    def _prefix_kv(self, token_ids: np.ndarray) -> dict:
+        """{attention group: float32 (positions on this rank, head_size)}: the KV of
+        a prefix of ``token_ids``, as the cache stores it."""
+        cfg = self.config
+        out = {}
+        for g in cfg.attention_groups:
+            local, _, _ = local_slots(np.arange(len(token_ids)), cfg.groups[g].block_size,
+                                      cfg.dcp_world_size, cfg.dcp_rank,
+                                      cfg.cp_kv_cache_interleave_size)
+            out[g] = self._stored(token_payload(token_ids[local], cfg.head_size))
+        return out
 
     def kv_load_fail(self, req: int, handle: int) -> None:
         """Transfer ``handle`` failed: nothing lands; its request fails (leaves the

@@ -77,6 +77,10 @@ class Observation:
       each persistent row's last accepted count (vLLM's
       ``num_accepted_tokens_cpu``), meaningful for occupied rows; None
       elsewhere;
+    - ``kv_store``: the external KV store the connector saved to
+      (``kv_store_complete``): {prefix token ids (tuple): {attention group:
+      float32 (positions on this rank, head_size)}}; None where the target has
+      no store;
     - ``device_row_counts[g]`` (reference V2 only): entries of each input-table
       row the last gather defined; past them a row holds whatever the engine
       left, and is compared up to there only.
@@ -106,6 +110,7 @@ class Observation:
     pool: dict | None = None
     kv_params: dict | None = None
     row_accepted: np.ndarray | None = None
+    kv_store: dict | None = None
 
     def caches(self) -> list[tuple[str, int, np.ndarray, bool]]:
         """Every cache a kernel writes, as (name, group, array, is_mamba): the

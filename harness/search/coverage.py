@@ -59,6 +59,10 @@ FEATURES: dict[str, str] = {
                                   "is still in flight",
     "block-reused-after-late-load": f"a block freed when a departed request's last KV "
                                     f"transfer ended handed out again within {REUSE_WINDOW} ops",
+    "step-completes-after-request-left": "a step in flight completes after one of its "
+                                         "requests left",
+    "step-completes-after-row-moved": "V1: a step in flight completes after one of its "
+                                      "requests moved to another persistent row",
     "padding-over-prefilling-row": "a FULL forward padded over a V1 row whose last request's "
                                    "last step was a prompt chunk (engines keep its counters "
                                    "there: vLLM #41841)",
@@ -136,6 +140,7 @@ class Tracker:
     late_freed: dict = field(default_factory=dict)  # freed when a departed request's
     # last transfer ended: (group, block) -> op index
     _transfer: tuple | None = None  # a transfer's end: (its request had left, siblings)
+    dispatched: list = field(default_factory=list)  # steps in flight: {req: row at dispatch}
     vacated: set = field(default_factory=set)  # rows vacated by a remove, not yet reused
     loaded: set = field(default_factory=set)  # requests that arrived by kv_load
     left_prefilling: set = field(default_factory=set)  # V1 rows left in a prompt chunk
@@ -204,6 +209,17 @@ class Tracker:
                     self.left_prefilling.discard(row)
         if kind == "kv_load":
             self.loaded.add(op["req"])
+        if kind == "step_dispatch":
+            rows = reference.rows
+            self.dispatched.append({int(r): rows.row_of(int(r))
+                                    for r in reference.last_forward.req_ids})
+        if kind == "step_complete" and self.dispatched:
+            rows = reference.rows
+            for req, row in self.dispatched.pop(0).items():
+                if req not in reference.ledger.requests:
+                    hit.append("step-completes-after-request-left")
+                elif self.config.runner == "v1" and rows.row_of(req) != row:
+                    hit.append("step-completes-after-row-moved")
         if self._transfer is not None:
             left, siblings = self._transfer
             if left:
@@ -411,6 +427,7 @@ NEEDS = {
     "full-replay-mixed-batch": lambda c: c.cudagraph_support == "ALWAYS",
     "backend-slots-padded": lambda c: any(g.slot_buffer for g in c.groups),
     "loaded-next-to-padded": lambda c: c.mamba_cache_mode != "align",
+    "step-completes-after-row-moved": lambda c: c.runner == "v1",
     "load-ends-after-leave": lambda c: c.mamba_cache_mode != "align",
     "load-fails-beside-siblings": lambda c: c.mamba_cache_mode != "align",
     "block-reused-after-late-load": lambda c: c.mamba_cache_mode != "align",

@@ -80,6 +80,7 @@ class _ObserveReference:
             draft_slot_mapping=self.draft_slot_mapping.copy(),
             draft_rows=self.draft_rows,
             mamba_state={g: v.copy() for g, v in self.mamba_state.items()},
+            kv_store={k: {g: a.copy() for g, a in v.items()} for k, v in self.kv_store.items()},
             row_accepted=(np.array([self.num_accepted_of.get(int(r), 0)
                                     for r in self.rows.req_ids], np.int32)
                           if self.config.runner == "v1" else None),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpu_impl.kv_transfer import ABORT, FAILED, KVTransferTracker
+from gpu_impl.kv_transfer import ABORT, FAILED, STORE, KVTransferTracker
 
 from harness.core.observation import Observation, rows_indexed_by
 
@@ -101,6 +101,16 @@ class RunnerTarget:
         if ready:
             self.runner.loaded_prompt(req)
             self._computed([req])
+        if free:
+            self._free_left(req)
+
+    def kv_store_begin(self, req, handle, num_tokens):
+        self.transfers.begin(handle, req, STORE)
+        self.runner.kv_store_begin(req, handle, num_tokens)
+
+    def kv_store_complete(self, req, handle):
+        self.runner.kv_store_complete(handle)
+        _, free = self.transfers.end(handle)
         if free:
             self._free_left(req)
 

@@ -55,7 +55,7 @@ import inspect
 import numpy as np
 import torch
 
-from gpu_impl.kv_transfer import ABORT, FAILED, KVTransferTracker
+from gpu_impl.kv_transfer import ABORT, FAILED, STORE, KVTransferTracker
 
 from harness.core.observation import ROWS_BY_ENGINE, Observation
 from harness.targets.registry import TargetRefused
@@ -185,7 +185,8 @@ class VllmModelRunnerTarget:
         self.requests: dict[int, dict] = {}
         self.transfers = KVTransferTracker(())  # asynchronous KV loads in flight
         self.in_flight: dict[int, tuple] = {}  # handle -> (req, columns per group)
-        self.left: dict[int, dict] = {}  # requests that left with a load in flight
+        self.left: dict[int, dict] = {}  # requests that left with a transfer in flight
+        self.kv_store: dict[tuple, dict] = {}  # the external store: prefix ids -> {g: KV}
         self.finished: set[str] = set()
         self.last_forward: ForwardInfo | None = None
         self._observe_runner()
@@ -362,6 +363,27 @@ class VllmModelRunnerTarget:
         elif free:
             self._poison_left(req)
 
+    def kv_store_begin(self, req, handle, num_tokens):
+        """A connector starts saving the request's first ``num_tokens`` tokens' KV
+        (the copy reads vLLM's caches when it completes)."""
+        self.transfers.begin(handle, req, STORE)
+        self.in_flight[handle] = (req, num_tokens)
+
+    def kv_store_complete(self, req, handle):
+        req, num_tokens = self.in_flight.pop(handle)
+        r = self.requests.get(req) or self.left[req]
+        pos = np.arange(num_tokens)
+        saved = {}
+        for g in self.config.attention_groups:
+            bs = self.config.groups[g].block_size
+            blocks = np.asarray(r["blocks"][g])[pos // bs]
+            saved[g] = self.kernels.kv_cache[g][torch.from_numpy(blocks),
+                                                torch.from_numpy(pos % bs)].numpy().copy()
+        self.kv_store[tuple(int(t) for t in req * 256 + pos)] = saved
+        _, free = self.transfers.end(handle)
+        if free:
+            self._poison_left(req)
+
     def _poison_left(self, req) -> None:
         for g, ids in enumerate(self.left.pop(req)["blocks"]):
             self.kernels.poison(g, ids)
@@ -520,7 +542,7 @@ class VllmModelRunnerTarget:
                           for g in cfg.attention_groups},
             state_indices={g: k.mamba_read[g][:n].numpy().copy() for g in cfg.mamba_groups},
             attn_out={g: v[:n].numpy().copy() for g, v in k.attn_out.items()},
-            last_forward=self.last_forward)
+            last_forward=self.last_forward, kv_store=dict(self.kv_store))
 
 
 class VllmModelRunnerV2Target(VllmModelRunnerTarget):
@@ -628,7 +650,8 @@ class VllmModelRunnerV2Target(VllmModelRunnerTarget):
                           for g in cfg.attention_groups},
             state_indices={g: k.mamba_read[g][:n].numpy().copy() for g in cfg.mamba_groups},
             attn_out={g: v[:n].numpy().copy() for g, v in k.attn_out.items()},
-            last_forward=self.last_forward, dummy_tables=self._dummy_tables())
+            last_forward=self.last_forward, dummy_tables=self._dummy_tables(),
+            kv_store=dict(self.kv_store))
 
     def _dummy_tables(self) -> list | None:
         """Per trace group, (the rows the last dummy run's tables hold are all the

@@ -22,6 +22,7 @@ from tests.conftest import CORPORA
 def test_every_op_is_complete_and_its_example_loads():
     assert list(ops.REGISTRY) == ["add", "append", "remove", "condense", "swap", "kv_load",
                                   "kv_load_begin", "kv_load_complete", "kv_load_fail",
+                                  "kv_store_begin", "kv_store_complete",
                                   "step", "dummy_run", "spec_step", "rollback", "admit",
                                   "allocate", "step_dispatch", "step_complete"]
     for name, spec in ops.REGISTRY.items():
@@ -62,8 +63,9 @@ def desc_after(invariant_id: str) -> list:
 
 def test_invariant_registry_order_flags_and_startup():
     assert inv.ids() == ("VACATED_ROWS_ZERO", "DUMMY_TABLES_ZERO", "PADDED_ROWS_NEUTRAL",
-                         "ROW_RESULTS_FOLLOW_REQUESTS", "GRAPH_ADDRESSES_STABLE", "NO_FREE_WHILE_PENDING",
-                         "NULL_BLOCK_FINITE", "NO_STALE_WRITE",
+                         "ROW_RESULTS_FOLLOW_REQUESTS", "GRAPH_ADDRESSES_STABLE",
+                         "NO_FREE_WHILE_PENDING", "STORE_PROVENANCE", "NULL_BLOCK_FINITE",
+                         "NO_STALE_WRITE",
                          "LOADED_BLOCKS_INTACT", "NO_FOREIGN_READ", "ATTENTION_FINITE",
                          "MATCHES_REFERENCE", "POOL_ACCOUNTING", "PREFIX_CONTENT",
                          "ONE_OWNER_PER_BLOCK", "CACHED_BLOCKS_IMMUTABLE")

@@ -130,7 +130,7 @@ def test_a_request_is_loaded_when_its_last_transfer_lands():
      r"blocks\[0\]\[0\]: block 9 is not one of request 0's blocks"),
     ({"op": "kv_load_begin", "req": 0, "handle": 1, "blocks": [[]]},
      r"blocks: a transfer loads at least one block"),
-    ({"op": "kv_load_complete", "req": 1, "handle": 0}, r"req: transfer 0 loads for request 0"),
+    ({"op": "kv_load_complete", "req": 1, "handle": 0}, r"req: transfer 0 is request 0's, not 1's"),
     ({"op": "kv_load_fail", "req": 0, "handle": 5}, r"handle: no transfer 5 in flight"),
 ])
 def test_bad_transfer_ops_name_their_field(op, match):
@@ -139,3 +139,21 @@ def test_bad_transfer_ops_name_their_field(op, match):
     _run(s, [_admit(0), {"op": "kv_load_begin", "req": 0, "handle": 0, "blocks": [[1, 2]]}])
     with pytest.raises(OpError, match=match):
         s.apply(op)
+
+
+def test_store_saves_the_next_owners_kv_under_the_prefix():
+    """A store in flight when its request finishes: the fixed engine keeps the
+    blocks until the store has sent, so the store holds the prefix's own KV;
+    with the fault the blocks go to request 1, whose prefill the store then
+    saves under request 0's prefix (STORE_PROVENANCE, with the early-free checks
+    skipped)."""
+    trace = load(SEEDS / "finished-request-frees-blocks-mid-store.json")
+    ops = [op if op["op"] != "admit" else {k: v for k, v in op.items()
+                                           if k not in ("blocks", "num_cached_tokens")}
+           for op in trace.ops]
+    cfg, fault = trace.config, "finished-request-frees-blocks-mid-store"
+    assert _run(Session(cfg), ops) is None
+    assert _run(Session(cfg, faults=(fault,)), ops)[:2] == ("NO_FREE_WHILE_PENDING", 3)
+    damage = _run(Session(cfg, faults=(fault,), skip=POOL_CHECKS | {"MATCHES_REFERENCE"}), ops)
+    assert damage[:2] == ("STORE_PROVENANCE", len(ops) - 1), damage
+    assert "request 0's store of its first 8 tokens" in damage[2]

@@ -57,7 +57,7 @@ def _steppable(m) -> list[int]:
     def now():
         busy = ({r for reqs in m.ledger.steps_in_flight for r in reqs}
                 if m.cfg.num_speculative_tokens else ())  # waits for its accepted count
-        return [r for r in m.ledger.live() if not m.ledger.requests[r].pending
+        return [r for r in m.ledger.live() if not m.ledger.loads_in_flight(m.ledger.requests[r])
                 and r not in busy and _room(m, r) > 0
                 and _sizes(m, r, min(_room(m, r), m.cfg.max_num_batched_tokens))]
 

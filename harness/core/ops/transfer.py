@@ -9,7 +9,7 @@ owner's first step.
 
 from __future__ import annotations
 
-from harness.core.ops import INT, OpSpec, register
+from harness.core.ops import INT, OpSpec, Size, register
 from harness.core.ops.lifecycle import _permit_all_blocks, _rename, _req
 
 
@@ -52,7 +52,7 @@ def _open_columns(m, req: int) -> list[list[int]]:
     ledger, cfg = m.ledger, m.cfg
     r = ledger.requests[req]
     busy = [set(r.landed[g]) if r.landed else set() for g in range(len(cfg.groups))]
-    for h in r.pending:
+    for h in ledger.loads_in_flight(r):
         for g, cols in enumerate(ledger.transfers[h].columns):
             busy[g] |= set(cols)
     out = []
@@ -126,7 +126,7 @@ def _permit_transfer_end(config, ledger, op):
 
 
 def _in_flight(m) -> list[int]:
-    return sorted(m.ledger.transfers)
+    return sorted(h for h, t in m.ledger.transfers.items() if t.kind == "load")
 
 
 def _draw_transfer_end(name):
@@ -161,3 +161,67 @@ register(OpSpec(
     apply=lambda t, op: t.kv_load_fail(op["req"], op["handle"]), draw=_draw_transfer_end("kv_load_fail"),
     enabled=lambda m: bool(_in_flight(m)), requests=_req, rename=_handle_rename,
     permit=_permit_transfer_end, family="async"))
+
+
+# -- stores: kv_store_begin / kv_store_complete -------------------------------------
+# Modelled on a connector saving a request's computed KV to an external store
+# or a CPU tier (vLLM's KV-connector ``save_kv_layer`` / offloading connector,
+# with ``request_finished`` delaying the free until ``finished_sending``): the
+# copy reads the request's blocks until it completes, and the store keys what
+# it read by the prefix's token ids.  ``STORE_PROVENANCE`` judges what it saved.
+def _storable(m) -> list[int]:
+    if any(g.sliding_window for g in m.cfg.groups) or not m.cfg.attention_groups:
+        return []
+    return [r for r, s in sorted(m.ledger.requests.items()) if s.num_computed_tokens >= 1]
+
+
+def _draw_kv_store_begin(m, data) -> dict:
+    req = data.choice(_storable(m))
+    r = m.ledger.requests[req]
+    unit = m.cfg.prefix_unit
+    full = r.num_computed_tokens // unit * unit
+    # Mostly its full blocks (what a connector saves), sometimes any prefix.
+    n = full if full and data.integer(0, 2) else data.integer(1, r.num_computed_tokens)
+    handle = max(m.ledger.used_handles, default=-1) + 1
+    return {"op": "kv_store_begin", "req": req, "handle": handle, "num_tokens": n}
+
+
+def _in_flight_of(kind):
+    def handles(m) -> list[int]:
+        return sorted(h for h, t in m.ledger.transfers.items() if t.kind == kind)
+    return handles
+
+
+def _permit_store_end(config, ledger, op):
+    """A store only reads; its end frees (poisons) the blocks of a request that
+    left when it was that request's last transfer: any cell of them then."""
+    t = ledger.transfers.get(op["handle"])
+    if t is None:  # an illegal op: the reference raises OpError next
+        raise KeyError(op["handle"])
+    if t.req in ledger.requests or ledger.owner_of_transfer(t).pending != {t.handle}:
+        return {}, frozenset()
+    return _permit_transfer_end(config, ledger, op)
+
+
+register(OpSpec(
+    name="kv_store_begin", summary="a connector starts saving a request's first num_tokens "
+    "tokens' KV to an external store; it reads the blocks until it completes",
+    fields={"req": INT, "handle": HANDLE, "num_tokens": INT},
+    example={"op": "kv_store_begin", "req": 0, "handle": 2, "num_tokens": 8},
+    apply=lambda t, op: t.kv_store_begin(op["req"], op["handle"], op["num_tokens"]),
+    draw=_draw_kv_store_begin, enabled=lambda m: bool(_storable(m)), requests=_req,
+    rename=_handle_rename,
+    sizes=lambda op: [Size("num_tokens", op["num_tokens"], 1,
+                           lambda n: dict(op, num_tokens=n))],
+    family="async"))
+register(OpSpec(
+    name="kv_store_complete", summary="a store in flight finishes: the external store holds "
+    "what the blocks hold now, under the prefix's token ids",
+    fields={"req": INT, "handle": HANDLE},
+    example={"op": "kv_store_complete", "req": 0, "handle": 2},
+    apply=lambda t, op: t.kv_store_complete(op["req"], op["handle"]),
+    draw=lambda m, data: (lambda h: {"op": "kv_store_complete",
+                                     "req": m.ledger.transfers[h].req, "handle": h})(
+        data.choice(_in_flight_of("store")(m))),
+    enabled=lambda m: bool(_in_flight_of("store")(m)), requests=_req, rename=_handle_rename,
+    permit=_permit_store_end, family="async"))
