@@ -439,7 +439,7 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "jobs are still reading them, storing KV that does not belong to the key'",
           "STORE_PROVENANCE", ("NO_FREE_WHILE_PENDING", "POOL_ACCOUNTING", "MATCHES_REFERENCE",
                                "ONE_OWNER_PER_BLOCK"),
-          family="async", sites=("vllm/distributed/kv_transfer/kv_connector/v1/",
+          family="async", sites=("vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py",
                                  "vllm/v1/core/sched/scheduler.py")),
     Fault("abort-frees-blocks-mid-load", ("v1", "v2"),
           "a request removed (aborted) while a KV load into its blocks is in flight has its "

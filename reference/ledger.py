@@ -128,6 +128,7 @@ class Ledger:
         self.transfers: dict[int, Transfer] = {}
         # Steps dispatched and not completed (step_dispatch): their requests, oldest first.
         self.steps_in_flight: list[list[int]] = []
+        self.last_completed: list[int] = []  # the requests of the step completed last
         self.used_handles: set[int] = set()
         self.finishing: dict[int, RequestLedger] = {}
 

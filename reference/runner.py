@@ -465,7 +465,7 @@ class ReferenceRunnerBase(abc.ABC):
         gets the accepted count it had (the host copy lands by request)."""
         if not self.ledger.steps_in_flight:
             raise OpError("op", "no step in flight (step_dispatch first)")
-        self.ledger.steps_in_flight.pop(0)
+        self.ledger.last_completed = self.ledger.steps_in_flight.pop(0)
         for req, kept in self.results_in_flight.pop(0).items():
             if req in self.num_accepted_of:  # still live
                 self.num_accepted_of[req] = kept

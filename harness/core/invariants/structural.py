@@ -146,19 +146,33 @@ register(Invariant(
     lambda c: check_padded_rows_neutral(c.after, c.op_index, c.kind, c.config),
     structural=True,
     applies=lambda spec: spec.forward is not None, applies_text="steps and dummy runs"))
+LANDS_RESULTS = ("step", "spec_step", "step_complete")
+
+
+def _counts_by_request(obs) -> dict:
+    return {int(r): int(a) for r, a in zip(obs.host_req_ids, obs.row_accepted) if r >= 0}
+
+
 def check_row_results(ctx) -> list[Violation]:
-    """V1 with a drafter: each occupied persistent row's last accepted count (the
-    host buffer the next step's Mamba metadata reads) is its request's — the
-    reference's count for the request in that row, whichever row the reference
-    keeps it in.  A dispatched step's counts count only once it completed."""
+    """V1 with a drafter, after an op that lands a step's results (``step``,
+    ``spec_step``, ``step_complete``): the row of each request whose results
+    landed, and the row of any request whose count this op changed, holds that
+    request's count — the reference's, whichever row the reference keeps it in.
+    (What a row holds when its request re-enters the batch is the engine's
+    policy: judged by its effect, the state column read.)"""
     after, ref = ctx.after, ctx.reference
-    if after.row_accepted is None or ref.row_accepted is None \
-            or not ctx.config.num_speculative_tokens or after.runner != "v1":
+    if after.row_accepted is None or ref.row_accepted is None or ctx.before is None \
+            or ctx.before.row_accepted is None or not ctx.config.num_speculative_tokens \
+            or after.runner != "v1" or ctx.kind not in LANDS_RESULTS:
         return []
-    want = {int(r): int(a) for r, a in zip(ref.host_req_ids, ref.row_accepted) if r >= 0}
+    landed = (ctx.ledger.last_completed if ctx.kind == "step_complete"
+              else [item[0] for item in ctx.op["scheduled"]])
+    before, now = _counts_by_request(ctx.before), _counts_by_request(after)
+    judged = set(landed) | {r for r, a in now.items() if r in before and before[r] != a}
+    want = _counts_by_request(ref)
     for row, (req, got) in enumerate(zip(after.host_req_ids, after.row_accepted)):
         req = int(req)
-        if req in want and int(got) != want[req]:
+        if req in judged and req in want and int(got) != want[req]:
             return [ctx.violation("ROW_RESULTS_FOLLOW_REQUESTS", f"row {row} holds request "
                                   f"{req} with an accepted count of {int(got)}; its last "
                                   f"completed step accepted {want[req]}", row=row)]
