@@ -437,10 +437,11 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "were freed before the worker reported finished_sending); vllm-project/vllm issue "
           "#52360 '[MooncakeStoreConnector]: Preemption frees GPU blocks while async store "
           "jobs are still reading them, storing KV that does not belong to the key'",
-          "STORE_PROVENANCE", ("NO_FREE_WHILE_PENDING", "POOL_ACCOUNTING", "MATCHES_REFERENCE",
-                               "ONE_OWNER_PER_BLOCK"),
-          family="async", sites=("vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py",
-                                 "vllm/v1/core/sched/scheduler.py")),
+          "NO_FREE_WHILE_PENDING", ("STORE_PROVENANCE", "MATCHES_REFERENCE", "POOL_ACCOUNTING",
+                                    "ONE_OWNER_PER_BLOCK"),
+          family="async",
+          sites=("vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py",
+                 "vllm/v1/core/sched/scheduler.py")),
     Fault("abort-frees-blocks-mid-load", ("v1", "v2"),
           "a request removed (aborted) while a KV load into its blocks is in flight has its "
           "blocks freed at once instead of when the last load ends: the connector's late "

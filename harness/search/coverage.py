@@ -55,6 +55,8 @@ FEATURES: dict[str, str] = {
                              "with padded rows or tokens beside it",
     "load-ends-after-leave": "a KV transfer completes or fails after its request left "
                              "(removed, or failed by a sibling transfer)",
+    "store-ends-after-leave": "a store of a request's KV completes after the request left "
+                              "(its blocks kept for the store)",
     "load-fails-beside-siblings": "a KV transfer fails while another transfer of its request "
                                   "is still in flight",
     "block-reused-after-late-load": f"a block freed when a departed request's last KV "
@@ -162,7 +164,7 @@ class Tracker:
             r = ledger.requests[op["req"]]
             if not r.pending:  # else its blocks are freed when its last transfer ends
                 self._pending_free = [(g, b) for g, ids in enumerate(r.blocks) for b in ids]
-        elif op["op"] in ("kv_load_complete", "kv_load_fail") \
+        elif op["op"] in ("kv_load_complete", "kv_load_fail", "kv_store_complete") \
                 and op.get("handle") in ledger.transfers:
             t = ledger.transfers[op["handle"]]
             r = ledger.owner_of_transfer(t)
@@ -223,7 +225,8 @@ class Tracker:
         if self._transfer is not None:
             left, siblings = self._transfer
             if left:
-                hit.append("load-ends-after-leave")
+                hit.append("store-ends-after-leave" if kind == "kv_store_complete"
+                           else "load-ends-after-leave")
             if kind == "kv_load_fail" and siblings:
                 hit.append("load-fails-beside-siblings")
             r = reference.ledger.requests.get(op["req"])
@@ -429,6 +432,7 @@ NEEDS = {
     "loaded-next-to-padded": lambda c: c.mamba_cache_mode != "align",
     "step-completes-after-row-moved": lambda c: c.runner == "v1",
     "load-ends-after-leave": lambda c: c.mamba_cache_mode != "align",
+    "store-ends-after-leave": lambda c: not any(g.sliding_window for g in c.groups),
     "load-fails-beside-siblings": lambda c: c.mamba_cache_mode != "align",
     "block-reused-after-late-load": lambda c: c.mamba_cache_mode != "align",
     "prefix-hit": lambda c: c.enable_prefix_caching,
