@@ -442,6 +442,20 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           family="async",
           sites=("vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py",
                  "vllm/v1/core/sched/scheduler.py")),
+    Fault("resumed-blocks-appended", ("v1", "v2"),
+          "a request resumed after preemption (recompute) gets its new block ids appended "
+          "to the ones it held before, instead of replacing them: its row starts with "
+          "blocks it gave back, and its recomputed KV lands in blocks another request may "
+          "hold now",
+          "vllm-project/vllm PR #46595 '[Bugfix][MooncakeStore] track resumed requests via "
+          "scheduler's resumed_req_ids' (the connector appended a resumed request's "
+          "new_block_ids to its old ones because its own preempted set drifted); the "
+          "runner's branch is vllm/v1/worker/gpu_model_runner.py _update_states "
+          "(resumed_from_preemption: replace, else append), revised in vllm-project/vllm PR "
+          "#26385 '[BugFix] Fix async scheduling + request preemption'",
+          "MATCHES_REFERENCE", ("NO_STALE_WRITE", "NO_FOREIGN_READ", "LOADED_BLOCKS_INTACT",
+                                "VACATED_ROWS_ZERO"),
+          family="async", sites=("vllm/v1/worker/gpu_model_runner.py",)),
     Fault("abort-frees-blocks-mid-load", ("v1", "v2"),
           "a request removed (aborted) while a KV load into its blocks is in flight has its "
           "blocks freed at once instead of when the last load ends: the connector's late "

@@ -12,7 +12,8 @@ Faults consulted here: ``full-replay-not-restaged``, ``captured-buffer-rebound``
 ``accepted-column-unbounded``, ``draft-slots-allocation-block-size``,
 ``mamba-align-seed-attention-block-size``, ``mamba-state-view-unpadded-stride``,
 ``mamba-writes-shared-null-block``, ``row-width-first-group-block-size``,
-``mamba-pad-index-clamped-to-zero``, ``mamba-pad-index-to-last-slot``.
+``mamba-pad-index-clamped-to-zero``, ``mamba-pad-index-to-last-slot``,
+``resumed-blocks-appended``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,21 @@ class RunnerFaults:
     def __init__(self, config, faults: FaultSet, device: torch.device):
         self.faults = faults
         super().__init__(config, device)
+
+    def resume_request(self, req, block_ids) -> None:
+        if "resumed-blocks-appended" not in self.faults:
+            return super().resume_request(req, block_ids)
+        # The historical branch: a resumed request's new block ids are appended
+        # to the ones it held before preemption (the path for a running
+        # request's new blocks), so its row starts with blocks it gave back.
+        state = self.requests[req] = self.preempted.pop(req)
+        for g, (ids, new) in enumerate(zip(state.block_ids, block_ids)):
+            ids.extend(new)
+            if g in self.mamba_groups:  # its row's columns: the old state blocks first
+                del ids[self.config.mamba_columns:]
+        state.num_computed_tokens = 0
+        state.num_accepted = 1
+        self._rows_add(req, state)
 
     def _stage_dummy_state_indices(self, tables, num_reqs, reqs_padded, mode, warmup) -> None:
         if mode == FULL and not warmup and "full-replay-not-restaged" in self.faults:

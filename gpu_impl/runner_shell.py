@@ -115,6 +115,7 @@ class RunnerShell(abc.ABC):
         self.attn_groups = [g for g, s in enumerate(groups) if s.kind == "attention"]
         self.mamba_groups = [g for g, s in enumerate(groups) if s.kind == "mamba"]
         self.requests: dict[int, CachedRequestState] = {}
+        self.preempted: dict[int, CachedRequestState] = {}  # waiting to resume
         # Asynchronous KV loads in flight: handle -> (req, columns per group, the
         # writes it delivers); per request loading by transfers, columns landed.
         self.transfers: dict[int, tuple] = {}
@@ -515,6 +516,26 @@ class RunnerShell(abc.ABC):
         state = self.requests.pop(req)
         for g, ids in enumerate(state.block_ids if freed is None else freed):
             self.poison_blocks(g, ids)
+
+    def preempt_request(self, req: int, freed: list[list[int]]) -> None:
+        """The scheduler preempted ``req`` (recompute): it leaves the batch, the
+        allocator poisons ``freed`` (per group); the runner keeps its request
+        state for when it resumes (vLLM keeps ``self.requests[req_id]``)."""
+        self._rows_remove(req)
+        self.mamba_state_idx.pop(req, None)
+        self.preempted[req] = self.requests.pop(req)
+        for g, ids in enumerate(freed):
+            self.poison_blocks(g, ids)
+
+    def resume_request(self, req: int, block_ids: list[list[int]]) -> None:
+        """A preempted request resumes on ``block_ids`` (per group) from position
+        0: vLLM's ``_update_states`` for ``resumed_from_preemption`` replaces the
+        request's block ids and takes the scheduler's computed count."""
+        state = self.requests[req] = self.preempted.pop(req)
+        state.block_ids = [list(b) for b in block_ids]
+        state.num_computed_tokens = 0
+        state.num_accepted = 1
+        self._rows_add(req, state)
 
     def kv_load(self, req: int) -> None:
         """A P/D connector writes the prompt's KV and the final Mamba state."""

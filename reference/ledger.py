@@ -129,6 +129,8 @@ class Ledger:
         # Steps dispatched and not completed (step_dispatch): their requests, oldest first.
         self.steps_in_flight: list[list[int]] = []
         self.last_completed: list[int] = []  # the requests of the step completed last
+        # Preempted requests (recompute) waiting to resume: req -> prompt_len.
+        self.preempted: dict[int, int] = {}
         self.used_handles: set[int] = set()
         self.finishing: dict[int, RequestLedger] = {}
 
@@ -382,6 +384,12 @@ class Ledger:
         cfg = self.config
         self._check_allocator(TRACE, "add")
         self._check_new_req(req)
+        self._check_request_blocks(blocks, prompt_len)
+
+    def _check_request_blocks(self, blocks, prompt_len) -> None:
+        """The blocks a request enters with: free, at least one per attention
+        group, a Mamba group's columns, holding its whole prompt."""
+        cfg = self.config
         self._check_blocks(blocks, new=True)
         for g in cfg.attention_groups:
             if not blocks[g]:
@@ -500,8 +508,10 @@ class Ledger:
         return t
 
     def owner_of_transfer(self, t: Transfer) -> RequestLedger:
-        """The request a transfer loads for: live, or left with the load in flight."""
-        return self.requests.get(t.req) or self.finishing[t.req]
+        """The request a transfer is for, as it was when the transfer began: left
+        with the transfer in flight (removed, failed, or preempted — then perhaps
+        resumed on new blocks), or live."""
+        return self.finishing.get(t.req) or self.requests[t.req]
 
     def _end_transfer(self, handle: int) -> list[list[int]] | None:
         """End ``handle``; when its request has left and this was its last
@@ -591,6 +601,48 @@ class Ledger:
         """The store's copy has finished; returns blocks freed (its request left
         and this was its last transfer)."""
         return self._end_transfer(handle)
+
+    def check_preempt(self, req) -> None:
+        """Preemption (recompute) of a running request: not while a load into its
+        blocks or a step of it is in flight; allocator ``trace`` only."""
+        self._check_allocator(TRACE, "preempt")
+        r = self.get(req)
+        if self.loads_in_flight(r):
+            raise OpError("req", f"request {req} waits for its KV (transfers "
+                          f"{self.loads_in_flight(r)} in flight): it is not running")
+        if any(req in reqs for reqs in self.steps_in_flight):
+            raise OpError("req", f"request {req} has a step in flight")
+        if req in self.finishing:
+            raise OpError("req", f"request {req} was preempted before and a transfer of "
+                          "its old blocks is still in flight")
+
+    def preempt(self, req: int) -> list[list[int]]:
+        """The scheduler preempts ``req`` (recompute): it leaves the batch, its
+        blocks are freed (kept while a store still reads them, as for a
+        request that finished), its computed tokens are gone; it waits to
+        :meth:`resume`.  Returns the blocks freed now per group."""
+        self.check_preempt(req)
+        self.preempted[req] = self.requests[req].prompt_len
+        return self.remove(req)
+
+    def check_resume(self, req, blocks) -> None:
+        """A preempted request comes back with new blocks (per group, free ones
+        holding its prompt, as for ``add``) and recomputes from position 0."""
+        self._check_allocator(TRACE, "resume")
+        if isinstance(req, bool) or not isinstance(req, int) or req not in self.preempted:
+            raise OpError("req", f"request {req!r} is not preempted")
+        if len(self.requests) >= self.config.max_num_reqs:
+            raise OpError("req", f"already {self.config.max_num_reqs} live requests "
+                          "(max_num_reqs)")
+        self._check_request_blocks(blocks, self.preempted[req])
+
+    def resume(self, req: int, blocks: list[list[int]]) -> None:
+        self.check_resume(req, blocks)
+        prompt_len = self.preempted.pop(req)
+        self.requests[req] = RequestLedger(req, prompt_len, [list(b) for b in blocks])
+        for g, ids in enumerate(blocks):
+            self.owner[g][ids] = req
+            self.ref_count[g][ids] = 1
 
     def check_dispatch(self, scheduled) -> None:
         """A ``step_dispatch`` besides what any step needs: at most
@@ -747,8 +799,9 @@ class Ledger:
                 pending = self.pending_blocks(g) if self.transfers else {}
                 if b in pending:
                     t = self.transfers[pending[b]]
+                    doing = "loading into it" if t.kind == "load" else "reading it (a store)"
                     raise OpError(path, f"block {b} is not free: request {t.req} holds it and "
-                                  f"transfer {t.handle} is loading into it")
+                                  f"transfer {t.handle} is {doing}")
                 if b in seen or self.owner[g][b] != FREE:
                     raise OpError(path, f"block {b} is not free" + (
                         " (kv_sharing: one pool for every group)" if cfg.kv_sharing else ""))

@@ -269,6 +269,24 @@ class ReferenceRunnerBase(abc.ABC):
         for g, ids in enumerate(self.ledger.remove(req)):
             self._poison(g, ids)
 
+    def preempt(self, req: int) -> None:
+        """The scheduler preempts ``req`` (recompute): it leaves the batch and its
+        blocks are freed (poisoned) — kept while a store still reads them."""
+        self.ledger.check_preempt(req)
+        self._leave(req)
+        for g, ids in enumerate(self.ledger.preempt(req)):
+            self._poison(g, ids)
+
+    def resume(self, req: int, blocks: list[list[int]]) -> None:
+        """A preempted request resumes on ``blocks`` (per group), its KV and state
+        recomputed from position 0: to the runner, the request's blocks are
+        these, its count starts over (vLLM's ``resumed_from_preemption``: the
+        runner replaces the request's block ids)."""
+        self.ledger.resume(req, blocks)
+        self.runner_blocks[req] = [list(b) for b in blocks]
+        self.num_accepted_of[req] = 1
+        self._enter_batch(req)
+
     def _leave(self, req: int) -> None:
         """``req`` leaves the batch (its blocks are the ledger's business)."""
         row = self.rows.row_of(req)

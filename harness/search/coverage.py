@@ -168,7 +168,7 @@ class Tracker:
                 and op.get("handle") in ledger.transfers:
             t = ledger.transfers[op["handle"]]
             r = ledger.owner_of_transfer(t)
-            left = t.req not in ledger.requests
+            left = t.req in ledger.finishing
             last = r.pending == {t.handle}
             self._transfer = (left, not last)
             if last and (left or op["op"] == "kv_load_fail"):

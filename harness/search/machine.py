@@ -164,8 +164,10 @@ class BlockFuzzMachine(RuleBasedStateMachine):
 
     def enabled_ops(self) -> list:
         """Drawable ops whose precondition holds now, in registry order (once per state)."""
+        refused = getattr(self.session.target, "refused_ops", ())  # the target's one-line refusals
         return self.per_state("enabled ops", lambda: [
-            spec for spec in drawable().values() if spec.enabled(self)])
+            spec for spec in drawable().values()
+            if spec.name not in refused and spec.enabled(self)])
 
     @rule()
     def act(self):

@@ -84,6 +84,20 @@ class RunnerTarget:
         self.left_blocks[req] = [list(b) for b in self.runner.requests[req].block_ids]
         self.runner.finish_request(req, [[] for _ in self.config.groups])
 
+    def preempt(self, req):
+        """The scheduler preempts ``req`` (recompute): it leaves the batch; its
+        blocks are freed now or, while a store still reads them, when it ends."""
+        if self.transfers.finish(req, ABORT):
+            freed = (self.runner.requests[req].block_ids if self.manager is None
+                     else self.manager.free(req))
+        else:
+            self.left_blocks[req] = [list(b) for b in self.runner.requests[req].block_ids]
+            freed = [[] for _ in self.config.groups]
+        self.runner.preempt_request(req, freed)
+
+    def resume(self, req, blocks):
+        self.runner.resume_request(req, blocks)
+
     def _free_left(self, req) -> None:
         """The blocks of ``req``, which left earlier, are freed now."""
         blocks = self.left_blocks.pop(req)

@@ -393,6 +393,17 @@ class VllmModelRunnerTarget:
         ``_update_states`` takes the lower count from the next output."""
         self.requests[req]["computed"] -= num_tokens
 
+    # Ops runner mode does not drive yet: never drawn for it (the machine reads
+    # this), refused with one line in a trace.
+    refused_ops = frozenset({"preempt", "resume"})
+
+    def preempt(self, req, *blocks):
+        raise TargetRefused("op", "runner mode does not drive preemption yet (vLLM's "
+                            "resumed_from_preemption path); the component adapter runs it "
+                            "(BLOCKFUZZ_VLLM_MODE=adapter)")
+
+    resume = preempt
+
     def step_complete(self):
         """vLLM's runner runs a dispatched step synchronously here (its async
         scheduling path is not driven): its results landed at dispatch."""

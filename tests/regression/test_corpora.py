@@ -93,3 +93,12 @@ def test_completed_counts_consequence_is_the_state_column_read():
     v = replay(trace, trace.faults, skip=set(structural_ids())).violation
     assert (v.invariant, trace.ops[v.op_index]["op"]) == ("MATCHES_REFERENCE", "spec_step")
     assert "state_indices[1][0]" in v.detail
+
+
+def test_resumed_blocks_consequence_is_a_write_into_the_next_owner():
+    """Preemption: a resumed request whose new block ids were appended to its old
+    ones recomputes into the blocks it gave back — request 1's now."""
+    trace = load(CORPORA / "seeds" / "resumed-blocks-appended.json")
+    v = replay(trace, trace.faults, skip={"MATCHES_REFERENCE"}).violation
+    assert (v.invariant, trace.ops[v.op_index]["op"]) == ("NO_STALE_WRITE", "step"), v.line()
+    assert "owned by req 1" in v.detail

@@ -24,7 +24,8 @@ def test_every_op_is_complete_and_its_example_loads():
                                   "kv_load_begin", "kv_load_complete", "kv_load_fail",
                                   "kv_store_begin", "kv_store_complete",
                                   "step", "dummy_run", "spec_step", "rollback", "admit",
-                                  "allocate", "step_dispatch", "step_complete"]
+                                  "allocate", "step_dispatch", "step_complete", "preempt",
+                                  "resume"]
     for name, spec in ops.REGISTRY.items():
         assert spec.name == name and spec.summary and spec.draw is not None
         assert set(spec.example) == set(spec.fields) | {"op"}, name

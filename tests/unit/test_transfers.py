@@ -157,3 +157,29 @@ def test_store_saves_the_next_owners_kv_under_the_prefix():
     damage = _run(Session(cfg, faults=(fault,), skip=POOL_CHECKS | {"MATCHES_REFERENCE"}), ops)
     assert damage[:2] == ("STORE_PROVENANCE", len(ops) - 1), damage
     assert "request 0's store of its first 8 tokens" in damage[2]
+
+
+def test_preempted_request_keeps_blocks_a_store_still_reads():
+    """Preemption with a store in flight: the blocks stay reserved (the trace
+    cannot hand them out) until the store ends; the request resumes on new
+    blocks meanwhile, and the store still saves its own prefix."""
+    cfg = dataclasses.replace(load(SEEDS / "resumed-blocks-appended.json").config)
+    s = Session(cfg)
+    assert _run(s, [{"op": "add", "req": 0, "blocks": [[1, 2], [1]], "prompt_len": 5},
+                    {"op": "step", "scheduled": [[0, 5]], "cudagraph_mode": "NONE"},
+                    {"op": "kv_store_begin", "req": 0, "handle": 0, "num_tokens": 4},
+                    {"op": "preempt", "req": 0}]) is None
+    with pytest.raises(OpError, match=r"blocks\[0\]\[0\]: block 1 is not free: request 0 "
+                                      r"holds it and transfer 0 is reading it \(a store\)"):
+        s.apply({"op": "add", "req": 1, "blocks": [[1], [2]], "prompt_len": 1})
+    assert _run(s, [{"op": "resume", "req": 0, "blocks": [[3, 4], [3]]},
+                    {"op": "step", "scheduled": [[0, 5]], "cudagraph_mode": "NONE"},
+                    {"op": "kv_store_complete", "req": 0, "handle": 0},
+                    {"op": "add", "req": 1, "blocks": [[1], [2]], "prompt_len": 1}]) is None
+    found = _run(Session(cfg, faults=("finished-request-frees-blocks-mid-store",)),
+                 [{"op": "add", "req": 0, "blocks": [[1, 2], [1]], "prompt_len": 5},
+                  {"op": "step", "scheduled": [[0, 5]], "cudagraph_mode": "NONE"},
+                  {"op": "kv_store_begin", "req": 0, "handle": 0, "num_tokens": 4},
+                  {"op": "preempt", "req": 0},
+                  {"op": "kv_store_complete", "req": 0, "handle": 0}])
+    assert found[0] in ("MATCHES_REFERENCE", "STORE_PROVENANCE"), found

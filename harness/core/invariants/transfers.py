@@ -35,7 +35,7 @@ def check_no_free_while_pending(ctx: CheckContext) -> list:
     pool = ctx.after.pool
     if pool is not None:
         for h, t in sorted(ledger.transfers.items()):
-            left = "" if t.req in ledger.requests else f" (request {t.req} has left)"
+            left = f" (request {t.req} has left)" if t.req in ledger.finishing else ""
             does = (f"loads request {t.req}'s prompt into" if t.kind == "load"
                     else f"reads request {t.req}'s KV from")
             for g, ids in enumerate(t.blocks):

@@ -176,4 +176,4 @@ def describe() -> list[dict]:
 
 
 # Families, in listing order (their import registers their ops).
-from harness.core.ops import lifecycle, persistent_batch, transfer, forward, speculative, scheduler, inflight  # noqa: E402,F401,I001
+from harness.core.ops import lifecycle, persistent_batch, transfer, forward, speculative, scheduler, inflight, preemption  # noqa: E402,F401,I001
