@@ -87,6 +87,7 @@ class Transfer:
     blocks: list[list[int]]
     kind: str = "load"  # or "store": the connector reads the blocks (kv_store_begin)
     num_tokens: int = 0  # a store: the prefix it saves
+    owner: "RequestLedger | None" = None  # the request as it was at begin (not a resumed one)
 
 
 @dataclass
@@ -491,7 +492,8 @@ class Ledger:
             r.landed = [[] for _ in self.config.groups]
         r.pending.add(handle)
         self.used_handles.add(handle)
-        self.transfers[handle] = Transfer(handle, req, columns, [list(b) for b in blocks])
+        self.transfers[handle] = Transfer(handle, req, columns, [list(b) for b in blocks],
+                                          owner=r)
 
     def transfer(self, handle, req=None, kind: str = "load") -> Transfer:
         """The transfer ``handle`` in flight, a ``kind`` ("load" / "store") for
@@ -511,7 +513,7 @@ class Ledger:
         """The request a transfer is for, as it was when the transfer began: left
         with the transfer in flight (removed, failed, or preempted — then perhaps
         resumed on new blocks), or live."""
-        return self.finishing.get(t.req) or self.requests[t.req]
+        return t.owner
 
     def _end_transfer(self, handle: int) -> list[list[int]] | None:
         """End ``handle``; when its request has left and this was its last
@@ -519,7 +521,7 @@ class Ledger:
         t = self.transfers.pop(handle)
         r = self.owner_of_transfer(t)
         r.pending.discard(handle)
-        if t.req in self.finishing and not r.pending:
+        if self.finishing.get(t.req) is r and not r.pending:
             return self._free(self.finishing.pop(t.req))
         return None
 
@@ -595,7 +597,7 @@ class Ledger:
         self.used_handles.add(handle)
         self.transfers[handle] = Transfer(
             handle, req, columns, [[r.blocks[g][c] for c in cols] for g, cols in
-                                   enumerate(columns)], "store", num_tokens)
+                                   enumerate(columns)], "store", num_tokens, owner=r)
 
     def kv_store_complete(self, handle: int) -> list[list[int]] | None:
         """The store's copy has finished; returns blocks freed (its request left

@@ -61,6 +61,8 @@ FEATURES: dict[str, str] = {
                                   "is still in flight",
     "block-reused-after-late-load": f"a block freed when a departed request's last KV "
                                     f"transfer ended handed out again within {REUSE_WINDOW} ops",
+    "resumed-after-blocks-reused": "a preempted request resumes while another request holds "
+                                   "blocks it gave back",
     "step-completes-after-request-left": "a step in flight completes after one of its "
                                          "requests left",
     "step-completes-after-row-moved": "V1: a step in flight completes after one of its "
@@ -143,6 +145,8 @@ class Tracker:
     # last transfer ended: (group, block) -> op index
     _transfer: tuple | None = None  # a transfer's end: (its request had left, siblings)
     dispatched: list = field(default_factory=list)  # steps in flight: {req: row at dispatch}
+    preempted_blocks: dict = field(default_factory=dict)  # req -> {(group, block)} it gave back
+    _resumed_over: bool = False
     vacated: set = field(default_factory=set)  # rows vacated by a remove, not yet reused
     loaded: set = field(default_factory=set)  # requests that arrived by kv_load
     left_prefilling: set = field(default_factory=set)  # V1 rows left in a prompt chunk
@@ -160,7 +164,15 @@ class Tracker:
         self._sched_before = self._scheduler_state(op, ledger)
         self._pending_free = []
         self._transfer = None
-        if op["op"] == "remove" and op["req"] in ledger.requests:
+        if op["op"] == "resume":
+            self._resumed_over = any(
+                self.preempted_blocks.get(op["req"], set()) & {(g, b) for g, ids in
+                                                               enumerate(r.blocks) for b in ids}
+                for r in ledger.requests.values())
+        if op["op"] == "preempt" and op["req"] in ledger.requests:
+            self.preempted_blocks[op["req"]] = {
+                (g, b) for g, ids in enumerate(ledger.requests[op["req"]].blocks) for b in ids}
+        if op["op"] in ("remove", "preempt") and op["req"] in ledger.requests:
             r = ledger.requests[op["req"]]
             if not r.pending:  # else its blocks are freed when its last transfer ends
                 self._pending_free = [(g, b) for g, ids in enumerate(r.blocks) for b in ids]
@@ -168,7 +180,7 @@ class Tracker:
                 and op.get("handle") in ledger.transfers:
             t = ledger.transfers[op["handle"]]
             r = ledger.owner_of_transfer(t)
-            left = t.req in ledger.finishing
+            left = ledger.finishing.get(t.req) is t.owner
             last = r.pending == {t.handle}
             self._transfer = (left, not last)
             if last and (left or op["op"] == "kv_load_fail"):
@@ -211,6 +223,8 @@ class Tracker:
                     self.left_prefilling.discard(row)
         if kind == "kv_load":
             self.loaded.add(op["req"])
+        if kind == "resume" and self._resumed_over:
+            hit.append("resumed-after-blocks-reused")
         if kind == "step_dispatch":
             rows = reference.rows
             self.dispatched.append({int(r): rows.row_of(int(r))
@@ -431,6 +445,7 @@ NEEDS = {
     "backend-slots-padded": lambda c: any(g.slot_buffer for g in c.groups),
     "loaded-next-to-padded": lambda c: c.mamba_cache_mode != "align",
     "step-completes-after-row-moved": lambda c: c.runner == "v1",
+    "resumed-after-blocks-reused": lambda c: c.allocator == "trace",
     "load-ends-after-leave": lambda c: c.mamba_cache_mode != "align",
     "store-ends-after-leave": lambda c: not any(g.sliding_window for g in c.groups),
     "load-fails-beside-siblings": lambda c: c.mamba_cache_mode != "align",

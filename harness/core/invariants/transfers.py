@@ -35,7 +35,8 @@ def check_no_free_while_pending(ctx: CheckContext) -> list:
     pool = ctx.after.pool
     if pool is not None:
         for h, t in sorted(ledger.transfers.items()):
-            left = f" (request {t.req} has left)" if t.req in ledger.finishing else ""
+            left = (f" (request {t.req} has left)" if ledger.finishing.get(t.req) is t.owner
+                    else "")
             does = (f"loads request {t.req}'s prompt into" if t.kind == "load"
                     else f"reads request {t.req}'s KV from")
             for g, ids in enumerate(t.blocks):

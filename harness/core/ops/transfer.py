@@ -198,7 +198,7 @@ def _permit_store_end(config, ledger, op):
     t = ledger.transfers.get(op["handle"])
     if t is None:  # an illegal op: the reference raises OpError next
         raise KeyError(op["handle"])
-    if t.req not in ledger.finishing or ledger.owner_of_transfer(t).pending != {t.handle}:
+    if ledger.finishing.get(t.req) is not t.owner or t.owner.pending != {t.handle}:
         return {}, frozenset()
     return _permit_transfer_end(config, ledger, op)
 
