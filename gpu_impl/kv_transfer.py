@@ -27,17 +27,20 @@ LOAD, STORE = "load", "store"
 class KVTransferTracker:
     """Transfers in flight per request, and the requests whose free waits for them.
 
-    ``begin(handle, req)``; ``finish(req, reason)`` when a request leaves
-    (``"abort"``: removed; ``"failed"``: its first failed load) returns whether
-    its blocks are freed now; ``end(handle)`` when a transfer completes or
-    fails returns (req, whether the request's blocks are freed now)."""
+    ``begin(handle, req, kind)``; ``finish(req, reason)`` when a request leaves
+    (``"abort"``: removed or preempted; ``"failed"``: its first failed load)
+    returns whether its blocks are freed now; ``end(handle)`` when a transfer
+    completes or fails returns (req, whether the blocks of that request, which
+    left, are freed now).  A request id that comes back (a preempted request
+    resumed) starts with no transfers: those in flight belong to the blocks it
+    gave back."""
 
     def __init__(self, faults):
         self.faults = faults
         self.req_of: dict[int, int] = {}
         self.kind_of: dict[int, str] = {}
-        self.in_flight: dict[int, set[int]] = {}
-        self.free_waits: set[int] = set()
+        self.in_flight: dict[int, set[int]] = {}  # live requests' transfers
+        self.waiting: dict[int, set[int]] = {}  # left requests' transfers: free after them
 
     def begin(self, handle: int, req: int, kind: str = LOAD) -> None:
         """A transfer of ``req``'s blocks starts: a ``"load"`` into them or a
@@ -47,41 +50,39 @@ class KVTransferTracker:
         self.in_flight.setdefault(req, set()).add(handle)
 
     def transferring(self, req: int) -> bool:
-        """Is a transfer of ``req``'s blocks in flight?"""
+        """Is a transfer of the live request ``req``'s blocks in flight?"""
         return bool(self.in_flight.get(req))
 
     def finish(self, req: int, reason: str) -> bool:
         """``req`` leaves; True: free its blocks now, False: when its last transfer ends."""
+        handles = self.in_flight.pop(req, set())
         if reason == ABORT and "abort-frees-blocks-mid-load" in self.faults:
             # The historical bug: an aborted request waiting for remote KV was
             # freed at once, the connector still writing into its blocks.
-            self.in_flight.pop(req, None)
             return True
         if reason == FAILED and "failed-load-frees-before-siblings" in self.faults:
             # The historical race: the first failed handle reported the request
             # failed (and its blocks freed) while its sibling handles still wrote.
-            self.in_flight.pop(req, None)
             return True
         if "finished-request-frees-blocks-mid-store" in self.faults and any(
-                self.kind_of[h] == STORE for h in self.in_flight.get(req, ())):
+                self.kind_of[h] == STORE for h in handles):
             # The historical bug: the connector said nothing was still being
             # sent, so the scheduler freed the blocks a store was still reading.
-            self.in_flight.pop(req, None)
             return True
-        if self.transferring(req):
-            self.free_waits.add(req)
+        if handles:
+            self.waiting[req] = handles
             return False
-        self.in_flight.pop(req, None)
         return True
 
     def end(self, handle: int) -> tuple[int, bool]:
         req = self.req_of.pop(handle)
         self.kind_of.pop(handle)
-        handles = self.in_flight.get(req)
-        if handles is not None:
-            handles.discard(handle)
-        if req in self.free_waits and not handles:
-            self.free_waits.discard(req)
-            self.in_flight.pop(req, None)
-            return req, True
+        left = self.waiting.get(req)
+        if left is not None and handle in left:
+            left.discard(handle)
+            if not left:
+                del self.waiting[req]
+                return req, True
+            return req, False
+        self.in_flight.get(req, set()).discard(handle)
         return req, False

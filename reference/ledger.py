@@ -441,6 +441,7 @@ class Ledger:
         Several handles may load one request, never the same block twice."""
         r = self.get(req)
         cfg = self.config
+        self._check_one_incarnation(req)
         if cfg.mamba_cache_mode == ALIGN:
             raise OpError("op", "kv_load_begin with Mamba prefix caching (align mode) is not "
                           "modelled (where a connector puts the state block)")
@@ -569,6 +570,7 @@ class Ledger:
         it reads the blocks until :meth:`kv_store_complete`."""
         r = self.get(req)
         cfg = self.config
+        self._check_one_incarnation(req)
         if any(g.sliding_window for g in cfg.groups):
             raise OpError("op", "kv_store_begin with sliding windows is not modelled (a "
                           "window's frees under a store in flight)")
@@ -603,6 +605,13 @@ class Ledger:
         """The store's copy has finished; returns blocks freed (its request left
         and this was its last transfer)."""
         return self._end_transfer(handle)
+
+    def _check_one_incarnation(self, req) -> None:
+        """A resumed request starts no transfer while one of the blocks it gave
+        back at preemption is still in flight (one incarnation's at a time)."""
+        if req in self.finishing:
+            raise OpError("req", f"request {req} resumed while a transfer of the blocks it "
+                          "gave back is still in flight")
 
     def check_preempt(self, req) -> None:
         """Preemption (recompute) of a running request: not while a load into its
