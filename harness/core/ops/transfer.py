@@ -68,6 +68,7 @@ def _transfer_loadable(m) -> list[int]:
             return []
         return [r for r, s in sorted(m.ledger.requests.items())
                 if not (s.stepped or s.loaded or s.num_computed_tokens or s.load_failed)
+                and r not in m.ledger.finishing
                 and s.capacity_tokens(m.cfg) >= s.prompt_len and any(_open_columns(m, r))]
 
     per_state = getattr(m, "per_state", None)
@@ -172,7 +173,8 @@ register(OpSpec(
 def _storable(m) -> list[int]:
     if any(g.sliding_window for g in m.cfg.groups) or not m.cfg.attention_groups:
         return []
-    return [r for r, s in sorted(m.ledger.requests.items()) if s.num_computed_tokens >= 1]
+    return [r for r, s in sorted(m.ledger.requests.items())
+            if s.num_computed_tokens >= 1 and r not in m.ledger.finishing]
 
 
 def _draw_kv_store_begin(m, data) -> dict:
