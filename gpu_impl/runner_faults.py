@@ -41,8 +41,11 @@ class RunnerFaults:
         state = self.requests[req] = self.preempted.pop(req)
         for g, (ids, new) in enumerate(zip(state.block_ids, block_ids)):
             ids.extend(new)
-            if g in self.mamba_groups:  # its row's columns: the old state blocks first
-                del ids[self.config.mamba_columns:]
+            # A row holds its width: the ids past it are dropped (vLLM's append
+            # past a row's width raises instead); either way the row starts with
+            # the blocks given back.
+            del ids[self.config.mamba_columns if g in self.mamba_groups
+                    else self.config.blocks_per_req_max(g):]
         state.num_computed_tokens = 0
         state.num_accepted = 1
         self._rows_add(req, state)

@@ -62,6 +62,25 @@ def _permit_dispatch(config, ledger, op):
     return permit_forward(config, ledger, pairs, accepted)
 
 
+def _as_step(op: dict) -> dict:
+    """The dispatch as a plain step (``spec_step`` with accepted counts)."""
+    name = "spec_step" if len(op["scheduled"][0]) == 3 else "step"
+    return {"op": name, "scheduled": [list(x) for x in op["scheduled"]],
+            "cudagraph_mode": op["cudagraph_mode"]}
+
+
+def _narrow_dispatch(op: dict):
+    """A plain step first (legal where nothing completes it later), then the
+    step's own narrowings."""
+    yield _as_step(op)
+    yield from _narrow_step(op)
+
+
+def _merge_dispatch(op: dict, nxt: dict) -> dict | None:
+    """A dispatch completed right away is a plain step."""
+    return _as_step(op) if nxt["op"] == "step_complete" else None
+
+
 def _without(op: dict, req: int) -> dict | None:
     sched = [s for s in op["scheduled"] if s[0] != req]
     return dict(op, scheduled=sched) if sched else None
@@ -79,7 +98,7 @@ register(OpSpec(
     requests=lambda op: [x[0] for x in op["scheduled"]], without_request=_without,
     rename=lambda op, req, block: dict(op, scheduled=[[req(x[0]), *x[1:]]
                                                       for x in op["scheduled"]]),
-    narrow=lambda op: (o for o in _narrow_step(op)), permit=_permit_dispatch,
+    narrow=_narrow_dispatch, merge=_merge_dispatch, permit=_permit_dispatch,
     forward="real", family="async"))
 register(OpSpec(
     name="step_complete", summary="the oldest step in flight completes: its accepted counts "
