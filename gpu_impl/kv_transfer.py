@@ -56,7 +56,8 @@ class KVTransferTracker:
     def finish(self, req: int, reason: str) -> bool:
         """``req`` leaves; True: free its blocks now, False: when its last transfer ends."""
         handles = self.in_flight.pop(req, set())
-        if reason == ABORT and "abort-frees-blocks-mid-load" in self.faults:
+        if reason == ABORT and "abort-frees-blocks-mid-load" in self.faults and any(
+                self.kind_of[h] == LOAD for h in handles):
             # The historical bug: an aborted request waiting for remote KV was
             # freed at once, the connector still writing into its blocks.
             return True

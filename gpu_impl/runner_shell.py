@@ -523,6 +523,7 @@ class RunnerShell(abc.ABC):
         state for when it resumes (vLLM keeps ``self.requests[req_id]``)."""
         self._rows_remove(req)
         self.mamba_state_idx.pop(req, None)
+        self.landed.pop(req, None)  # what loads landed is gone with the blocks
         self.preempted[req] = self.requests.pop(req)
         for g, ids in enumerate(freed):
             self.poison_blocks(g, ids)

@@ -183,3 +183,24 @@ def test_preempted_request_keeps_blocks_a_store_still_reads():
                   {"op": "preempt", "req": 0},
                   {"op": "kv_store_complete", "req": 0, "handle": 0}])
     assert found[0] in ("MATCHES_REFERENCE", "STORE_PROVENANCE"), found
+
+
+def test_a_resumed_request_loads_from_scratch():
+    """A request preempted after part of its prompt landed resumes on new blocks
+    with nothing landed: its next transfers must cover the whole prompt again
+    before it counts as loaded (found in review: the runner kept the old
+    record, and counted the prompt computed after one new transfer)."""
+    cfg = dataclasses.replace(load(SEEDS / "failed-load-frees-before-siblings.json").config,
+                              allocator="trace")
+    ops = [{"op": "add", "req": 0, "blocks": [[1, 2, 3, 4]], "prompt_len": 16},
+           {"op": "kv_load_begin", "req": 0, "handle": 0, "blocks": [[1, 2]]},
+           {"op": "kv_load_complete", "req": 0, "handle": 0},
+           {"op": "preempt", "req": 0},
+           {"op": "resume", "req": 0, "blocks": [[5, 6, 7, 8]]},
+           {"op": "kv_load_begin", "req": 0, "handle": 1, "blocks": [[7, 8]]},
+           {"op": "kv_load_complete", "req": 0, "handle": 1},
+           {"op": "step", "scheduled": [[0, 1]], "cudagraph_mode": "NONE"}]
+    for runner in ("v1", "v2"):
+        s = Session(dataclasses.replace(cfg, runner=runner))
+        assert _run(s, ops) is None
+        assert s.ledger.requests[0].num_computed_tokens == 1

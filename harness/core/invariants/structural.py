@@ -180,8 +180,9 @@ def check_row_results(ctx) -> list[Violation]:
 
 
 register(Invariant(
-    "ROW_RESULTS_FOLLOW_REQUESTS", "V1 with a drafter: each persistent row's last accepted "
-    "count is that of the request it holds (results copied back follow requests, not rows)",
+    "ROW_RESULTS_FOLLOW_REQUESTS", "V1 with a drafter: after a step's results land, the rows "
+    "they reached hold their own requests' accepted counts (results follow requests, not "
+    "rows)",
     check_row_results, structural=True))
 register(Invariant(
     "GRAPH_ADDRESSES_STABLE", "every buffer a captured graph reads keeps its data_ptr",

@@ -61,8 +61,9 @@ def check_no_free_while_pending(ctx: CheckContext) -> list:
     return out
 
 
-register(Invariant(NO_FREE_WHILE_PENDING, "no block a KV transfer in flight loads into is free "
-                   "in the target's pool or handed out anew before the transfer ends",
+register(Invariant(NO_FREE_WHILE_PENDING, "no block a KV transfer in flight writes (a load) or "
+                   "reads (a store) is free in the target's pool or handed out anew before the "
+                   "transfer ends",
                    check_no_free_while_pending))
 
 
