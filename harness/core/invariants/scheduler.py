@@ -217,8 +217,9 @@ def check_pool(ctx: CheckContext) -> list:
             what = "the null block's" if b == NULL_BLOCK_ID and ctx.config.has_null_block(g) \
                 else f"block {b}'s"
             out.append(ctx.violation(POOL_ACCOUNTING, f"{what} reference count is {int(got[b])} "
-                                     f"in the target's pool; {int(want[b])} live request(s) "
-                                     "hold it", group=g, block=b))
+                                     f"in the target's pool; {int(want[b])} request(s) hold it"
+                                     + (" (live, or kept for a transfer in flight)"
+                                        if ctx.ledger.finishing else ""), group=g, block=b))
             continue
         if int(seen["num_free"]) != ctx.ledger.num_free(g):
             out.append(ctx.violation(POOL_ACCOUNTING, f"the target's pool counts "
