@@ -32,23 +32,17 @@ class RunnerFaults:
         self.faults = faults
         super().__init__(config, device)
 
-    def resume_request(self, req, block_ids) -> None:
+    def _resumed_block_ids(self, state, block_ids):
         if "resumed-blocks-appended" not in self.faults:
-            return super().resume_request(req, block_ids)
+            return super()._resumed_block_ids(state, block_ids)
         # The historical branch: a resumed request's new block ids are appended
         # to the ones it held before preemption (the path for a running
-        # request's new blocks), so its row starts with blocks it gave back.
-        state = self.requests[req] = self.preempted.pop(req)
-        for g, (ids, new) in enumerate(zip(state.block_ids, block_ids)):
-            ids.extend(new)
-            # A row holds its width: the ids past it are dropped (vLLM's append
-            # past a row's width raises instead); either way the row starts with
-            # the blocks given back.
-            del ids[self.config.mamba_columns if g in self.mamba_groups
-                    else self.config.blocks_per_req_max(g):]
-        state.num_computed_tokens = 0
-        state.num_accepted = 1
-        self._rows_add(req, state)
+        # request's new blocks), so its row starts with blocks it gave back.  A
+        # row holds its width: the ids past it are dropped (vLLM's append past a
+        # row's width raises instead).
+        return [(ids + list(new))[:self.config.mamba_columns if g in self.mamba_groups
+                                  else self.config.blocks_per_req_max(g)]
+                for g, (ids, new) in enumerate(zip(state.block_ids, block_ids))]
 
     def _stage_dummy_state_indices(self, tables, num_reqs, reqs_padded, mode, warmup) -> None:
         if mode == FULL and not warmup and "full-replay-not-restaged" in self.faults:

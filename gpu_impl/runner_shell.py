@@ -533,10 +533,14 @@ class RunnerShell(abc.ABC):
         0: vLLM's ``_update_states`` for ``resumed_from_preemption`` replaces the
         request's block ids and takes the scheduler's computed count."""
         state = self.requests[req] = self.preempted.pop(req)
-        state.block_ids = [list(b) for b in block_ids]
+        state.block_ids = self._resumed_block_ids(state, block_ids)
         state.num_computed_tokens = 0
         state.num_accepted = 1
         self._rows_add(req, state)
+
+    def _resumed_block_ids(self, state: CachedRequestState, block_ids) -> list[list[int]]:
+        """A resumed request's block ids: the new ones, replacing those it held."""
+        return [list(b) for b in block_ids]
 
     def kv_load(self, req: int) -> None:
         """A P/D connector writes the prompt's KV and the final Mamba state."""

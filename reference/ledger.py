@@ -456,16 +456,12 @@ class Ledger:
             raise OpError("handle", f"handle {handle} was used already (one per transfer)")
         if not isinstance(blocks, list) or len(blocks) != len(cfg.groups):
             raise OpError("blocks", f"must be a list of {len(cfg.groups)} lists (one per group)")
-        busy = [set(r.landed[g]) if r.landed else set() for g in range(len(cfg.groups))]
-        for h in self.loads_in_flight(r):
-            for g, cols in enumerate(self.transfers[h].columns):
-                busy[g] |= set(cols)
+        busy = self._busy_columns(r)
         columns = []
         for g, ids in enumerate(blocks):
             if not isinstance(ids, list):
                 raise OpError(f"blocks[{g}]", "must be a list of block ids")
-            allowed = ([0] if cfg.groups[g].kind == MAMBA
-                       else self.prompt_columns(r, g))
+            allowed = self._load_columns(r, g)
             cols = []
             for k, b in enumerate(ids):
                 path = f"blocks[{g}][{k}]"
@@ -485,6 +481,26 @@ class Ledger:
         if not any(columns):
             raise OpError("blocks", "a transfer loads at least one block")
         return columns
+
+    def _load_columns(self, r: RequestLedger, g: int) -> list[int]:
+        """Columns of group ``g`` a load of ``r``'s prompt fills: the prompt's
+        blocks (attention), the state block (Mamba)."""
+        return [0] if self.config.groups[g].kind == MAMBA else self.prompt_columns(r, g)
+
+    def _busy_columns(self, r: RequestLedger) -> list[set]:
+        """Per group, the columns of ``r`` landed already or loaded by a transfer in flight."""
+        busy = [set(r.landed[g]) if r.landed else set() for g in range(len(self.config.groups))]
+        for h in self.loads_in_flight(r):
+            for g, cols in enumerate(self.transfers[h].columns):
+                busy[g] |= set(cols)
+        return busy
+
+    def open_load_blocks(self, r: RequestLedger) -> list[list[int]]:
+        """Per group, the blocks of ``r`` a new ``kv_load_begin`` may name (what
+        :meth:`check_kv_load_begin` admits)."""
+        busy = self._busy_columns(r)
+        return [[r.blocks[g][c] for c in self._load_columns(r, g) if c not in busy[g]]
+                for g in range(len(self.config.groups))]
 
     def kv_load_begin(self, req: int, handle: int, blocks: list[list[int]]) -> None:
         columns = self.check_kv_load_begin(req, handle, blocks)

@@ -22,7 +22,8 @@ from __future__ import annotations
 from reference import OpError
 
 from harness.core.ops import CUDAGRAPH_MODE, INT, OpSpec, register
-from harness.core.ops.forward import _draw_step, _narrow_step, _steppable, permit_forward
+from harness.core.ops.forward import (_draw_step, _narrow_step, _step_without, _steppable,
+                                      permit_forward)
 from harness.core.ops.speculative import _draw_spec_step
 
 
@@ -81,11 +82,6 @@ def _merge_dispatch(op: dict, nxt: dict) -> dict | None:
     return _as_step(op) if nxt["op"] == "step_complete" else None
 
 
-def _without(op: dict, req: int) -> dict | None:
-    sched = [s for s in op["scheduled"] if s[0] != req]
-    return dict(op, scheduled=sched) if sched else None
-
-
 register(OpSpec(
     name="step_dispatch", summary="a real step dispatched and left in flight (async "
     "scheduling): its per-request results reach the host at step_complete",
@@ -95,7 +91,7 @@ register(OpSpec(
             "cudagraph_mode": CUDAGRAPH_MODE},
     example={"op": "step_dispatch", "scheduled": [[0, 1], [1, 1]], "cudagraph_mode": "FULL"},
     apply=_dispatch, draw=_draw_dispatch, enabled=_can_dispatch,
-    requests=lambda op: [x[0] for x in op["scheduled"]], without_request=_without,
+    requests=lambda op: [x[0] for x in op["scheduled"]], without_request=_step_without,
     rename=lambda op, req, block: dict(op, scheduled=[[req(x[0]), *x[1:]]
                                                       for x in op["scheduled"]]),
     narrow=_narrow_dispatch, merge=_merge_dispatch, permit=_permit_dispatch,

@@ -21,7 +21,7 @@ drafter or Mamba group (the earlier, narrower model).
 from __future__ import annotations
 
 from harness.core.ops import CUDAGRAPH_MODE, INT, OpSpec, Size, register
-from harness.core.ops.forward import _draw_step, _steppable, permit_forward
+from harness.core.ops.forward import _draw_step, _step_without, _steppable, permit_forward
 
 
 def _spec_on(m) -> bool:
@@ -44,11 +44,6 @@ def _draw_spec_step(m, data) -> dict:
 
 def _pairs(op: dict) -> list:
     return [[r, n] for r, n, _ in op["scheduled"]]
-
-
-def _spec_without(op: dict, req: int) -> dict | None:
-    sched = [s for s in op["scheduled"] if s[0] != req]
-    return dict(op, scheduled=sched) if sched else None
 
 
 def _narrow_spec_step(op: dict):
@@ -82,7 +77,7 @@ register(OpSpec(
                                accepted=[a for _, _, a in op["scheduled"]]),
     draw=_draw_spec_step, enabled=lambda m: (_spec_on(m) and not m.ledger.steps_in_flight
                                              and bool(_steppable(m))),
-    requests=lambda op: [r for r, _, _ in op["scheduled"]], without_request=_spec_without,
+    requests=lambda op: [r for r, _, _ in op["scheduled"]], without_request=_step_without,
     rename=lambda op, req, block: dict(op, scheduled=[[req(r), n, a]
                                                       for r, n, a in op["scheduled"]]),
     narrow=_narrow_spec_step, permit=_permit_spec_step, forward="real", family="spec-decode"))

@@ -47,19 +47,8 @@ HANDLE = {"type": "integer", "minimum": 0}
 
 
 def _open_columns(m, req: int) -> list[list[int]]:
-    """Per group, the blocks of ``req`` a new transfer may load (prompt blocks not
-    landed and not in flight; a Mamba group's state block)."""
-    ledger, cfg = m.ledger, m.cfg
-    r = ledger.requests[req]
-    busy = [set(r.landed[g]) if r.landed else set() for g in range(len(cfg.groups))]
-    for h in ledger.loads_in_flight(r):
-        for g, cols in enumerate(ledger.transfers[h].columns):
-            busy[g] |= set(cols)
-    out = []
-    for g, spec in enumerate(cfg.groups):
-        cols = [0] if spec.kind == "mamba" else ledger.prompt_columns(r, g)
-        out.append([r.blocks[g][c] for c in cols if c not in busy[g]])
-    return out
+    """Per group, the blocks of ``req`` a new transfer may load."""
+    return m.ledger.open_load_blocks(m.ledger.requests[req])
 
 
 def _transfer_loadable(m) -> list[int]:
@@ -103,10 +92,6 @@ def _handle_rename(op: dict, req, block) -> dict:
     return dict(op, req=req(op["req"]))
 
 
-def _begin_rename(op: dict, req, block) -> dict:
-    return _rename(op, req, block)
-
-
 def _narrow_begin(op: dict):
     for g, ids in enumerate(op["blocks"]):
         if len(ids) > 1:
@@ -126,13 +111,19 @@ def _permit_transfer_end(config, ledger, op):
     return cells, frozenset([t.req])
 
 
-def _in_flight(m) -> list[int]:
-    return sorted(h for h, t in m.ledger.transfers.items() if t.kind == "load")
+def _in_flight_of(kind: str):
+    """Handles of the transfers of ``kind`` ("load" / "store") in flight, by machine."""
+    def handles(m) -> list[int]:
+        return sorted(h for h, t in m.ledger.transfers.items() if t.kind == kind)
+    return handles
 
 
-def _draw_transfer_end(name):
+_in_flight = _in_flight_of("load")
+
+
+def _draw_transfer_end(name: str, kind: str = "load"):
     def draw(m, data) -> dict:
-        handle = data.choice(_in_flight(m))
+        handle = data.choice(_in_flight_of(kind)(m))
         return {"op": name, "req": m.ledger.transfers[handle].req, "handle": handle}
     return draw
 
@@ -145,13 +136,14 @@ register(OpSpec(
     example={"op": "kv_load_begin", "req": 0, "handle": 0, "blocks": [[4, 5], [9]]},
     apply=lambda t, op: t.kv_load_begin(op["req"], op["handle"], op["blocks"]),
     draw=_draw_kv_load_begin, enabled=lambda m: bool(_transfer_loadable(m)), requests=_req,
-    rename=_begin_rename, narrow=_narrow_begin, family="async"))
+    rename=_rename, narrow=_narrow_begin, family="async"))
 register(OpSpec(
     name="kv_load_complete", summary="a transfer in flight lands: its blocks get the prompt "
     "KV; a request that left meanwhile is freed after its last transfer",
     fields={"req": INT, "handle": HANDLE},
     example={"op": "kv_load_complete", "req": 0, "handle": 0},
-    apply=lambda t, op: t.kv_load_complete(op["req"], op["handle"]), draw=_draw_transfer_end("kv_load_complete"),
+    apply=lambda t, op: t.kv_load_complete(op["req"], op["handle"]),
+    draw=_draw_transfer_end("kv_load_complete"),
     enabled=lambda m: bool(_in_flight(m)), requests=_req, rename=_handle_rename,
     permit=_permit_transfer_end, family="async"))
 register(OpSpec(
@@ -159,7 +151,8 @@ register(OpSpec(
     "its request, whose blocks stay reserved until its last transfer ends",
     fields={"req": INT, "handle": HANDLE},
     example={"op": "kv_load_fail", "req": 0, "handle": 0},
-    apply=lambda t, op: t.kv_load_fail(op["req"], op["handle"]), draw=_draw_transfer_end("kv_load_fail"),
+    apply=lambda t, op: t.kv_load_fail(op["req"], op["handle"]),
+    draw=_draw_transfer_end("kv_load_fail"),
     enabled=lambda m: bool(_in_flight(m)), requests=_req, rename=_handle_rename,
     permit=_permit_transfer_end, family="async"))
 
@@ -186,12 +179,6 @@ def _draw_kv_store_begin(m, data) -> dict:
     n = full if full and data.integer(0, 2) else data.integer(1, r.num_computed_tokens)
     handle = max(m.ledger.used_handles, default=-1) + 1
     return {"op": "kv_store_begin", "req": req, "handle": handle, "num_tokens": n}
-
-
-def _in_flight_of(kind):
-    def handles(m) -> list[int]:
-        return sorted(h for h, t in m.ledger.transfers.items() if t.kind == kind)
-    return handles
 
 
 def _permit_store_end(config, ledger, op):
@@ -222,8 +209,6 @@ register(OpSpec(
     fields={"req": INT, "handle": HANDLE},
     example={"op": "kv_store_complete", "req": 0, "handle": 2},
     apply=lambda t, op: t.kv_store_complete(op["req"], op["handle"]),
-    draw=lambda m, data: (lambda h: {"op": "kv_store_complete",
-                                     "req": m.ledger.transfers[h].req, "handle": h})(
-        data.choice(_in_flight_of("store")(m))),
+    draw=_draw_transfer_end("kv_store_complete", "store"),
     enabled=lambda m: bool(_in_flight_of("store")(m)), requests=_req, rename=_handle_rename,
     permit=_permit_store_end, family="async"))
