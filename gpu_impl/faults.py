@@ -479,6 +479,30 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
                                     "ONE_OWNER_PER_BLOCK", "NO_STALE_WRITE"),
           family="async",
           sites=("vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py",)),
+    Fault("onboard-leaves-host-blocks-evictable", ("v1", "v2"),
+          "a load from the host tier does not take its host blocks out of the eviction "
+          "order: an offload that needs room evicts a host block the load is still reading, "
+          "writes another prefix's KV into its slot, and the load lands that KV in the new "
+          "request's blocks",
+          "sgl-project/sglang PR #27444 '[UnifiedTree]: Pin host buffers across async H->D "
+          "in UnifiedRadixCache.load_back' (python/sglang/srt/mem_cache/"
+          "unified_radix_cache.py: load_back held only the device lock while host eviction "
+          "is gated by host_lock_ref, so a host page was evicted, reused and overwritten "
+          "while the H2D copy read it); the same in HiRadixCache, sgl-project/sglang PR "
+          "#31427 'Protect HiRadix host KV until load-back ack'",
+          "NO_FREE_WHILE_PENDING", ("STORE_PROVENANCE", "MATCHES_REFERENCE",
+                                    "LOADED_BLOCKS_INTACT"),
+          family="async", sites=("vllm/v1/kv_offload/cpu/manager.py",)),
+    Fault("host-store-evicts-its-own-blocks", ("v1", "v2"),
+          "the host tier, making room for an offload, may evict a block whose hash the same "
+          "offload names and the tier already holds: that prefix silently leaves the host "
+          "tier although it was just offloaded again",
+          "vllm-project/vllm PR #35846 '[Bugfix][CPUOffloadingManager] Prevent eviction of "
+          "already-stored blocks in LRU/ARC prepare_store()' (vllm/v1/kv_offload/"
+          "lru_manager.py, arc_manager.py: the eviction candidates were not checked against "
+          "the hashes being stored)",
+          "STORE_PROVENANCE", (), family="async",
+          sites=("vllm/v1/kv_offload/cpu/manager.py",)),
 )}
 
 

@@ -147,6 +147,16 @@ class RunnerShell(abc.ABC):
                 self.mamba_states[g] = self._state_view(self.kv_caches[pages[g]], g)
             else:
                 self.mamba_states[g] = self._cache((cfg.num_blocks, cfg.state_floats(g)))
+        # The host tier's buffers (host_blocks > 0): per attention group, host
+        # blocks laid out as the device cache's blocks (payload, and parameters
+        # when quantized); offloads / onboards in flight: handle -> [(group,
+        # device block, host slot)] the copy moves at its end.
+        self.host_kv = {g: self.kv_caches[g].new_zeros((cfg.host_blocks,
+                                                       *self.kv_caches[g].shape[1:]))
+                        for g in self.attn_groups} if cfg.host_blocks else {}
+        self.host_params = {g: p.new_zeros((cfg.host_blocks, *p.shape[1:]))
+                            for g, p in self.kv_params.items()} if cfg.host_blocks else {}
+        self.host_copies: dict[int, list[tuple[int, int, int]]] = {}
         self._init_buffers()
         self.graphs: dict[int, Graph] = {}
         self._graph_ptrs_memo: dict = {}  # bindings key -> graph_addresses(), a few kept
@@ -604,7 +614,10 @@ class RunnerShell(abc.ABC):
         (and Mamba state) it needs: the caller then marks the prompt computed
         (:meth:`loaded_prompt`)."""
         req, columns, writes = self.transfers.pop(handle)
-        self._write_load(writes)
+        if writes is None:  # an onboard: the host blocks' content, as it is now
+            self._copy_host(handle, to_host=False)
+        else:
+            self._write_load(writes)
         landed = self.landed.get(req)
         state = self.requests.get(req)
         if landed is None or state is None:
@@ -621,6 +634,50 @@ class RunnerShell(abc.ABC):
     def kv_load_fail(self, handle: int) -> None:
         """Transfer ``handle`` failed: nothing lands."""
         self.transfers.pop(handle)
+        self.host_copies.pop(handle, None)
+
+    # -- the host tier's copies (the worker side of an offloading connector) ---
+    def offload_begin(self, handle: int, copies: list[tuple[int, int, int]]) -> None:
+        """An offload starts: ``copies`` [(group, device block, host slot)] the
+        scheduler side chose; the copy reads the device blocks until
+        :meth:`offload_complete`."""
+        self.host_copies[handle] = copies
+
+    def offload_complete(self, handle: int) -> None:
+        """The offload's copy finishes: its host slots hold what its device blocks
+        hold now."""
+        self._copy_host(handle, to_host=True)
+
+    def onboard_begin(self, req: int, handle: int, blocks: list[list[int]],
+                      copies: list[tuple[int, int, int]]) -> None:
+        """An onboard of ``req``'s full prompt blocks starts: ``copies`` [(group,
+        device block, host slot)]; it lands at :meth:`kv_load_complete` with
+        what the host slots hold then."""
+        state = self.requests[req]
+        columns = [[state.block_ids[g].index(b) for b in ids] for g, ids in enumerate(blocks)]
+        self.transfers[handle] = (req, columns, None)
+        self.host_copies[handle] = copies
+        self.landed.setdefault(req, [[] for _ in self.config.groups])
+
+    def _copy_host(self, handle: int, to_host: bool) -> None:
+        for g, block, slot in self.host_copies.pop(handle):
+            pairs = [(self.host_kv, self.kv_caches)]
+            if g in self.kv_params:
+                pairs.append((self.host_params, self.kv_params))
+            for host_buf, dev_buf in pairs:
+                if to_host:
+                    host_buf[g][slot] = dev_buf[g][block]
+                else:
+                    dev_buf[g][block] = host_buf[g][slot]
+
+    def host_block(self, g: int, slot: int) -> np.ndarray:
+        """Host slot ``slot`` of group ``g`` as reads would see it: float32
+        (block_size, head_size), dequantized when quantized."""
+        kv = self.host_kv[g][slot]
+        if g in self.host_params:
+            p = self.host_params[g][slot]
+            kv = kv.to(torch.float32) * p[..., 0:1] + p[..., 1:2]
+        return host(kv)
 
     def kv_store_begin(self, req: int, handle: int, num_tokens: int) -> None:
         """A connector starts saving ``req``'s first ``num_tokens`` tokens' KV to the

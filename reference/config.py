@@ -59,6 +59,7 @@ HEAD_SIZE_MAX = 8
 NUM_GROUPS_MAX = 4
 SPECULATIVE_TOKENS_MAX = 4
 CONV_SIZE_MAX = 3  # tokens of convolution state (a width-4 causal conv keeps 3)
+HOST_BLOCKS_MAX = 64  # host-tier blocks per attention group
 
 
 class ConfigError(ValueError):
@@ -222,6 +223,18 @@ class RunnerConfig:
       the dequantized cache (payload x scale), so a NaN or stale scale shows
       in every element of its token.  The drafter's layer stays float32.  Not
       with ``kv_sharing`` (a Mamba state over int8 pages is not modelled).
+    host_blocks: capacity of a host (CPU) tier in blocks, 0 for none (the
+      default, not serialised).  With a host tier, a connector offloads full
+      computed attention blocks to it (``offload_begin`` / ``_complete``) and
+      onboards them into a new request's blocks (``onboard_begin`` /
+      ``_complete``), modelled on vLLM's offloading connector with its CPU
+      ``LRUOffloadingManager``: one host block per (attention group, block
+      hash); a block being stored is not ready and cannot be loaded or
+      evicted; a load pins its blocks until it ends; a store that needs room
+      evicts the least recently used ready, unpinned blocks not among its
+      own, or stores nothing when there are too few.  Each attention group
+      has ``host_blocks`` host blocks.  Needs an attention group, no sliding
+      windows and ``dcp_world_size`` 1.
     """
 
     runner: str = "v1"
@@ -250,6 +263,7 @@ class RunnerConfig:
     mamba_padding: str = NULL_PAD
     kv_cache_dtype: str = KV_AUTO
     sharing_map: tuple[tuple[int, int], ...] = ()
+    host_blocks: int = 0
 
     def __post_init__(self):
         self.validate()
@@ -445,7 +459,8 @@ class RunnerConfig:
           | ({"max_model_len": self.model_len} if self.model_len else {}) \
           | ({"mamba_padding": self.mamba_padding} if self.mamba_padding != NULL_PAD else {}) \
           | ({"kv_cache_dtype": self.kv_cache_dtype} if self.kv_cache_dtype != KV_AUTO else {}) \
-          | ({"kv_sharing_map": [list(p) for p in self.sharing_map]} if self.sharing_map else {})
+          | ({"kv_sharing_map": [list(p) for p in self.sharing_map]} if self.sharing_map else {}) \
+          | ({"host_blocks": self.host_blocks} if self.host_blocks else {})
 
     @classmethod
     def from_json(cls, obj) -> "RunnerConfig":
@@ -458,7 +473,7 @@ class RunnerConfig:
                  "cp_kv_cache_interleave_size", "reorder_batch_threshold",
                  "cudagraph_support", "num_speculative_tokens", "allocator",
                  "enable_prefix_caching", "kv_sharing", "max_model_len", "mamba_padding",
-                 "kv_cache_dtype", "kv_sharing_map"}
+                 "kv_cache_dtype", "kv_sharing_map", "host_blocks"}
         for key in sorted(obj):
             if key not in known:
                 raise ConfigError(key, "unknown field")
@@ -628,6 +643,17 @@ class RunnerConfig:
             if self.dcp_world_size != 1:
                 raise ConfigError("enable_prefix_caching", "needs dcp_world_size 1 (prefix "
                                   "caching under DCP is not modelled)")
+        _bound(self.host_blocks, 0, HOST_BLOCKS_MAX, "host_blocks")
+        if self.host_blocks:
+            if not self.attention_groups:
+                raise ConfigError("host_blocks", "a host tier holds attention KV: needs an "
+                                  "attention group")
+            if any(g.sliding_window for g in self.groups):
+                raise ConfigError("host_blocks", "a host tier with sliding windows is not "
+                                  "modelled (a window frees blocks under an offload)")
+            if self.dcp_world_size != 1:
+                raise ConfigError("host_blocks", "a host tier under DCP is not modelled: "
+                                  "use dcp_world_size 1")
         if self.sharing_map:
             if not self.kv_sharing:
                 raise ConfigError("kv_sharing_map", "needs kv_sharing true (it says which "

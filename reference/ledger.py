@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .config import ALIGN, ENGINE, MAMBA, TRACE, RunnerConfig
+from .host_tier import HostTier
 from .payload import NULL_BLOCK_ID, POSITION_MAX, REQ_ID_MAX, default_token_ids
 
 FREE = -1
@@ -88,6 +89,10 @@ class Transfer:
     kind: str = "load"  # or "store": the connector reads the blocks (kv_store_begin)
     num_tokens: int = 0  # a store: the prefix it saves
     owner: "RequestLedger | None" = None  # the request as it was at begin (not a resumed one)
+    # "remote" (a P/D connector, an external store) or "host": the host tier,
+    # whose blocks ``host_keys`` this transfer writes (an offload) or reads (an onboard).
+    source: str = "remote"
+    host_keys: list = field(default_factory=list)
 
 
 @dataclass
@@ -134,6 +139,8 @@ class Ledger:
         self.preempted: dict[int, int] = {}
         self.used_handles: set[int] = set()
         self.finishing: dict[int, RequestLedger] = {}
+        # The host tier's block hashes and LRU order (config.host_blocks > 0).
+        self.host = HostTier(self.config.host_blocks)
 
     @property
     def pool_count(self) -> int:
@@ -432,28 +439,46 @@ class Ledger:
                                     cfg.cp_kv_cache_interleave_size)
         return sorted(set(col[local].tolist()))
 
-    def check_kv_load_begin(self, req, handle, blocks) -> list[list[int]]:
+    def _check_handle(self, handle) -> None:
+        if isinstance(handle, bool) or not isinstance(handle, int) or handle < 0:
+            raise OpError("handle", f"must be an integer >= 0, got {handle!r}")
+        if handle in self.used_handles:
+            raise OpError("handle", f"handle {handle} was used already (one per transfer)")
+
+    def _check_host_tier(self, op: str) -> None:
+        if not self.config.host_blocks:
+            raise OpError("op", f"{op} needs a config with a host tier (host_blocks > 0)")
+
+    def host_key(self, req: int, group: int, column: int) -> tuple:
+        """The host tier's key of block ``column`` of attention group ``group`` of
+        ``req``: (group, the token ids up to the block's end)."""
+        n = (column + 1) * self.config.tokens_per_block(group)
+        return (group, tuple(int(t) for t in self.token_ids(req, np.arange(n))))
+
+    def check_kv_load_begin(self, req, handle, blocks, source: str = "remote") -> list[list[int]]:
         """Legality of a ``kv_load_begin``; returns the columns per group it fills.
 
         A connector starts loading part of a new request's prompt KV into
         ``blocks`` (per group, blocks the request holds): attention blocks
         holding prompt positions, a Mamba group's state block (column 0).
-        Several handles may load one request, never the same block twice."""
+        Several handles may load one request, never the same block twice.
+        ``source`` "host" (``onboard_begin``): from the host tier — attention
+        blocks only, each a full prompt block whose hash the tier holds ready."""
         r = self.get(req)
         cfg = self.config
+        op = "onboard_begin" if source == "host" else "kv_load_begin"
+        if source == "host":
+            self._check_host_tier(op)
         self._check_one_incarnation(req)
         if cfg.mamba_cache_mode == ALIGN:
-            raise OpError("op", "kv_load_begin with Mamba prefix caching (align mode) is not "
+            raise OpError("op", f"{op} with Mamba prefix caching (align mode) is not "
                           "modelled (where a connector puts the state block)")
         if r.stepped or r.loaded or r.num_computed_tokens:
             raise OpError("req", f"request {req} already has KV (stepped, loaded or a "
                           "prefix hit)")
         if r.load_failed:
             raise OpError("req", f"request {req} failed a load")
-        if isinstance(handle, bool) or not isinstance(handle, int) or handle < 0:
-            raise OpError("handle", f"must be an integer >= 0, got {handle!r}")
-        if handle in self.used_handles:
-            raise OpError("handle", f"handle {handle} was used already (one per transfer)")
+        self._check_handle(handle)
         if not isinstance(blocks, list) or len(blocks) != len(cfg.groups):
             raise OpError("blocks", f"must be a list of {len(cfg.groups)} lists (one per group)")
         busy = self._busy_columns(r)
@@ -476,6 +501,11 @@ class Ledger:
                 if c in busy[g] or c in cols:
                     raise OpError(path, f"block {b} is loaded already or by a transfer in "
                                   "flight")
+                if source == "host" and c not in self.onboard_columns(r, g):
+                    raise OpError(path, f"block {b} is not a full prompt block whose hash the "
+                                  "host tier holds ready" + (" (a Mamba state is not offloaded)"
+                                                             if cfg.groups[g].kind == MAMBA
+                                                             else ""))
                 cols.append(c)
             columns.append(cols)
         if not any(columns):
@@ -495,26 +525,46 @@ class Ledger:
                 busy[g] |= set(cols)
         return busy
 
-    def open_load_blocks(self, r: RequestLedger) -> list[list[int]]:
-        """Per group, the blocks of ``r`` a new ``kv_load_begin`` may name (what
+    def onboard_columns(self, r: RequestLedger, g: int) -> list[int]:
+        """Columns of attention group ``g`` an onboard of ``r`` may fill: full
+        prompt blocks whose hash the host tier holds ready."""
+        if not self.config.host_blocks or self.config.groups[g].kind == MAMBA:
+            return []
+        bs = self.config.tokens_per_block(g)
+        return [c for c in range(r.prompt_len // bs)
+                if self.host.is_ready(self.host_key(r.req, g, c))]
+
+    def open_load_blocks(self, r: RequestLedger, source: str = "remote") -> list[list[int]]:
+        """Per group, the blocks of ``r`` a new ``kv_load_begin`` (``source``
+        "remote") or ``onboard_begin`` ("host") may name (what
         :meth:`check_kv_load_begin` admits)."""
         busy = self._busy_columns(r)
-        return [[r.blocks[g][c] for c in self._load_columns(r, g) if c not in busy[g]]
+        cols = self._load_columns if source == "remote" else self.onboard_columns
+        return [[r.blocks[g][c] for c in cols(r, g) if c not in busy[g]]
                 for g in range(len(self.config.groups))]
 
-    def kv_load_begin(self, req: int, handle: int, blocks: list[list[int]]) -> None:
-        columns = self.check_kv_load_begin(req, handle, blocks)
+    def kv_load_begin(self, req: int, handle: int, blocks: list[list[int]],
+                      source: str = "remote") -> None:
+        """A load starts; from the host tier (``source`` "host") it pins the host
+        blocks it reads and makes them most recently used."""
+        columns = self.check_kv_load_begin(req, handle, blocks, source)
         r = self.requests[req]
         if not r.landed:
             r.landed = [[] for _ in self.config.groups]
         r.pending.add(handle)
         self.used_handles.add(handle)
+        keys = [self.host_key(req, g, c) for g, cols in enumerate(columns) for c in cols] \
+            if source == "host" else []
+        self.host.prepare_load(keys)
+        self.host.touch(keys)
         self.transfers[handle] = Transfer(handle, req, columns, [list(b) for b in blocks],
-                                          owner=r)
+                                          owner=r, source=source, host_keys=keys)
 
-    def transfer(self, handle, req=None, kind: str = "load") -> Transfer:
+    def transfer(self, handle, req=None, kind: str = "load", source: str | None = None
+                 ) -> Transfer:
         """The transfer ``handle`` in flight, a ``kind`` ("load" / "store") for
-        ``req`` when given; raises :class:`OpError`."""
+        ``req`` when given, from / to ``source`` ("remote" / "host") when given;
+        raises :class:`OpError`."""
         if isinstance(handle, bool) or not isinstance(handle, int):
             raise OpError("handle", f"must be an integer handle, got {handle!r}")
         if handle not in self.transfers:
@@ -522,6 +572,11 @@ class Ledger:
         t = self.transfers[handle]
         if t.kind != kind:
             raise OpError("handle", f"transfer {handle} is a {t.kind}, not a {kind}")
+        if source is not None and t.source != source:
+            what = {("load", "host"): "an onboard", ("store", "host"): "an offload",
+                    ("load", "remote"): "a connector load", ("store", "remote"): "a store"}
+            raise OpError("handle", f"transfer {handle} is {what[t.kind, t.source]}, not "
+                          f"{what[t.kind, source]}")
         if req is not None and t.req != req:
             raise OpError("req", f"transfer {handle} is request {t.req}'s, not {req!r}'s")
         return t
@@ -536,6 +591,11 @@ class Ledger:
         """End ``handle``; when its request has left and this was its last
         transfer, free its blocks now (returned per group as :meth:`remove`)."""
         t = self.transfers.pop(handle)
+        if t.source == "host":
+            if t.kind == "load":
+                self.host.complete_load(t.host_keys)
+            else:
+                self.host.complete_store(t.host_keys)
         r = self.owner_of_transfer(t)
         r.pending.discard(handle)
         if self.finishing.get(t.req) is r and not r.pending:
@@ -545,7 +605,8 @@ class Ledger:
     def kv_load_complete(self, handle: int) -> list[list[int]] | None:
         """The transfer's KV has landed: its columns are loaded; the request is
         ``loaded`` (its prompt computed) once every prompt column of every group
-        has landed and no load failed.  Returns blocks freed (see :meth:`_end_transfer`)."""
+        has landed and no load failed.  An onboard unpins its host blocks.
+        Returns blocks freed (see :meth:`_end_transfer`)."""
         t = self.transfer(handle)
         r = self.owner_of_transfer(t)
         for g, cols in enumerate(t.columns):
@@ -590,10 +651,7 @@ class Ledger:
         if any(g.sliding_window for g in cfg.groups):
             raise OpError("op", "kv_store_begin with sliding windows is not modelled (a "
                           "window's frees under a store in flight)")
-        if isinstance(handle, bool) or not isinstance(handle, int) or handle < 0:
-            raise OpError("handle", f"must be an integer >= 0, got {handle!r}")
-        if handle in self.used_handles:
-            raise OpError("handle", f"handle {handle} was used already (one per transfer)")
+        self._check_handle(handle)
         if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) \
                 or not 1 <= num_tokens <= r.num_computed_tokens:
             raise OpError("num_tokens", f"must be in [1, {r.num_computed_tokens}] (request "
@@ -618,9 +676,71 @@ class Ledger:
                                    enumerate(columns)], "store", num_tokens, owner=r)
 
     def kv_store_complete(self, handle: int) -> list[list[int]] | None:
-        """The store's copy has finished; returns blocks freed (its request left
-        and this was its last transfer)."""
+        """The store's copy has finished (an offload's host blocks are ready now);
+        returns blocks freed (its request left and this was its last transfer)."""
         return self._end_transfer(handle)
+
+    def offloadable_columns(self, r: RequestLedger, g: int) -> list[int]:
+        """Columns of attention group ``g`` an offload of ``r`` may read: its full
+        blocks whose tokens are all computed."""
+        if not self.config.host_blocks or self.config.groups[g].kind == MAMBA:
+            return []
+        n = min(r.num_computed_tokens // self.config.tokens_per_block(g), len(r.blocks[g]))
+        return list(range(n))
+
+    def check_offload_begin(self, req, handle, blocks) -> list[list[int]]:
+        """Legality of an ``offload_begin``; returns the columns per group it names.
+
+        A connector starts copying some of ``req``'s full computed attention
+        blocks (per group, blocks the request holds) to the host tier."""
+        self._check_host_tier("offload_begin")
+        r = self.get(req)
+        cfg = self.config
+        self._check_one_incarnation(req)
+        self._check_handle(handle)
+        if not isinstance(blocks, list) or len(blocks) != len(cfg.groups):
+            raise OpError("blocks", f"must be a list of {len(cfg.groups)} lists (one per group)")
+        columns = []
+        for g, ids in enumerate(blocks):
+            if not isinstance(ids, list):
+                raise OpError(f"blocks[{g}]", "must be a list of block ids")
+            allowed = self.offloadable_columns(r, g)
+            cols = []
+            for k, b in enumerate(ids):
+                path = f"blocks[{g}][{k}]"
+                if isinstance(b, bool) or not isinstance(b, int) or b not in r.blocks[g]:
+                    raise OpError(path, f"block {b!r} is not one of request {req}'s blocks "
+                                  f"of group {g}")
+                c = r.blocks[g].index(b)
+                if c not in allowed or c in cols:
+                    raise OpError(path, f"block {b} is not a full computed block of request "
+                                  f"{req}" + (" (a Mamba state is not offloaded)"
+                                              if cfg.groups[g].kind == MAMBA else "")
+                                  + (" or is named twice" if c in cols else ""))
+                cols.append(c)
+            columns.append(cols)
+        if not any(columns):
+            raise OpError("blocks", "an offload names at least one block")
+        return columns
+
+    def offload_begin(self, req: int, handle: int, blocks: list[list[int]]) -> None:
+        """The host tier makes room (its LRU eviction) for the hashes of those
+        blocks it lacks, or stores nothing when it cannot; the copy reads the
+        blocks it stores until :meth:`kv_store_complete`.  Every named hash is
+        made most recently used."""
+        columns = self.check_offload_begin(req, handle, blocks)
+        r = self.requests[req]
+        keys = [self.host_key(req, g, c) for g, cols in enumerate(columns) for c in cols]
+        new = set(self.host.prepare_store(keys))
+        self.host.touch(keys)
+        stored = [[c for c in cols if self.host_key(req, g, c) in new]
+                  for g, cols in enumerate(columns)]
+        r.pending.add(handle)
+        self.used_handles.add(handle)
+        self.transfers[handle] = Transfer(
+            handle, req, stored, [[r.blocks[g][c] for c in cols] for g, cols in
+                                  enumerate(stored)], "store", owner=r, source="host",
+            host_keys=[k for k in keys if k in new])
 
     def _check_one_incarnation(self, req) -> None:
         """A resumed request starts no transfer while one of the blocks it gave

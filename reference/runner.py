@@ -176,6 +176,9 @@ class ReferenceRunnerBase(abc.ABC):
         self.results_in_flight: list[dict[int, int]] = []  # per step in flight, oldest first
         # The external KV store (kv_store_complete): prefix key -> {group: KV}.
         self.kv_store: dict[tuple, dict] = {}
+        # The host tier's ready blocks (offload_complete): (group, block hash) ->
+        # float32 (block_size, head_size).
+        self.host_kv: dict[tuple, np.ndarray] = {}
         # Align mode: the column holding each request's running Mamba state
         # after its latest step (vLLM's runner-side ``mamba_state_idx``).
         self.mamba_state_idx: dict[int, int] = {}
@@ -327,12 +330,26 @@ class ReferenceRunnerBase(abc.ABC):
         (per group); nothing lands until :meth:`kv_load_complete`."""
         self.ledger.kv_load_begin(req, handle, blocks)
 
+    def onboard_begin(self, req: int, handle: int, blocks: list[list[int]]) -> None:
+        """A connector starts loading full prompt blocks of ``req`` from the host
+        tier into ``blocks`` (per attention group); the host blocks it reads are
+        pinned until :meth:`onboard_complete`."""
+        self.ledger.kv_load_begin(req, handle, blocks, source="host")
+
+    def onboard_complete(self, req: int, handle: int) -> None:
+        """The onboard lands: its blocks hold what the host blocks hold — the
+        prompt's KV, by the host tier's provenance; as :meth:`kv_load_complete`."""
+        self._load_complete(req, handle, "host")
+
     def kv_load_complete(self, req: int, handle: int) -> None:
         """Transfer ``handle``'s KV lands in its blocks (its request may have left:
         the blocks were kept for it); the request's prompt counts as computed
         once all of it has landed; a request that left is freed after its last
         transfer."""
-        t = self.ledger.transfer(handle, req)
+        self._load_complete(req, handle, "remote")
+
+    def _load_complete(self, req: int, handle: int, source: str) -> None:
+        t = self.ledger.transfer(handle, req, "load", source)
         r = self.ledger.owner_of_transfer(t)
         self._land(r, t.columns)
         freed = self.ledger.kv_load_complete(handle)
@@ -351,9 +368,29 @@ class ReferenceRunnerBase(abc.ABC):
         token ids, that prefix's KV (this rank's positions) — what the request's
         blocks, kept for it, hold; a request that left is freed after its last
         transfer."""
-        t = self.ledger.transfer(handle, req, "store")
+        t = self.ledger.transfer(handle, req, "store", "remote")
         ids = self.ledger.token_ids(req, np.arange(t.num_tokens))
         self.kv_store[store_key(ids)] = self._prefix_kv(ids)
+        for g, ids in enumerate(self.ledger.kv_store_complete(handle) or []):
+            self._poison(g, ids)
+
+    def offload_begin(self, req: int, handle: int, blocks: list[list[int]]) -> None:
+        """A connector starts copying full computed blocks of ``req`` to the host
+        tier, which evicts (LRU) to make room or stores nothing; the copy reads
+        the blocks it stores until :meth:`offload_complete`."""
+        self.ledger.offload_begin(req, handle, blocks)
+        for key in self.ledger.host.last_evicted:
+            self.host_kv.pop(key, None)
+
+    def offload_complete(self, req: int, handle: int) -> None:
+        """The offload's copy finishes: each host block it wrote holds its block
+        hash's KV (the last block's tokens of that prefix) and is ready; a
+        request that left is freed after its last transfer."""
+        t = self.ledger.transfer(handle, req, "store", "host")
+        for g, tokens in t.host_keys:
+            bs = self.config.tokens_per_block(g)
+            self.host_kv[(g, tokens)] = self._stored(token_payload(
+                np.asarray(tokens[-bs:], dtype=np.int64), self.config.head_size))
         for g, ids in enumerate(self.ledger.kv_store_complete(handle) or []):
             self._poison(g, ids)
 

@@ -81,6 +81,10 @@ class Observation:
       (``kv_store_complete``): {prefix token ids (tuple): {attention group:
       float32 (positions on this rank, head_size)}}; None where the target has
       no store;
+    - ``host_tier``: the host tier's blocks (``host_blocks`` > 0): {(attention
+      group, block hash: the token ids up to the block's end): float32
+      (block_size, head_size) once its offload completed, None while it is in
+      flight}; None without a host tier;
     - ``device_row_counts[g]`` (reference V2 only): entries of each input-table
       row the last gather defined; past them a row holds whatever the engine
       left, and is compared up to there only.
@@ -111,6 +115,7 @@ class Observation:
     kv_params: dict | None = None
     row_accepted: np.ndarray | None = None
     kv_store: dict | None = None
+    host_tier: dict | None = None
 
     def caches(self) -> list[tuple[str, int, np.ndarray, bool]]:
         """Every cache a kernel writes, as (name, group, array, is_mamba): the

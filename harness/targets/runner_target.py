@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from gpu_impl.host_tier import LRUHostManager
 from gpu_impl.kv_transfer import ABORT, FAILED, STORE, KVTransferTracker
 
 from harness.core.observation import Observation, rows_indexed_by
@@ -33,6 +34,12 @@ class RunnerTarget:
         # tracker), and the blocks of requests that left while one was in flight.
         self.transfers = transfers if transfers is not None else KVTransferTracker(())
         self.left_blocks: dict[int, list[list[int]]] = {}
+        # The host tier's scheduler side: one LRU manager per attention group,
+        # and the hashes each offload / onboard in flight stores / reads.
+        cfg = self.config
+        self.host = {g: LRUHostManager(cfg.host_blocks, self.transfers.faults)
+                     for g in cfg.attention_groups} if cfg.host_blocks else {}
+        self.host_keys: dict[int, list[tuple[int, list[tuple]]]] = {}
 
     def add(self, req, blocks, prompt_len):
         self.runner.add_request(req, blocks, prompt_len)
@@ -109,8 +116,72 @@ class RunnerTarget:
         self.transfers.begin(handle, req)
         self.runner.kv_load_begin(req, handle, blocks)
 
+    def _host_key(self, req: int, g: int, block: int) -> tuple:
+        """(group, the token ids up to the end of ``req``'s block ``block``)."""
+        state = self.runner.requests[req]
+        n = (state.block_ids[g].index(block) + 1) * self.config.tokens_per_block(g)
+        return (g, tuple(int(t) for t in state.token_ids(np.arange(n))))
+
+    def offload_begin(self, req, handle, blocks):
+        """The connector's scheduler side asks each group's host manager for room
+        (it evicts, or stores nothing) and hands the worker the copies."""
+        copies, stored = [], []
+        for g, ids in enumerate(blocks):
+            if not ids:
+                continue
+            keys = [self._host_key(req, g, b) for b in ids]
+            room = self.host[g].prepare_store(keys)
+            self.host[g].touch(keys)
+            if room is not None:
+                slot_of = dict(zip(room[0], room[1]))
+                copies += [(g, b, slot_of[k]) for b, k in zip(ids, keys) if k in slot_of]
+                stored.append((g, room[0]))
+        self.host_keys[handle] = stored
+        self.transfers.begin(handle, req, STORE)
+        self.runner.offload_begin(handle, copies)
+
+    def offload_complete(self, req, handle):
+        self.runner.offload_complete(handle)
+        for g, keys in self.host_keys.pop(handle):
+            self.host[g].complete_store(keys)
+        _, free = self.transfers.end(handle)
+        if free:
+            self._free_left(req)
+
+    def onboard_begin(self, req, handle, blocks):
+        """The connector pins the host blocks of those hashes and hands the
+        worker the copies into the request's blocks."""
+        copies, loads = [], []
+        for g, ids in enumerate(blocks):
+            if not ids:
+                continue
+            keys = [self._host_key(req, g, b) for b in ids]
+            slots = self.host[g].prepare_load(keys)
+            self.host[g].touch(keys)
+            copies += [(g, b, slot) for b, slot in zip(ids, slots)]
+            loads.append((g, keys))
+        self.host_keys[handle] = loads
+        self.transfers.begin(handle, req)
+        self.runner.onboard_begin(req, handle, blocks, copies)
+
+    def onboard_complete(self, req, handle):
+        self.kv_load_complete(req, handle)
+
+    def _unpin(self, handle) -> None:
+        for g, keys in self.host_keys.pop(handle, ()):
+            self.host[g].complete_load(keys)
+
+    def host_view(self) -> dict | None:
+        """The host tier: {(group, hash): float32 (block_size, head_size) when
+        ready, None while its store is in flight}."""
+        if not self.host:
+            return None
+        return {key: self.runner.host_block(g, slot) if ready else None
+                for g, m in self.host.items() for key, (slot, ready) in m.view().items()}
+
     def kv_load_complete(self, req, handle):
         ready = self.runner.kv_load_complete(handle)
+        self._unpin(handle)
         req, free = self.transfers.end(handle)
         if ready:
             self.runner.loaded_prompt(req)
@@ -130,6 +201,7 @@ class RunnerTarget:
 
     def kv_load_fail(self, req, handle):
         self.runner.kv_load_fail(handle)
+        self._unpin(handle)
         req, free = self.transfers.end(handle)
         if req in self.runner.requests:  # the engine fails the request (policy "fail")
             self._leave(req, FAILED)
@@ -170,4 +242,5 @@ class RunnerTarget:
         return Observation(runner=self.config.runner,
                            rows_indexed_by=rows_indexed_by(self.config.runner),
                            pool=None if self.manager is None else self.manager.pool_view(),
+                           host_tier=self.host_view(),
                            **self.runner.snapshot())

@@ -23,7 +23,8 @@ def test_every_op_is_complete_and_its_example_loads():
     assert list(ops.REGISTRY) == ["add", "append", "remove", "condense", "swap", "kv_load",
                                   "kv_load_begin", "kv_load_complete", "kv_load_fail",
                                   "kv_store_begin", "kv_store_complete",
-                                  "step", "dummy_run", "spec_step", "rollback", "admit",
+                                  "offload_begin", "offload_complete", "onboard_begin",
+                                  "onboard_complete", "step", "dummy_run", "spec_step", "rollback", "admit",
                                   "allocate", "step_dispatch", "step_complete", "preempt",
                                   "resume"]
     for name, spec in ops.REGISTRY.items():

@@ -1,4 +1,4 @@
-"""KV transfer ops: ``kv_load``.
+"""KV transfer ops: ``kv_load``; asynchronous loads and stores; the host tier.
 
 Modelled on a P/D-disaggregation KV connector (``vllm/distributed/
 kv_transfer/``): before a request's first step, an external agent writes its
@@ -111,19 +111,22 @@ def _permit_transfer_end(config, ledger, op):
     return cells, frozenset([t.req])
 
 
-def _in_flight_of(kind: str):
-    """Handles of the transfers of ``kind`` ("load" / "store") in flight, by machine."""
+def _in_flight_of(kind: str, source: str | None = "remote"):
+    """Handles of the transfers of ``kind`` ("load" / "store") from / to
+    ``source`` ("remote" / "host"; None: either) in flight, by machine."""
     def handles(m) -> list[int]:
-        return sorted(h for h, t in m.ledger.transfers.items() if t.kind == kind)
+        return sorted(h for h, t in m.ledger.transfers.items()
+                      if t.kind == kind and source in (None, t.source))
     return handles
 
 
 _in_flight = _in_flight_of("load")
+_loads_in_flight = _in_flight_of("load", None)  # what may fail: remote loads and onboards
 
 
-def _draw_transfer_end(name: str, kind: str = "load"):
+def _draw_transfer_end(name: str, kind: str = "load", source: str | None = "remote"):
     def draw(m, data) -> dict:
-        handle = data.choice(_in_flight_of(kind)(m))
+        handle = data.choice(_in_flight_of(kind, source)(m))
         return {"op": name, "req": m.ledger.transfers[handle].req, "handle": handle}
     return draw
 
@@ -147,13 +150,14 @@ register(OpSpec(
     enabled=lambda m: bool(_in_flight(m)), requests=_req, rename=_handle_rename,
     permit=_permit_transfer_end, family="async"))
 register(OpSpec(
-    name="kv_load_fail", summary="a transfer in flight fails: nothing lands, the engine fails "
-    "its request, whose blocks stay reserved until its last transfer ends",
+    name="kv_load_fail", summary="a load in flight (from a remote instance or the host tier) "
+    "fails: nothing lands, the engine fails its request, whose blocks stay reserved until "
+    "its last transfer ends",
     fields={"req": INT, "handle": HANDLE},
     example={"op": "kv_load_fail", "req": 0, "handle": 0},
     apply=lambda t, op: t.kv_load_fail(op["req"], op["handle"]),
-    draw=_draw_transfer_end("kv_load_fail"),
-    enabled=lambda m: bool(_in_flight(m)), requests=_req, rename=_handle_rename,
+    draw=_draw_transfer_end("kv_load_fail", "load", None),
+    enabled=lambda m: bool(_loads_in_flight(m)), requests=_req, rename=_handle_rename,
     permit=_permit_transfer_end, family="async"))
 
 
@@ -212,3 +216,104 @@ register(OpSpec(
     draw=_draw_transfer_end("kv_store_complete", "store"),
     enabled=lambda m: bool(_in_flight_of("store")(m)), requests=_req, rename=_handle_rename,
     permit=_permit_store_end, family="async"))
+
+
+# -- the host tier: offload_begin / offload_complete, onboard_begin / onboard_complete
+# Modelled on vLLM's offloading connector with its CPU tier (the scheduler side
+# in vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py, the
+# LRU manager in vllm/v1/kv_offload/lru_manager.py) and SGLang's HiCache host
+# pool: full computed blocks are copied to host blocks keyed by block hash;
+# the engine evicts host blocks (LRU) to make room; a new request's full prompt
+# blocks are onboarded from ready host blocks, which stay pinned until the
+# copy ends.  The reference's rules: reference/host_tier.py; the invariants
+# judging the copies: NO_FREE_WHILE_PENDING (a host block an onboard reads or
+# an offload writes stays until it ends) and STORE_PROVENANCE (what a host
+# block holds, and which blocks the tier holds).
+def _offloadable(m) -> list[int]:
+    if not m.cfg.host_blocks:
+        return []
+    return [r for r, s in sorted(m.ledger.requests.items())
+            if r not in m.ledger.finishing
+            and any(m.ledger.offloadable_columns(s, g) for g in m.cfg.attention_groups)]
+
+
+def _draw_offload_begin(m, data) -> dict:
+    req = data.choice(_offloadable(m))
+    r = m.ledger.requests[req]
+    blocks = []
+    for g in range(len(m.cfg.groups)):
+        cols = m.ledger.offloadable_columns(r, g)
+        if not cols:
+            blocks.append([])
+            continue
+        # Mostly the blocks computed since the last offload would be (a run
+        # ending at the computed edge); sometimes all of them, or one.
+        lo = data.integer(0, len(cols) - 1)
+        hi = len(cols) - 1 if data.integer(0, 2) else data.integer(lo, len(cols) - 1)
+        blocks.append([r.blocks[g][c] for c in cols[lo:hi + 1]])
+    handle = max(m.ledger.used_handles, default=-1) + 1
+    return {"op": "offload_begin", "req": req, "handle": handle, "blocks": blocks}
+
+
+def _onboardable(m) -> list[int]:
+    if not m.cfg.host_blocks:
+        return []
+    return [r for r in _transfer_loadable(m)
+            if any(m.ledger.open_load_blocks(m.ledger.requests[r], "host"))]
+
+
+def _draw_onboard_begin(m, data) -> dict:
+    req = data.choice(_onboardable(m))
+    avail = m.ledger.open_load_blocks(m.ledger.requests[req], "host")
+    blocks = []
+    for ids in avail:
+        if not ids or data.integer(0, 2) == 0:
+            blocks.append(list(ids))
+        else:
+            lo = data.integer(0, len(ids) - 1)
+            blocks.append(ids[lo:data.integer(lo, len(ids) - 1) + 1])
+    if not any(blocks):
+        g = next(g for g, ids in enumerate(avail) if ids)
+        blocks[g] = [avail[g][0]]
+    handle = max(m.ledger.used_handles, default=-1) + 1
+    return {"op": "onboard_begin", "req": req, "handle": handle, "blocks": blocks}
+
+
+BLOCKS = {"type": "array", "items": {"type": "array", "items": INT}}
+
+register(OpSpec(
+    name="offload_begin", summary="a connector starts copying some of a request's full "
+    "computed attention blocks to the host tier, which evicts its least recently used "
+    "blocks to make room (or stores nothing); the copy reads the blocks until it completes",
+    fields={"req": INT, "handle": HANDLE, "blocks": BLOCKS},
+    example={"op": "offload_begin", "req": 0, "handle": 3, "blocks": [[4, 5], []]},
+    apply=lambda t, op: t.offload_begin(op["req"], op["handle"], op["blocks"]),
+    draw=_draw_offload_begin, enabled=lambda m: bool(_offloadable(m)), requests=_req,
+    rename=_rename, narrow=_narrow_begin, family="async"))
+register(OpSpec(
+    name="offload_complete", summary="an offload in flight finishes: its host blocks hold "
+    "what the request's blocks hold now and are ready to onboard",
+    fields={"req": INT, "handle": HANDLE},
+    example={"op": "offload_complete", "req": 0, "handle": 3},
+    apply=lambda t, op: t.offload_complete(op["req"], op["handle"]),
+    draw=_draw_transfer_end("offload_complete", "store", "host"),
+    enabled=lambda m: bool(_in_flight_of("store", "host")(m)), requests=_req,
+    rename=_handle_rename, permit=_permit_store_end, family="async"))
+register(OpSpec(
+    name="onboard_begin", summary="a connector starts loading a new request's full prompt "
+    "blocks from ready host blocks of the same hashes, which stay pinned until it ends",
+    fields={"req": INT, "handle": HANDLE, "blocks": BLOCKS},
+    example={"op": "onboard_begin", "req": 1, "handle": 4, "blocks": [[6, 7], []]},
+    apply=lambda t, op: t.onboard_begin(op["req"], op["handle"], op["blocks"]),
+    draw=_draw_onboard_begin, enabled=lambda m: bool(_onboardable(m)), requests=_req,
+    rename=_rename, narrow=_narrow_begin, family="async"))
+register(OpSpec(
+    name="onboard_complete", summary="an onboard in flight lands: its blocks get what the host "
+    "blocks hold now (the prompt's KV); a request that left meanwhile is freed after its "
+    "last transfer",
+    fields={"req": INT, "handle": HANDLE},
+    example={"op": "onboard_complete", "req": 1, "handle": 4},
+    apply=lambda t, op: t.onboard_complete(op["req"], op["handle"]),
+    draw=_draw_transfer_end("onboard_complete", "load", "host"),
+    enabled=lambda m: bool(_in_flight_of("load", "host")(m)), requests=_req,
+    rename=_handle_rename, permit=_permit_transfer_end, family="async"))
