@@ -33,7 +33,7 @@ def runner_configs(draw, runner: str | None = None,
                    engine: bool | str = True, sharing_ok: bool = True,
                    padding_ok: bool = True, uniform_pages: bool = False,
                    plain: bool = False, mamba_needed: dict | None = None,
-                   spec_fits_graphs: bool = False) -> RunnerConfig:
+                   spec_fits_graphs: bool = False, host_ok: bool = True) -> RunnerConfig:
     """A valid :class:`RunnerConfig`; ``runner`` pins ``v1`` / ``v2``.
 
     kernel_split: {runner: bool} — False keeps ``kernel_block_size == block_size``
@@ -57,7 +57,8 @@ def runner_configs(draw, runner: str | None = None,
     V2, which needs one: ``harness.targets.vllm_model_runner.runner_refusal``).
     spec_fits_graphs: True keeps ``1 + num_speculative_tokens`` within the
     largest capture size (vLLM's own runner refuses FULL decode graphs smaller
-    than a speculative row).
+    than a speculative row).  host_ok: False keeps ``host_blocks`` 0 (a target
+    without a host tier).
     """
     runner = runner or draw(st.sampled_from(["v1", "v2"]))
     # Repeated entries weight the draw: most examples keep a Mamba group and
@@ -233,7 +234,15 @@ def runner_configs(draw, runner: str | None = None,
     # one config in four, where modelled (not with kv_sharing).
     kv_dtype = "int8" if not sharing and rng.random() < 0.25 else "auto"
     kv_dtype = "auto" if plain else kv_dtype
+    # A host tier of a few blocks (so that offloads evict) in two configs in
+    # five where modelled (no sliding window, one DCP rank). Drawn last: the
+    # draws before it are what they were.
+    host = 0
+    if host_ok and world == 1 and not any(g.sliding_window for g in groups) \
+            and rng.random() < 0.4:
+        host = rng.choice([1, 2, 2, 3, 4])
     return RunnerConfig(
+        host_blocks=host,
         sharing_map=sharing_map,
         kv_cache_dtype=kv_dtype,
         mamba_padding=padding,

@@ -22,9 +22,11 @@ class RunnerTarget:
     scheduler side's KV-cache manager for ``config.allocator == "engine"``
     (``admit`` / ``allocate`` / ``free`` / ``computed`` / ``rolled_back`` /
     ``pool_view``, as :class:`gpu_impl.kv_cache_manager.KVCacheManager`), None
-    when the trace names the blocks."""
+    when the trace names the blocks; host_manager: ``num_blocks -> manager`` of
+    one attention group's host tier (default gpu_impl's
+    :class:`~gpu_impl.host_tier.LRUHostManager`)."""
 
-    def __init__(self, name: str, runner, manager=None, transfers=None):
+    def __init__(self, name: str, runner, manager=None, transfers=None, host_manager=None):
         self.name = name
         self.runner = runner
         self.config = runner.config
@@ -37,8 +39,9 @@ class RunnerTarget:
         # The host tier's scheduler side: one LRU manager per attention group,
         # and the hashes each offload / onboard in flight stores / reads.
         cfg = self.config
-        self.host = {g: LRUHostManager(cfg.host_blocks, self.transfers.faults)
-                     for g in cfg.attention_groups} if cfg.host_blocks else {}
+        make = host_manager or (lambda n: LRUHostManager(n, self.transfers.faults))
+        self.host = {g: make(cfg.host_blocks) for g in cfg.attention_groups} \
+            if cfg.host_blocks else {}
         self.host_keys: dict[int, list[tuple[int, list[tuple]]]] = {}
 
     def add(self, req, blocks, prompt_len):

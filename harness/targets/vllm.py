@@ -89,6 +89,10 @@ def unexercised(trace) -> str | None:
         driven = driven + RUNNER_SITES
     if trace.config.allocator == "engine":
         driven = driven + MANAGER_SITES
+    if trace.config.host_blocks:
+        from harness.targets.vllm_offload import SITE
+
+        driven = driven + (SITE,)
     faults = [CATALOGUE[f] for f in trace.faults if f in CATALOGUE]
     if faults and trace.config.allocator == "engine" and all(
             f.id in DRIVER_RULES for f in faults):
@@ -182,6 +186,12 @@ def refusal(config, vllm: SimpleNamespace | None = None) -> TargetRefused | None
         why = manager_refusal(config)
         if why is not None:
             return TargetRefused("allocator", why)
+    if config.host_blocks:
+        from harness.targets.vllm_offload import missing
+
+        why = missing()
+        if why is not None:
+            return TargetRefused("host_blocks", why)
     if config.num_speculative_tokens:
         error = spec_decode_missing(vllm)
         if error is not None:
@@ -230,14 +240,22 @@ def geometry_limits() -> dict:
                 "spec": {"v1": custom_drafter_hook(), "v2": False},
                 "spec_dcp": False, "engine": False, "sharing_ok": False,
                 "padding_ok": False, "plain": True, "mamba_needed": {"v2": True},
-                "spec_fits_graphs": True}
+                "spec_fits_graphs": True, "host_ok": False}
     return {"kernel_split": {"v1": vllm.v1_kernel_blocks, "v2": vllm.v2_kernel_blocks},
             "dcp": {"v1": True, "v2": v2_dcp_runs(vllm) is None},
             "spec": spec_decode_missing(vllm) is None, "spec_dcp": False,
             # vLLM's KV-cache manager: one group (vllm_kv_cache.refusal)
             "engine": "single", "padding_ok": False,
             # kv_sharing only where vLLM's page-size unification keeps the layout
-            "uniform_pages": True}
+            "uniform_pages": True,
+            # a host tier where vLLM's own CPU offloading manager runs
+            "host_ok": _host_tier_missing() is None}
+
+
+def _host_tier_missing() -> str | None:
+    from harness.targets.vllm_offload import missing
+
+    return missing()
 
 
 def select_device(requested: str | None) -> str:
@@ -348,7 +366,12 @@ def make_target(config, faults=(), device: str | None = None):
         from harness.targets.vllm_kv_cache import VllmKVCacheManager
 
         manager = VllmKVCacheManager(config)
-    return RunnerTarget("vllm", runner, manager)
+    host = None
+    if config.host_blocks:
+        from harness.targets.vllm_offload import VllmHostManager
+
+        host = VllmHostManager
+    return RunnerTarget("vllm", runner, manager, host_manager=host)
 
 
 def make_vllm_runner(config, device: str | None = None):

@@ -95,6 +95,8 @@ def runner_refusal(config, vllm) -> TargetRefused | None:
         ("dcp_world_size", config.dcp_world_size > 1, "decode context parallelism"),
         ("kv_cache_dtype", config.kv_cache_dtype != "auto", "a quantized KV cache"),
         ("mamba_padding", config.mamba_padding != "null", "non-null Mamba padding"),
+        ("host_blocks", config.host_blocks, "a host tier (the adapter drives vLLM's CPU "
+         "offloading manager)"),
     )
     for field, present, what in checks:
         if present:

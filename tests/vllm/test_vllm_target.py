@@ -483,3 +483,23 @@ def test_drawn_geometry_is_never_refused_by_the_installed_release(vllm, runner):
         assert vllm_target.refusal(cfg, vllm) is None, cfg
 
     check()
+
+
+def test_host_tier_is_vllms_cpu_offloading_manager(vllm, monkeypatch):
+    """With a host tier the vllm target keeps its host blocks in the installed
+    vLLM's CPUOffloadingManager: the seed of the protected-hash bug passes, and
+    fails once vLLM's own LRU policy is patched to drop the protection."""
+    from harness.core.session import replay
+    from harness.targets.vllm_offload import missing
+
+    if missing() is not None:
+        pytest.skip(missing())
+    from vllm.v1.kv_offload.cpu.policies.lru import LRUCachePolicy
+
+    trace = load(CORPORA / "seeds" / "host-store-evicts-its-own-blocks.json")
+    assert replay(trace, target="vllm").violation is None
+    evict = LRUCachePolicy.evict
+    monkeypatch.setattr(LRUCachePolicy, "evict",
+                        lambda self, n, protected: evict(self, n, set()))
+    found = replay(trace, target="vllm").violation
+    assert (found.invariant, found.op_index) == ("STORE_PROVENANCE", 6), found
