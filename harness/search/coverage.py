@@ -63,6 +63,10 @@ FEATURES: dict[str, str] = {
                                     f"transfer ended handed out again within {REUSE_WINDOW} ops",
     "resumed-after-blocks-reused": "a preempted request resumes while another request holds "
                                    "blocks it gave back",
+    "host-block-evicted": "an offload makes room in the host tier by evicting a block",
+    "onboard-from-host": "a new request starts loading prompt blocks from the host tier",
+    "offload-meets-pinned-host-block": "an offload into a full host tier while an onboard in "
+                                       "flight still reads one of its blocks",
     "step-completes-after-request-left": "a step in flight completes after one of its "
                                          "requests left",
     "step-completes-after-row-moved": "V1: a step in flight completes after one of its "
@@ -164,6 +168,13 @@ class Tracker:
         self._sched_before = self._scheduler_state(op, ledger)
         self._pending_free = []
         self._transfer = None
+        self._meets_pin = False
+        if op["op"] == "offload_begin" and ledger.config.host_blocks:
+            host = ledger.host
+            named = [g for g, ids in enumerate(op.get("blocks") or []) if ids]
+            self._meets_pin = any(
+                host.used(g) >= host.capacity
+                and any(b.pins for k, b in host.blocks.items() if k[0] == g) for g in named)
         if op["op"] == "resume":
             self._resumed_over = any(
                 self.preempted_blocks.get(op["req"], set()) & {(g, b) for g, ids in
@@ -176,7 +187,8 @@ class Tracker:
             r = ledger.requests[op["req"]]
             if not r.pending:  # else its blocks are freed when its last transfer ends
                 self._pending_free = [(g, b) for g, ids in enumerate(r.blocks) for b in ids]
-        elif op["op"] in ("kv_load_complete", "kv_load_fail", "kv_store_complete") \
+        elif op["op"] in ("kv_load_complete", "kv_load_fail", "kv_store_complete",
+                          "offload_complete", "onboard_complete") \
                 and op.get("handle") in ledger.transfers:
             t = ledger.transfers[op["handle"]]
             r = ledger.owner_of_transfer(t)
@@ -239,13 +251,21 @@ class Tracker:
         if self._transfer is not None:
             left, siblings = self._transfer
             if left:
-                hit.append("store-ends-after-leave" if kind == "kv_store_complete"
+                hit.append("store-ends-after-leave"
+                           if kind in ("kv_store_complete", "offload_complete")
                            else "load-ends-after-leave")
             if kind == "kv_load_fail" and siblings:
                 hit.append("load-fails-beside-siblings")
             r = reference.ledger.requests.get(op["req"])
             if r is not None and r.loaded:
                 self.loaded.add(op["req"])
+        if kind == "offload_begin":
+            if reference.ledger.host.last_evicted:
+                hit.append("host-block-evicted")
+            if self._meets_pin:
+                hit.append("offload-meets-pinned-host-block")
+        if kind == "onboard_begin":
+            hit.append("onboard-from-host")
         if kind in ("admit", "allocate"):
             hit += self._scheduler_hits(op)
         if kind in ("add", "kv_load", "append", "admit", "allocate"):
@@ -464,6 +484,10 @@ NEEDS = {
                                      and c.num_speculative_tokens > 0),
     "mamba-state-carried": lambda c: c.mamba_cache_mode == "align",
     "page-reused-across-groups": lambda c: c.kv_sharing,
+    "host-block-evicted": lambda c: c.host_blocks > 0,
+    # a prompt shares another request's prefix only when the engine admits it
+    "onboard-from-host": lambda c: c.host_blocks > 0 and c.allocator == "engine",
+    "offload-meets-pinned-host-block": lambda c: c.host_blocks > 0 and c.allocator == "engine",
 }
 """What a pinned config needs for a feature to be reachable at all."""
 

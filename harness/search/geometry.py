@@ -13,6 +13,7 @@ towards) is the default hybrid config: one attention group, one Mamba group.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import zlib
@@ -237,10 +238,18 @@ def runner_configs(draw, runner: str | None = None,
     # A host tier of a few blocks (so that offloads evict) in two configs in
     # five where modelled (no sliding window, one DCP rank). Drawn last: the
     # draws before it are what they were.
+    # Onboards need prompts that share an offloaded prefix and have no GPU hit:
+    # the engine's allocator without prefix caching, mostly drawn with a
+    # sliding window, which the tier drops (a host tier is not modelled with
+    # windows).
     host = 0
-    if host_ok and world == 1 and not any(g.sliding_window for g in groups) \
-            and rng.random() < 0.4:
-        host = rng.choice([1, 2, 2, 3, 4])
+    if host_ok and world == 1 and rng.random() < 0.4:
+        windowed = any(g.sliding_window for g in groups)
+        if windowed and allocator == "engine" and not caching:
+            groups = [dataclasses.replace(g, sliding_window=0) for g in groups]
+            windowed = False
+        if not windowed:
+            host = rng.choice([1, 2, 2, 3, 4])
     return RunnerConfig(
         host_blocks=host,
         sharing_map=sharing_map,

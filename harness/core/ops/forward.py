@@ -51,6 +51,18 @@ def _hit_not_run(m, req: int) -> bool:
     return r.num_cached_tokens > 0 and not r.stepped
 
 
+def _onboards_first(m, req: int) -> bool:
+    """Does the draw leave ``req`` to an onboard before its first step?  An
+    engine whose connector finds a new request's prompt blocks in the host tier
+    loads them before scheduling it (vLLM's scheduler asks the connector for
+    external tokens at admission); a trace may still step it."""
+    if not m.cfg.host_blocks or not m.swarm.weight("onboard_begin"):
+        return False
+    r = m.ledger.requests[req]
+    return not (r.stepped or r.num_computed_tokens or r.landed) and any(
+        m.ledger.open_load_blocks(r, "host"))
+
+
 def _steppable(m) -> list[int]:
     """Live requests that can run a step now (once per machine state where the
     machine keeps one: ``step``'s and ``spec_step``'s preconditions and draws)."""
@@ -58,7 +70,7 @@ def _steppable(m) -> list[int]:
         busy = ({r for reqs in m.ledger.steps_in_flight for r in reqs}
                 if m.cfg.num_speculative_tokens else ())  # waits for its accepted count
         return [r for r in m.ledger.live() if not m.ledger.loads_in_flight(m.ledger.requests[r])
-                and r not in busy and _room(m, r) > 0
+                and r not in busy and _room(m, r) > 0 and not _onboards_first(m, r)
                 and _sizes(m, r, min(_room(m, r), m.cfg.max_num_batched_tokens))]
 
     per_state = getattr(m, "per_state", None)

@@ -65,12 +65,17 @@ def _draw_admit(m, data) -> dict:
     m.next_req += 1
     prefix = []
     sources = sorted(ledger.prompts)
-    if cfg.enable_prefix_caching and sources and data.integer(0, 3):
+    if (cfg.enable_prefix_caching or cfg.host_blocks) and sources and data.integer(0, 3):
         # Mostly a prompt that shares an earlier one's prefix (the whole of it,
         # or a cut), then its own tokens: where prefix hits come from — most
-        # often an earlier prompt whose blocks are registered already.
-        cached = [r for r in sources if ledger.expected_hit(
-            np.append(ledger.prompts[r], -1))[0] > 0]
+        # often an earlier prompt whose blocks are registered already (or, with
+        # a host tier, whose first block the tier holds: what it onboards).
+        if cfg.enable_prefix_caching:
+            cached = [r for r in sources if ledger.expected_hit(
+                np.append(ledger.prompts[r], -1))[0] > 0]
+        else:
+            cached = [r for r in sources if any(
+                ledger.host.is_ready(ledger.host_key(r, g, 0)) for g in cfg.attention_groups)]
         src = data.choice(cached if cached and data.integer(0, 3) else sources)
         src_len = len(ledger.prompts[src])
         whole = ledger.expected_hit(np.append(ledger.prompts[src], -1))[0]
