@@ -531,7 +531,7 @@ class Ledger:
         if not self.config.host_blocks or self.config.groups[g].kind == MAMBA:
             return []
         bs = self.config.tokens_per_block(g)
-        return [c for c in range(r.prompt_len // bs)
+        return [c for c in range(min(r.prompt_len // bs, len(r.blocks[g])))
                 if self.host.is_ready(self.host_key(r.req, g, c))]
 
     def open_load_blocks(self, r: RequestLedger, source: str = "remote") -> list[list[int]]:

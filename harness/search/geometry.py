@@ -236,20 +236,22 @@ def runner_configs(draw, runner: str | None = None,
     kv_dtype = "int8" if not sharing and rng.random() < 0.25 else "auto"
     kv_dtype = "auto" if plain else kv_dtype
     # A host tier of a few blocks (so that offloads evict) in two configs in
-    # five where modelled (no sliding window, one DCP rank). Drawn last: the
-    # draws before it are what they were.
+    # five where modelled (no sliding window, one DCP rank), four in five where
+    # requests can be onboarded. Drawn last: the draws before it are what they
+    # were.
     # Onboards need prompts that share an offloaded prefix and have no GPU hit:
     # the engine's allocator without prefix caching, mostly drawn with a
     # sliding window, which the tier drops (a host tier is not modelled with
     # windows).
     host = 0
-    if host_ok and world == 1 and rng.random() < 0.4:
+    onboards = allocator == "engine" and not caching  # shared prefixes, no GPU hit
+    if host_ok and world == 1 and rng.random() < (0.8 if onboards else 0.4):
         windowed = any(g.sliding_window for g in groups)
         if windowed and allocator == "engine" and not caching:
             groups = [dataclasses.replace(g, sliding_window=0) for g in groups]
             windowed = False
-        if not windowed:
-            host = rng.choice([1, 2, 2, 3, 4])
+        if not windowed:  # small: offloads soon need room, and meet pinned blocks
+            host = rng.choice([1, 1, 2, 2, 3])
     return RunnerConfig(
         host_blocks=host,
         sharing_map=sharing_map,

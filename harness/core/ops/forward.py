@@ -58,9 +58,9 @@ def _onboards_first(m, req: int) -> bool:
     external tokens at admission); a trace may still step it."""
     if not m.cfg.host_blocks or not m.swarm.weight("onboard_begin"):
         return False
-    r = m.ledger.requests[req]
-    return not (r.stepped or r.num_computed_tokens or r.landed) and any(
-        m.ledger.open_load_blocks(r, "host"))
+    from harness.core.ops.transfer import _onboardable
+
+    return not m.ledger.requests[req].landed and req in _onboardable(m)
 
 
 def _steppable(m) -> list[int]:

@@ -258,8 +258,13 @@ def _draw_offload_begin(m, data) -> dict:
 def _onboardable(m) -> list[int]:
     if not m.cfg.host_blocks:
         return []
-    return [r for r in _transfer_loadable(m)
-            if any(m.ledger.open_load_blocks(m.ledger.requests[r], "host"))]
+
+    def now():
+        return [r for r in _transfer_loadable(m)
+                if any(m.ledger.open_load_blocks(m.ledger.requests[r], "host"))]
+
+    per_state = getattr(m, "per_state", None)
+    return per_state("onboardable", now) if per_state is not None else now()
 
 
 def _draw_onboard_begin(m, data) -> dict:
