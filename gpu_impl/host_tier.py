@@ -17,7 +17,8 @@ ones (count 0), least recently used first.
 - ``complete_store``: ready, evictable (most recent).
 - ``touch(keys)``: refreshes the evictable ones, the first key most recent.
 
-One manager per attention group (``host_blocks`` slots each).  The worker
+One manager for every attention group (``host_blocks`` slots; a key names
+its group, as vLLM's ``make_offload_key`` packs the group index into it).  The worker
 copies (:class:`gpu_impl.runner_shell.RunnerShell`'s ``offload_*`` /
 ``onboard_*``) go by the slots returned here.  Faults (``family: async``)
 live at the lines their upstream bugs did.
@@ -40,7 +41,7 @@ class HostBlock:
 
 
 class LRUHostManager:
-    """Host blocks of one attention group, keyed by block hash.
+    """Host blocks of every attention group, keyed by (group, block hash).
 
     The adapter interface a target's host tier offers (``prepare_store``,
     ``complete_store``, ``prepare_load``, ``complete_load``, ``touch``,

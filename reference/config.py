@@ -59,7 +59,7 @@ HEAD_SIZE_MAX = 8
 NUM_GROUPS_MAX = 4
 SPECULATIVE_TOKENS_MAX = 4
 CONV_SIZE_MAX = 3  # tokens of convolution state (a width-4 causal conv keeps 3)
-HOST_BLOCKS_MAX = 64  # host-tier blocks per attention group
+HOST_BLOCKS_MAX = 64  # host-tier blocks (shared by the attention groups)
 
 
 class ConfigError(ValueError):
@@ -223,18 +223,18 @@ class RunnerConfig:
       the dequantized cache (payload x scale), so a NaN or stale scale shows
       in every element of its token.  The drafter's layer stays float32.  Not
       with ``kv_sharing`` (a Mamba state over int8 pages is not modelled).
-    host_blocks: capacity of a host (CPU) tier in blocks, 0 for none (the
-      default, not serialised).  With a host tier, a connector offloads full
-      computed attention blocks to it (``offload_begin`` / ``_complete``) and
-      onboards them into a new request's blocks (``onboard_begin`` /
-      ``_complete``), modelled on vLLM's offloading connector with its CPU
-      ``LRUOffloadingManager``: one host block per (attention group, block
-      hash); a block being stored is not ready and cannot be loaded or
-      evicted; a load pins its blocks until it ends; a store that needs room
-      evicts the least recently used ready, unpinned blocks not among its
-      own, or stores nothing when there are too few.  Each attention group
-      has ``host_blocks`` host blocks.  Needs an attention group, no sliding
-      windows and ``dcp_world_size`` 1.
+    host_blocks: capacity of a host (CPU) tier in blocks, shared by every
+      attention group; 0 for none (the default, not serialised).  With a host
+      tier, a connector offloads full computed attention blocks to it
+      (``offload_begin`` / ``_complete``) and onboards them into a new
+      request's blocks (``onboard_begin`` / ``_complete``), modelled on vLLM
+      0.26's offloading connector with its ``CPUOffloadingManager`` (LRU
+      policy): one host block per (attention group, block hash); a block
+      being stored is not ready and cannot be loaded or evicted; a load pins
+      its blocks until it ends; an offload that needs room evicts the least
+      recently used evictable blocks not among its own hashes, or stores
+      nothing when there are too few (:mod:`reference.host_tier`).  Needs an
+      attention group, no sliding windows and ``dcp_world_size`` 1.
     """
 
     runner: str = "v1"

@@ -1,27 +1,31 @@
 """The reference's host (CPU) tier: which block hashes it holds, and its LRU eviction.
 
-Modelled on vLLM's offloading connector's scheduler side with the CPU
-``LRUOffloadingManager`` (``vllm/v1/kv_offload/lru_manager.py``; the
-connector in ``vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py``):
+Modelled on vLLM 0.26's offloading connector (the scheduler side in
+``vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py``)
+with its CPU tier (``vllm/v1/kv_offload/cpu/manager.py``,
+``CPUOffloadingManager``, and its ``LRUCachePolicy`` in
+``cpu/policies/lru.py``):
 
-- one host block per (attention group, block hash); the hash names every
-  token up to the block's end (:meth:`reference.ledger.Ledger.block_key`);
+- one tier of ``capacity`` host blocks for every attention group; a key is
+  (group, block hash), the hash naming every token up to the block's end
+  (:meth:`reference.ledger.Ledger.host_key`);
 - a block is evictable when it is ready (its store completed) and no load
   reads it; evictable blocks are kept least recently used first, and a
   block becomes most recently used when it becomes evictable (its store or
-  its last load completes) or is touched while evictable (vLLM's
-  ``CPUOffloadingManager`` with its ``LRUCachePolicy``);
-- ``prepare_store(keys)``: keys held already are skipped; the rest need
-  room: the least recently used evictable blocks are evicted, never one of
-  ``keys`` (vLLM PR #35846 protects them); a group with too few stores
-  nothing; new blocks are not ready until ``complete_store``;
+  its last load completes) or is touched while evictable;
+- ``prepare_store(keys)``, one call for an offload's keys of every group:
+  keys held already are skipped; the rest need room: the least recently
+  used evictable blocks are evicted, never one of ``keys`` (vLLM PR #35846
+  protects them); with too few, nothing is stored (None); new blocks are
+  not ready until ``complete_store``;
 - ``prepare_load(keys)`` pins ready blocks (a reference count) until
-  ``complete_load``; ``touch(keys)`` refreshes the evictable ones, the first
-  key most recent.
+  ``complete_load``; ``touch(keys)`` refreshes the evictable ones, the
+  first key most recent.  The connector touches all of a request's keys,
+  group by group, when it looks a new request up and after a store that
+  stored something.
 
-A key is ``(group, block hash)``; each attention group has ``capacity`` host
-blocks.  Contents live in the reference runner (``host_kv``); this class is
-the scheduler's knowledge only.
+Contents live in the reference runner (``host_kv``); this class is the
+scheduler's knowledge only.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ class HostBlock:
 
 
 class HostTier:
-    """Host blocks per attention group and their LRU order."""
+    """The host blocks of every attention group, and their LRU order."""
 
     def __init__(self, capacity: int):
         self.capacity = capacity
@@ -48,36 +52,29 @@ class HostTier:
         self.evictable: OrderedDict[tuple, None] = OrderedDict()  # least recently used first
         self.last_evicted: list[tuple] = []  # what the latest prepare_store evicted
 
-    def used(self, group: int) -> int:
-        return sum(1 for k in self.blocks if k[0] == group)
-
     def is_ready(self, key: tuple) -> bool:
         b = self.blocks.get(key)
         return b is not None and b.ready
 
-    def prepare_store(self, keys: list[tuple]) -> list[tuple]:
-        """Room for ``keys``, each group's on its own: returns the keys to store
-        (not held yet) of the groups that have room; a group that lacks it
-        stores nothing."""
+    def prepare_store(self, keys: list[tuple]) -> list[tuple] | None:
+        """Room for ``keys`` (every group's, one tier): returns the keys to store
+        (those not held yet), or None — nothing stored — when too few blocks
+        can be evicted."""
         new = [k for k in dict.fromkeys(keys) if k not in self.blocks]
-        protected = set(keys)
         self.last_evicted = []
-        stored = []
-        for g in sorted({k[0] for k in new}):
-            mine = [k for k in new if k[0] == g]
-            need = len(mine) - (self.capacity - self.used(g))
-            victims = [k for k in self.evictable if k[0] == g
-                       and k not in protected][:max(need, 0)]
+        need = len(new) - (self.capacity - len(self.blocks))
+        if need > 0:
+            protected = set(keys)
+            victims = [k for k in self.evictable if k not in protected][:need]
             if len(victims) < need:
-                continue
+                return None
             for k in victims:
                 del self.blocks[k]
                 del self.evictable[k]
-            self.last_evicted += victims
-            stored += mine
-        for k in stored:
+            self.last_evicted = victims
+        for k in new:
             self.blocks[k] = HostBlock()
-        return stored
+        return new
 
     def complete_store(self, keys: list[tuple]) -> None:
         for k in keys:

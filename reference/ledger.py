@@ -525,13 +525,24 @@ class Ledger:
                 busy[g] |= set(cols)
         return busy
 
+    def prompt_block_columns(self, r: RequestLedger, g: int) -> list[int]:
+        """Columns of attention group ``g`` holding a full block of ``r``'s prompt
+        (among the blocks it holds)."""
+        return list(range(min(r.prompt_len // self.config.tokens_per_block(g),
+                              len(r.blocks[g]))))
+
+    def touch_request(self, r: RequestLedger, columns) -> None:
+        """The connector touches a request's keys, group by group: those of
+        ``columns(r, g)``."""
+        for g in self.config.attention_groups:
+            self.host.touch([self.host_key(r.req, g, c) for c in columns(r, g)])
+
     def onboard_columns(self, r: RequestLedger, g: int) -> list[int]:
         """Columns of attention group ``g`` an onboard of ``r`` may fill: full
         prompt blocks whose hash the host tier holds ready."""
         if not self.config.host_blocks or self.config.groups[g].kind == MAMBA:
             return []
-        bs = self.config.tokens_per_block(g)
-        return [c for c in range(min(r.prompt_len // bs, len(r.blocks[g])))
+        return [c for c in self.prompt_block_columns(r, g)
                 if self.host.is_ready(self.host_key(r.req, g, c))]
 
     def open_load_blocks(self, r: RequestLedger, source: str = "remote") -> list[list[int]]:
@@ -555,8 +566,9 @@ class Ledger:
         self.used_handles.add(handle)
         keys = [self.host_key(req, g, c) for g, cols in enumerate(columns) for c in cols] \
             if source == "host" else []
-        self.host.prepare_load(keys)
-        self.host.touch(keys)
+        if keys:  # the connector's lookup touched the request's keys; the load pins its own
+            self.touch_request(r, self.prompt_block_columns)
+            self.host.prepare_load(keys)
         self.transfers[handle] = Transfer(handle, req, columns, [list(b) for b in blocks],
                                           owner=r, source=source, host_keys=keys)
 
@@ -726,13 +738,14 @@ class Ledger:
     def offload_begin(self, req: int, handle: int, blocks: list[list[int]]) -> None:
         """The host tier makes room (its LRU eviction) for the hashes of those
         blocks it lacks, or stores nothing when it cannot; the copy reads the
-        blocks it stores until :meth:`kv_store_complete`.  Every named hash is
-        made most recently used."""
+        blocks it stores until :meth:`kv_store_complete`.  After a store that
+        stores something, the request's keys are touched."""
         columns = self.check_offload_begin(req, handle, blocks)
         r = self.requests[req]
         keys = [self.host_key(req, g, c) for g, cols in enumerate(columns) for c in cols]
-        new = set(self.host.prepare_store(keys))
-        self.host.touch(keys)
+        new = set(self.host.prepare_store(keys) or ())
+        if new:  # vLLM touches after a store that stores something
+            self.touch_request(r, self.offloadable_columns)
         stored = [[c for c in cols if self.host_key(req, g, c) in new]
                   for g, cols in enumerate(columns)]
         r.pending.add(handle)

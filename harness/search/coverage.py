@@ -171,10 +171,8 @@ class Tracker:
         self._meets_pin = False
         if op["op"] == "offload_begin" and ledger.config.host_blocks:
             host = ledger.host
-            named = [g for g, ids in enumerate(op.get("blocks") or []) if ids]
-            self._meets_pin = any(
-                host.used(g) >= host.capacity
-                and any(b.pins for k, b in host.blocks.items() if k[0] == g) for g in named)
+            self._meets_pin = len(host.blocks) >= host.capacity and any(
+                b.pins for b in host.blocks.values())
         if op["op"] == "resume":
             self._resumed_over = any(
                 self.preempted_blocks.get(op["req"], set()) & {(g, b) for g, ids in
@@ -485,9 +483,9 @@ NEEDS = {
     "mamba-state-carried": lambda c: c.mamba_cache_mode == "align",
     "page-reused-across-groups": lambda c: c.kv_sharing,
     "host-block-evicted": lambda c: c.host_blocks > 0,
-    # a prompt shares another request's prefix only when the engine admits it
-    "onboard-from-host": lambda c: c.host_blocks > 0 and c.allocator == "engine",
-    "offload-meets-pinned-host-block": lambda c: c.host_blocks > 0 and c.allocator == "engine",
+    # (allocator trace: a preempted request resumed onboards its own prefix)
+    "onboard-from-host": lambda c: c.host_blocks > 0,
+    "offload-meets-pinned-host-block": lambda c: c.host_blocks > 0,
 }
 """What a pinned config needs for a feature to be reachable at all."""
 

@@ -237,12 +237,13 @@ def runner_configs(draw, runner: str | None = None,
     kv_dtype = "auto" if plain else kv_dtype
     # A host tier of a few blocks (so that offloads evict) in two configs in
     # five where modelled (no sliding window, one DCP rank), four in five where
-    # requests can be onboarded. Drawn last: the draws before it are what they
-    # were.
+    # requests can be onboarded. Decided last, by the layout generator: the
+    # Hypothesis draws before it are what they were.
     # Onboards need prompts that share an offloaded prefix and have no GPU hit:
-    # the engine's allocator without prefix caching, mostly drawn with a
-    # sliding window, which the tier drops (a host tier is not modelled with
-    # windows).
+    # the engine's allocator without prefix caching. Those configs were mostly
+    # drawn with a sliding window; the tier replaces it there (a host tier is
+    # not modelled with windows), so windows without prefix caching are now
+    # drawn about a fifth as often as before (with prefix caching, as often).
     host = 0
     onboards = allocator == "engine" and not caching  # shared prefixes, no GPU hit
     if host_ok and world == 1 and rng.random() < (0.8 if onboards else 0.4):

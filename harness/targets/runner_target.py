@@ -36,13 +36,13 @@ class RunnerTarget:
         # tracker), and the blocks of requests that left while one was in flight.
         self.transfers = transfers if transfers is not None else KVTransferTracker(())
         self.left_blocks: dict[int, list[list[int]]] = {}
-        # The host tier's scheduler side: one LRU manager per attention group,
-        # and the hashes each offload / onboard in flight stores / reads.
+        # The host tier's scheduler side: one LRU manager for every attention
+        # group (keys name their group), and the keys each offload / onboard in
+        # flight stores / reads.
         cfg = self.config
         make = host_manager or (lambda n: LRUHostManager(n, self.transfers.faults))
-        self.host = {g: make(cfg.host_blocks) for g in cfg.attention_groups} \
-            if cfg.host_blocks else {}
-        self.host_keys: dict[int, list[tuple[int, list[tuple]]]] = {}
+        self.host = make(cfg.host_blocks) if cfg.host_blocks else None
+        self.host_keys: dict[int, list[tuple]] = {}
 
     def add(self, req, blocks, prompt_len):
         self.runner.add_request(req, blocks, prompt_len)
@@ -119,68 +119,74 @@ class RunnerTarget:
         self.transfers.begin(handle, req)
         self.runner.kv_load_begin(req, handle, blocks)
 
-    def _host_key(self, req: int, g: int, block: int) -> tuple:
-        """(group, the token ids up to the end of ``req``'s block ``block``)."""
+    def _host_key(self, req: int, g: int, column: int) -> tuple:
+        """(group, the token ids up to the end of ``req``'s block ``column``)."""
         state = self.runner.requests[req]
-        n = (state.block_ids[g].index(block) + 1) * self.config.tokens_per_block(g)
+        n = (column + 1) * self.config.tokens_per_block(g)
         return (g, tuple(int(t) for t in state.token_ids(np.arange(n))))
 
+    def _touch_request(self, req: int, num_tokens: int) -> None:
+        """The connector touches the keys of ``req``'s full blocks of its first
+        ``num_tokens`` tokens, group by group."""
+        state = self.runner.requests[req]
+        for g in self.config.attention_groups:
+            n = min(num_tokens // self.config.tokens_per_block(g), len(state.block_ids[g]))
+            self.host.touch([self._host_key(req, g, c) for c in range(n)])
+
     def offload_begin(self, req, handle, blocks):
-        """The connector's scheduler side asks each group's host manager for room
-        (it evicts, or stores nothing) and hands the worker the copies."""
+        """The connector's scheduler side asks the host manager for room for the
+        blocks' keys (it evicts, or stores nothing) and hands the worker the
+        copies."""
+        state = self.runner.requests[req]
+        named = [(g, b, self._host_key(req, g, state.block_ids[g].index(b)))
+                 for g, ids in enumerate(blocks) for b in ids]
+        room = self.host.prepare_store([k for _, _, k in named])
         copies, stored = [], []
-        for g, ids in enumerate(blocks):
-            if not ids:
-                continue
-            keys = [self._host_key(req, g, b) for b in ids]
-            room = self.host[g].prepare_store(keys)
-            self.host[g].touch(keys)
-            if room is not None:
-                slot_of = dict(zip(room[0], room[1]))
-                copies += [(g, b, slot_of[k]) for b, k in zip(ids, keys) if k in slot_of]
-                stored.append((g, room[0]))
+        if room is not None and room[0]:
+            slot_of = dict(zip(room[0], room[1]))
+            copies = [(g, b, slot_of[k]) for g, b, k in named if k in slot_of]
+            stored = list(room[0])
+            self._touch_request(req, state.num_computed_tokens)
         self.host_keys[handle] = stored
         self.transfers.begin(handle, req, STORE)
         self.runner.offload_begin(handle, copies)
 
     def offload_complete(self, req, handle):
         self.runner.offload_complete(handle)
-        for g, keys in self.host_keys.pop(handle):
-            self.host[g].complete_store(keys)
+        self.host.complete_store(self.host_keys.pop(handle))
         _, free = self.transfers.end(handle)
         if free:
             self._free_left(req)
 
     def onboard_begin(self, req, handle, blocks):
-        """The connector pins the host blocks of those hashes and hands the
-        worker the copies into the request's blocks."""
-        copies, loads = [], []
-        for g, ids in enumerate(blocks):
-            if not ids:
-                continue
-            keys = [self._host_key(req, g, b) for b in ids]
-            slots = self.host[g].prepare_load(keys)
-            self.host[g].touch(keys)
-            copies += [(g, b, slot) for b, slot in zip(ids, slots)]
-            loads.append((g, keys))
-        self.host_keys[handle] = loads
+        """The connector (its lookup touched the request's keys) pins the host
+        blocks of those keys and hands the worker the copies into the
+        request's blocks."""
+        state = self.runner.requests[req]
+        named = [(g, b, self._host_key(req, g, state.block_ids[g].index(b)))
+                 for g, ids in enumerate(blocks) for b in ids]
+        self._touch_request(req, state.prompt_len)
+        slots = self.host.prepare_load([k for _, _, k in named])
+        self.host_keys[handle] = [k for _, _, k in named]
         self.transfers.begin(handle, req)
-        self.runner.onboard_begin(req, handle, blocks, copies)
+        self.runner.onboard_begin(req, handle, blocks,
+                                  [(g, b, slot) for (g, b, _), slot in zip(named, slots)])
 
     def onboard_complete(self, req, handle):
         self.kv_load_complete(req, handle)
 
     def _unpin(self, handle) -> None:
-        for g, keys in self.host_keys.pop(handle, ()):
-            self.host[g].complete_load(keys)
+        keys = self.host_keys.pop(handle, None)
+        if keys:
+            self.host.complete_load(keys)
 
     def host_view(self) -> dict | None:
         """The host tier: {(group, hash): float32 (block_size, head_size) when
         ready, None while its store is in flight}."""
-        if not self.host:
+        if self.host is None:
             return None
-        return {key: self.runner.host_block(g, slot) if ready else None
-                for g, m in self.host.items() for key, (slot, ready) in m.view().items()}
+        return {key: self.runner.host_block(key[0], slot) if ready else None
+                for key, (slot, ready) in self.host.view().items()}
 
     def kv_load_complete(self, req, handle):
         ready = self.runner.kv_load_complete(handle)

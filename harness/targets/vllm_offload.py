@@ -38,8 +38,10 @@ def missing() -> str | None:
 
 
 class VllmHostManager:
-    """One attention group's host blocks in vLLM's own ``CPUOffloadingManager``
-    (LRU policy); keys are blockfuzz's (group, token ids) hashes."""
+    """The host blocks of every attention group in vLLM's own
+    ``CPUOffloadingManager`` (LRU policy), one for all groups as vLLM's
+    offloading scheduler keeps it; keys are blockfuzz's (group, token ids)
+    hashes (vLLM packs the group index into its keys the same way)."""
 
     def __init__(self, num_blocks: int):
         manager_cls, context_cls = _classes()

@@ -35,23 +35,24 @@ def _key(g, n):
 def test_lru_evicts_the_least_recently_evictable_block():
     """A block becomes most recent when it becomes evictable (store or last load
     completes) or is touched while evictable; a pinned or pending block is not
-    evicted; the hashes being stored are protected; a group without room stores
-    nothing."""
+    evicted; the hashes being stored are protected; without room nothing is
+    stored; one tier for every group."""
     tier = HostTier(2)
     a, b, c, d = (_key(0, n) for n in (4, 8, 12, 16))
     assert tier.prepare_store([a, b]) == [a, b]
-    assert tier.prepare_store([c]) == []  # both pending: nothing evictable
+    assert tier.prepare_store([c]) is None  # both pending: nothing evictable
     tier.complete_store([b])
     tier.complete_store([a])  # a became evictable last: b is the LRU
     tier.touch([b])  # ... until touched
     assert tier.prepare_store([c]) == [c] and tier.last_evicted == [a]
     tier.complete_store([c])
     tier.prepare_load([b])  # pinned: c is the only candidate
-    assert tier.prepare_store([d, c]) == [] and tier.last_evicted == []  # c protected
-    assert tier.prepare_store([d]) == [d] and tier.last_evicted == [c]
+    assert tier.prepare_store([d, c]) is None and tier.last_evicted == []  # c protected
+    assert tier.prepare_store([a, b]) == [a] and tier.last_evicted == [c]  # b held: skipped
+    assert tier.prepare_store([_key(1, 4)]) is None  # group 1 shares the two blocks
     tier.complete_load([b])
     assert list(tier.evictable) == [b]
-    assert tier.prepare_store([_key(1, 4)]) == [_key(1, 4)]  # each group has its own room
+    assert tier.prepare_store([c, b]) is None  # b protected, a not ready: no room for c
 
 
 def test_onboard_lands_the_host_blocks_kv():

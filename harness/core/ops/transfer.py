@@ -220,8 +220,8 @@ register(OpSpec(
 
 # -- the host tier: offload_begin / offload_complete, onboard_begin / onboard_complete
 # Modelled on vLLM's offloading connector with its CPU tier (the scheduler side
-# in vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py, the
-# LRU manager in vllm/v1/kv_offload/lru_manager.py) and SGLang's HiCache host
+# in vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py, the
+# CPU manager in vllm/v1/kv_offload/cpu/manager.py) and SGLang's HiCache host
 # pool: full computed blocks are copied to host blocks keyed by block hash;
 # the engine evicts host blocks (LRU) to make room; a new request's full prompt
 # blocks are onboarded from ready host blocks, which stay pinned until the
