@@ -259,9 +259,13 @@ def _onboardable(m) -> list[int]:
     if not m.cfg.host_blocks:
         return []
 
-    def now():
-        return [r for r in _transfer_loadable(m)
-                if any(m.ledger.open_load_blocks(m.ledger.requests[r], "host"))]
+    def now():  # as for kv_load_begin, but only the blocks held need be (the chunk's)
+        if m.cfg.mamba_cache_mode == "align":
+            return []
+        return [r for r, s in sorted(m.ledger.requests.items())
+                if not (s.stepped or s.loaded or s.num_computed_tokens or s.load_failed)
+                and r not in m.ledger.finishing
+                and any(m.ledger.open_load_blocks(s, "host"))]
 
     per_state = getattr(m, "per_state", None)
     return per_state("onboardable", now) if per_state is not None else now()
