@@ -473,7 +473,10 @@ class Ledger:
         if cfg.mamba_cache_mode == ALIGN:
             raise OpError("op", f"{op} with Mamba prefix caching (align mode) is not "
                           "modelled (where a connector puts the state block)")
-        if r.stepped or r.loaded or r.num_computed_tokens:
+        # From the host tier, the blocks past a prefix hit (vLLM's connector is
+        # asked for the tokens after the locally computed ones).
+        hit = r.num_cached_tokens if source == "host" else 0
+        if r.stepped or r.loaded or r.num_computed_tokens != hit:
             raise OpError("req", f"request {req} already has KV (stepped, loaded or a "
                           "prefix hit)")
         if r.load_failed:
@@ -539,10 +542,11 @@ class Ledger:
 
     def onboard_columns(self, r: RequestLedger, g: int) -> list[int]:
         """Columns of attention group ``g`` an onboard of ``r`` may fill: full
-        prompt blocks whose hash the host tier holds ready."""
+        prompt blocks past its prefix hit whose hash the host tier holds ready."""
         if not self.config.host_blocks or self.config.groups[g].kind == MAMBA:
             return []
-        return [c for c in self.prompt_block_columns(r, g)
+        hit = r.num_cached_tokens // self.config.tokens_per_block(g)  # past a prefix hit
+        return [c for c in self.prompt_block_columns(r, g)[hit:]
                 if self.host.is_ready(self.host_key(r.req, g, c))]
 
     def open_load_blocks(self, r: RequestLedger, source: str = "remote") -> list[list[int]]:

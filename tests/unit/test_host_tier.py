@@ -137,3 +137,31 @@ def test_host_ops_need_a_host_tier():
     _run(s, trace.ops[:2])
     with pytest.raises(OpError, match=r"op: offload_begin needs a config with a host tier"):
         s.apply(trace.ops[2])
+
+
+def test_onboard_past_a_prefix_hit():
+    """With prefix caching, a request's blocks past its GPU hit may be onboarded
+    (vLLM asks the connector for the tokens after the locally computed ones):
+    request 1 hits request 0's first block and onboards its second from the
+    host tier; the faulty tier evicts it under the onboard."""
+    cfg = dataclasses.replace(load(PINNED).config, enable_prefix_caching=True, host_blocks=2)
+    ops = [{"op": "admit", "req": 0, "prompt_len": 8, "prefix": [], "num_new_tokens": 8},
+           {"op": "step", "scheduled": [[0, 8]], "cudagraph_mode": "NONE"},
+           {"op": "offload_begin", "req": 0, "handle": 0, "blocks": [[1, 2]]},
+           {"op": "offload_complete", "req": 0, "handle": 0},
+           {"op": "admit", "req": 1, "prompt_len": 8, "prefix": [0, 8], "num_new_tokens": 4},
+           {"op": "onboard_begin", "req": 1, "handle": 1, "blocks": [[3]]},
+           {"op": "admit", "req": 2, "prompt_len": 8, "prefix": [], "num_new_tokens": 8},
+           {"op": "step", "scheduled": [[2, 8]], "cudagraph_mode": "NONE"},
+           {"op": "offload_begin", "req": 2, "handle": 2, "blocks": [[4, 5]]},
+           {"op": "offload_complete", "req": 2, "handle": 2},
+           {"op": "onboard_complete", "req": 1, "handle": 1},
+           {"op": "step", "scheduled": [[1, 4]], "cudagraph_mode": "NONE"}]
+    s = Session(cfg)
+    assert _run(s, ops[:5]) is None
+    assert s.ledger.requests[1].blocks == [[1, 3]]  # block 1 hit, block 3 its own
+    with pytest.raises(OpError, match=r"block 1 is not a full prompt block whose hash"):
+        s.apply({"op": "onboard_begin", "req": 1, "handle": 1, "blocks": [[1]]})
+    assert _run(s, ops[5:]) is None
+    found = _run(Session(cfg, faults=("onboard-leaves-host-blocks-evictable",)), ops)
+    assert found[:2] == ("NO_FREE_WHILE_PENDING", 8), found

@@ -263,7 +263,8 @@ def _onboardable(m) -> list[int]:
         if m.cfg.mamba_cache_mode == "align":
             return []
         return [r for r, s in sorted(m.ledger.requests.items())
-                if not (s.stepped or s.loaded or s.num_computed_tokens or s.load_failed)
+                if not (s.stepped or s.loaded or s.load_failed)
+                and s.num_computed_tokens == s.num_cached_tokens  # at most a prefix hit
                 and r not in m.ledger.finishing
                 and any(m.ledger.open_load_blocks(s, "host"))]
 
