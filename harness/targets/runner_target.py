@@ -71,8 +71,13 @@ class RunnerTarget:
         windows left (poisoned; the runner's row keeps the ids, as vLLM's does)
         and picks new blocks."""
         new, freed = self.manager.allocate(req, num_new_tokens)
+        # A block freed is poisoned where it was freed, as it was then: free (and
+        # unregistered), even if this allocation handed it to another group of
+        # the one pool (kv_sharing) right after.
+        retaken = {b for ids in (new or []) for b in ids} if self.config.kv_sharing else set()
         for g, ids in enumerate(freed):
-            self.runner.poison_blocks(g, [b for b in ids if self.manager.is_free(g, b)])
+            self.runner.poison_blocks(g, [b for b in ids
+                                          if self.manager.is_free(g, b) or b in retaken])
         if new is not None:
             for g, ids in enumerate(new):
                 self.runner.poison_blocks(g, [b for b in ids if b != self.config.null_block(g)])
