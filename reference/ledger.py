@@ -439,6 +439,26 @@ class Ledger:
                                     cfg.cp_kv_cache_interleave_size)
         return sorted(set(col[local].tolist()))
 
+    def _named_columns(self, r: RequestLedger, blocks) -> list[list[tuple[str, int, int]]]:
+        """A transfer's ``blocks`` (per group, blocks ``r`` holds), checked for
+        shape and ownership: per group, (field path, block, its column)."""
+        groups = len(self.config.groups)
+        if not isinstance(blocks, list) or len(blocks) != groups:
+            raise OpError("blocks", f"must be a list of {groups} lists (one per group)")
+        out = []
+        for g, ids in enumerate(blocks):
+            if not isinstance(ids, list):
+                raise OpError(f"blocks[{g}]", "must be a list of block ids")
+            named = []
+            for k, b in enumerate(ids):
+                path = f"blocks[{g}][{k}]"
+                if isinstance(b, bool) or not isinstance(b, int) or b not in r.blocks[g]:
+                    raise OpError(path, f"block {b!r} is not one of request {r.req}'s blocks "
+                                  f"of group {g}")
+                named.append((path, b, r.blocks[g].index(b)))
+            out.append(named)
+        return out
+
     def _check_handle(self, handle) -> None:
         if isinstance(handle, bool) or not isinstance(handle, int) or handle < 0:
             raise OpError("handle", f"must be an integer >= 0, got {handle!r}")
@@ -482,21 +502,12 @@ class Ledger:
         if r.load_failed:
             raise OpError("req", f"request {req} failed a load")
         self._check_handle(handle)
-        if not isinstance(blocks, list) or len(blocks) != len(cfg.groups):
-            raise OpError("blocks", f"must be a list of {len(cfg.groups)} lists (one per group)")
         busy = self._busy_columns(r)
         columns = []
-        for g, ids in enumerate(blocks):
-            if not isinstance(ids, list):
-                raise OpError(f"blocks[{g}]", "must be a list of block ids")
+        for g, named in enumerate(self._named_columns(r, blocks)):
             allowed = self._load_columns(r, g)
             cols = []
-            for k, b in enumerate(ids):
-                path = f"blocks[{g}][{k}]"
-                if isinstance(b, bool) or not isinstance(b, int) or b not in r.blocks[g]:
-                    raise OpError(path, f"block {b!r} is not one of request {req}'s blocks "
-                                  f"of group {g}")
-                c = r.blocks[g].index(b)
+            for path, b, c in named:
                 if c not in allowed:
                     raise OpError(path, f"block {b} holds none of request {req}'s prompt "
                                   + ("positions on this rank" if cfg.groups[g].kind != MAMBA
@@ -714,20 +725,11 @@ class Ledger:
         cfg = self.config
         self._check_one_incarnation(req)
         self._check_handle(handle)
-        if not isinstance(blocks, list) or len(blocks) != len(cfg.groups):
-            raise OpError("blocks", f"must be a list of {len(cfg.groups)} lists (one per group)")
         columns = []
-        for g, ids in enumerate(blocks):
-            if not isinstance(ids, list):
-                raise OpError(f"blocks[{g}]", "must be a list of block ids")
+        for g, named in enumerate(self._named_columns(r, blocks)):
             allowed = self.offloadable_columns(r, g)
             cols = []
-            for k, b in enumerate(ids):
-                path = f"blocks[{g}][{k}]"
-                if isinstance(b, bool) or not isinstance(b, int) or b not in r.blocks[g]:
-                    raise OpError(path, f"block {b!r} is not one of request {req}'s blocks "
-                                  f"of group {g}")
-                c = r.blocks[g].index(b)
+            for path, b, c in named:
                 if c not in allowed or c in cols:
                     raise OpError(path, f"block {b} is not a full computed block of request "
                                   f"{req}" + (" (a Mamba state is not offloaded)"
