@@ -9,7 +9,7 @@ owner's first step.
 
 from __future__ import annotations
 
-from harness.core.ops import INT, OpSpec, Size, register
+from harness.core.ops import BLOCK_IDS, INT, OpSpec, Size, register
 from harness.core.ops.lifecycle import _permit_all_blocks, _rename, _req
 
 
@@ -134,8 +134,7 @@ def _draw_transfer_end(name: str, kind: str = "load", source: str | None = "remo
 register(OpSpec(
     name="kv_load_begin", summary="a connector starts loading part of a new request's prompt "
     "KV (and Mamba state) into some of its blocks; nothing lands until it completes",
-    fields={"req": INT, "handle": HANDLE, "blocks": {"type": "array", "items": {
-        "type": "array", "items": INT}}},
+    fields={"req": INT, "handle": HANDLE, "blocks": BLOCK_IDS},
     example={"op": "kv_load_begin", "req": 0, "handle": 0, "blocks": [[4, 5], [9]]},
     apply=lambda t, op: t.kv_load_begin(op["req"], op["handle"], op["blocks"]),
     draw=_draw_kv_load_begin, enabled=lambda m: bool(_transfer_loadable(m)), requests=_req,
@@ -289,13 +288,11 @@ def _draw_onboard_begin(m, data) -> dict:
     return {"op": "onboard_begin", "req": req, "handle": handle, "blocks": blocks}
 
 
-BLOCKS = {"type": "array", "items": {"type": "array", "items": INT}}
-
 register(OpSpec(
     name="offload_begin", summary="a connector starts copying some of a request's full "
     "computed attention blocks to the host tier, which evicts its least recently used "
     "blocks to make room (or stores nothing); the copy reads the blocks until it completes",
-    fields={"req": INT, "handle": HANDLE, "blocks": BLOCKS},
+    fields={"req": INT, "handle": HANDLE, "blocks": BLOCK_IDS},
     example={"op": "offload_begin", "req": 0, "handle": 3, "blocks": [[4, 5], []]},
     apply=lambda t, op: t.offload_begin(op["req"], op["handle"], op["blocks"]),
     draw=_draw_offload_begin, enabled=lambda m: bool(_offloadable(m)), requests=_req,
@@ -312,7 +309,7 @@ register(OpSpec(
 register(OpSpec(
     name="onboard_begin", summary="a connector starts loading a new request's full prompt "
     "blocks from ready host blocks of the same hashes, which stay pinned until it ends",
-    fields={"req": INT, "handle": HANDLE, "blocks": BLOCKS},
+    fields={"req": INT, "handle": HANDLE, "blocks": BLOCK_IDS},
     example={"op": "onboard_begin", "req": 1, "handle": 4, "blocks": [[6, 7], []]},
     apply=lambda t, op: t.onboard_begin(op["req"], op["handle"], op["blocks"]),
     draw=_draw_onboard_begin, enabled=lambda m: bool(_onboardable(m)), requests=_req,
