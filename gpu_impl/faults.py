@@ -503,6 +503,20 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "the hashes being stored)",
           "STORE_PROVENANCE", (), family="async",
           sites=("vllm/v1/kv_offload/cpu/manager.py",)),
+    Fault("offload-copy-skips-compute-wait", ("v1", "v2"),
+          "async scheduling: a GPU -> host copy (an offload to the host tier, or a save to "
+          "the external store) is launched on its own stream without waiting for the compute "
+          "stream; while the step that writes the copied blocks is still in flight, the copy "
+          "reads them as they were before that step, and the tier keeps that stale content "
+          "under the prefix's hash",
+          "vllm-project/vllm PR #46278 '[Bugfix][KVConnector] Fix SimpleCPUOffloadConnector "
+          "GPU->CPU store race' (issue #45704: the store copy had no event or wait_stream on "
+          "the compute stream, so under overlapped execution it read blocks whose KV-write "
+          "kernels had not retired); the same hazard fixed for OffloadingConnector in "
+          "vllm-project/vllm PR #31341 '[BugFix] Wait for compute before offloading KV to CPU'",
+          "STORE_PROVENANCE", ("MATCHES_REFERENCE",), family="async",
+          sites=("vllm/v1/kv_offload/worker/cpu_gpu.py",
+                 "vllm/distributed/kv_transfer/kv_connector/v1/simple_cpu_offload/worker.py")),
 )}
 
 

@@ -13,7 +13,7 @@ Faults consulted here: ``full-replay-not-restaged``, ``captured-buffer-rebound``
 ``mamba-align-seed-attention-block-size``, ``mamba-state-view-unpadded-stride``,
 ``mamba-writes-shared-null-block``, ``row-width-first-group-block-size``,
 ``mamba-pad-index-clamped-to-zero``, ``mamba-pad-index-to-last-slot``,
-``resumed-blocks-appended``.
+``resumed-blocks-appended``, ``offload-copy-skips-compute-wait``.
 """
 
 from __future__ import annotations
@@ -43,6 +43,14 @@ class RunnerFaults:
         return [(ids + list(new))[:self.config.mamba_columns if g in self.mamba_groups
                                   else self.config.blocks_per_req_max(g)]
                 for g, (ids, new) in enumerate(zip(state.block_ids, block_ids))]
+
+    def _launch_reads(self):
+        if "offload-copy-skips-compute-wait" in self.faults and self.steps_in_flight:
+            # The historical bug: no wait on the compute stream; the copy may run
+            # before the steps in flight retire (emulated: it reads now, each
+            # block they write as it was before them).
+            return self._unretired_view()
+        return super()._launch_reads()
 
     def _stage_dummy_state_indices(self, tables, num_reqs, reqs_padded, mode, warmup) -> None:
         if mode == FULL and not warmup and "full-replay-not-restaged" in self.faults:

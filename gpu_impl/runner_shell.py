@@ -119,8 +119,12 @@ class RunnerShell(abc.ABC):
         # Asynchronous KV loads in flight: handle -> (req, columns per group, the
         # writes it delivers); per request loading by transfers, columns landed.
         self.transfers: dict[int, tuple] = {}
-        # Steps dispatched and not completed: (batch, accepted counts), oldest first.
+        # Steps dispatched and not completed: (batch, accepted counts, the
+        # blocks' content before the step wrote them), oldest first.
         self.steps_in_flight: list[tuple] = []
+        # Copies to the host tier or the store whose reads were fixed at launch
+        # (see :meth:`_launch_reads`): handle -> {group: (kv, params or None)}.
+        self.early_reads: dict[int, dict] = {}
         # The external KV store a connector saves to: prefix token ids -> {group:
         # float32 (positions on this rank, head_size)}; stores in flight:
         # handle -> (key, per group (blocks, offsets) the copy reads).
@@ -642,10 +646,16 @@ class RunnerShell(abc.ABC):
         scheduler side chose; the copy reads the device blocks until
         :meth:`offload_complete`."""
         self.host_copies[handle] = copies
+        self._note_launch(handle)
+
+    def _note_launch(self, handle: int) -> None:
+        reads = self._launch_reads()
+        if reads is not None:
+            self.early_reads[handle] = reads
 
     def offload_complete(self, handle: int) -> None:
         """The offload's copy finishes: its host slots hold what its device blocks
-        hold now."""
+        hold now (a copy ordered after the compute stream)."""
         self._copy_host(handle, to_host=True)
 
     def onboard_begin(self, req: int, handle: int, blocks: list[list[int]],
@@ -660,10 +670,13 @@ class RunnerShell(abc.ABC):
         self.landed.setdefault(req, [[] for _ in self.config.groups])
 
     def _copy_host(self, handle: int, to_host: bool) -> None:
+        early = self.early_reads.pop(handle, None)
         for g, block, slot in self.host_copies.pop(handle):
-            pairs = [(self.host_kv, self.kv_caches)]
+            src = self.kv_caches if early is None else {g: early[g][0]}
+            pairs = [(self.host_kv, src)]
             if g in self.kv_params:
-                pairs.append((self.host_params, self.kv_params))
+                pairs.append((self.host_params,
+                              self.kv_params if early is None else {g: early[g][1]}))
             for host_buf, dev_buf in pairs:
                 if to_host:
                     host_buf[g][slot] = dev_buf[g][block]
@@ -690,13 +703,17 @@ class RunnerShell(abc.ABC):
             local, column, offset = self._local_positions(g, pos)
             cells[g] = (np.asarray(state.block_ids[g])[column[local]], offset[local])
         self.stores[handle] = (tuple(int(t) for t in state.token_ids(pos)), cells)
+        self._note_launch(handle)
 
     def kv_store_complete(self, handle: int) -> None:
-        """The copy finishes: the store holds what those blocks hold now."""
+        """The copy finishes: the store holds what those blocks hold now (a copy
+        ordered after the compute stream)."""
         key, cells = self.stores.pop(handle)
-        self.kv_store[key] = {g: host(self._dequantized(g)[torch.from_numpy(blocks),
-                                                          torch.from_numpy(offsets)])
-                              for g, (blocks, offsets) in cells.items()}
+        early = self.early_reads.pop(handle, None)
+        self.kv_store[key] = {
+            g: host(self._dequantized(g, None if early is None else early[g])
+                    [torch.from_numpy(blocks), torch.from_numpy(offsets)])
+            for g, (blocks, offsets) in cells.items()}
 
     def loaded_prompt(self, req: int) -> None:
         """Every transfer of ``req`` has landed: its prompt counts as computed."""
@@ -753,6 +770,7 @@ class RunnerShell(abc.ABC):
         self._build_mamba_metadata(num_reqs, num_rows)
         self._build_spec_metadata(num_reqs, num_rows, dummy=False)
         self._build_attention_inputs(num_rows, tokens_padded, None, True)
+        before = self._device_blocks() if in_flight else None
         self._run_forward(mode, num_rows, tokens_padded)
         advanced = [(req, advance_of[req], start) for req, _, start in batch]
         if self.draft_group is not None:
@@ -761,7 +779,8 @@ class RunnerShell(abc.ABC):
         for req, adv, start in advanced:
             self.requests[req].num_computed_tokens = start + adv
         if in_flight:
-            self.steps_in_flight.append((batch, [kept_of[req] for req, _, _ in batch]))
+            self.steps_in_flight.append((batch, [kept_of[req] for req, _, _ in batch],
+                                         self._written_since(before)))
         else:
             self._store_accepted(batch, [kept_of[req] for req, _, _ in batch])
         self.last_forward = ForwardInfo(False, mode, num_reqs, reqs_padded, num_tokens,
@@ -770,8 +789,52 @@ class RunnerShell(abc.ABC):
     def complete_step(self) -> None:
         """The oldest dispatched step completes: its results land on the host,
         on the requests that ran it (:meth:`_land_results`)."""
-        batch, kept = self.steps_in_flight.pop(0)
+        batch, kept, _ = self.steps_in_flight.pop(0)
         self._land_results(batch, kept)
+
+    # -- the device's stream order, as a copy on another stream sees it ---------
+    def _device_blocks(self) -> dict:
+        """The attention groups' cache content now: {group: (payload, parameters
+        or None)}, copies."""
+        return {g: (self.kv_caches[g].clone(),
+                    self.kv_params[g].clone() if g in self.kv_params else None)
+                for g in self.attn_groups}
+
+    def _written_since(self, before: dict) -> dict:
+        """{group: {block: (payload, parameters or None) as in ``before``}} for
+        the blocks whose content differs now: what a step in flight wrote, as it
+        was before the step."""
+        out = {}
+        for g, (kv, params) in before.items():
+            changed = (kv != self.kv_caches[g]).reshape(kv.shape[0], -1).any(1)
+            if params is not None:
+                changed |= (params != self.kv_params[g]).reshape(kv.shape[0], -1).any(1)
+            out[g] = {int(b): (kv[b], None if params is None else params[b])
+                      for b in torch.nonzero(changed).flatten().tolist()}
+        return out
+
+    def _unretired_view(self) -> dict:
+        """The attention groups' content as a copy that does not wait for the
+        compute stream may read it while steps are in flight: each block a step
+        in flight writes as it was before the oldest such step (the step's
+        kernels have not retired), every other block as it is.  {group:
+        (payload, parameters or None)}, copies."""
+        view = self._device_blocks()
+        for _, _, written in reversed(self.steps_in_flight):  # the oldest wins
+            for g, blocks in written.items():
+                kv, params = view[g]
+                for b, (old_kv, old_params) in blocks.items():
+                    kv[b] = old_kv
+                    if params is not None:
+                        params[b] = old_params
+        return view
+
+    def _launch_reads(self) -> dict | None:
+        """What a GPU -> host copy launched now reads, when that is fixed at
+        launch; None: the copy is ordered after the compute stream (vLLM's
+        offloading worker waits on it before a GPU -> CPU copy) and reads the
+        blocks at its end, after every step dispatched before it."""
+        return None
 
     def _land_results(self, batch: list, kept: list[int]) -> None:
         """A completed step's accepted counts, per request of its batch that is
@@ -1172,13 +1235,15 @@ class RunnerShell(abc.ABC):
         return (ptrs(buffers), ptrs(self.attn_inputs),
                 tuple((size, id(g), len(g.launches)) for size, g in sorted(self.graphs.items())))
 
-    def _dequantized(self, g: int) -> torch.Tensor:
+    def _dequantized(self, g: int, content: tuple | None = None) -> torch.Tensor:
         """Group ``g``'s KV cache as its reads see it: float32 (num_blocks,
-        block_size, head_size), ``q * scale + zero`` when quantized."""
-        if g not in self.kv_params:
-            return self.kv_caches[g]
-        p = self.kv_params[g]
-        return self.kv_caches[g].to(torch.float32) * p[..., 0:1] + p[..., 1:2]
+        block_size, head_size), ``q * scale + zero`` when quantized.  content:
+        (payload, parameters or None) to read instead of the live cache."""
+        kv, p = content if content is not None else (self.kv_caches[g],
+                                                     self.kv_params.get(g))
+        if p is None:
+            return kv
+        return kv.to(torch.float32) * p[..., 0:1] + p[..., 1:2]
 
     def _read_indices(self, g: int) -> np.ndarray:
         """What the last forward's Mamba kernel read for group ``g``, int32

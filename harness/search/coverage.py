@@ -67,6 +67,9 @@ FEATURES: dict[str, str] = {
     "onboard-from-host": "a new request starts loading prompt blocks from the host tier",
     "offload-meets-pinned-host-block": "an offload into a full host tier while an onboard in "
                                        "flight still reads one of its blocks",
+    "copy-reads-unretired-step": "a GPU -> host copy (an offload, or a save to the store) "
+                                 "launched while a step in flight writes some of the "
+                                 "tokens it copies",
     "step-completes-after-request-left": "a step in flight completes after one of its "
                                          "requests left",
     "step-completes-after-row-moved": "V1: a step in flight completes after one of its "
@@ -149,6 +152,7 @@ class Tracker:
     # last transfer ended: (group, block) -> op index
     _transfer: tuple | None = None  # a transfer's end: (its request had left, siblings)
     dispatched: list = field(default_factory=list)  # steps in flight: {req: row at dispatch}
+    writes_in_flight: list = field(default_factory=list)  # steps in flight: {req: first token}
     preempted_blocks: dict = field(default_factory=dict)  # req -> {(group, block)} it gave back
     _resumed_over: bool = False
     vacated: set = field(default_factory=set)  # rows vacated by a remove, not yet reused
@@ -169,6 +173,10 @@ class Tracker:
         self._pending_free = []
         self._transfer = None
         self._meets_pin = False
+        self._copies_unretired = False
+        if op["op"] in ("offload_begin", "kv_store_begin") and op.get("req") in ledger.requests:
+            self._copies_unretired = self._copy_end(op, ledger) > min(
+                (w[op["req"]] for w in self.writes_in_flight if op["req"] in w), default=1 << 30)
         if op["op"] == "offload_begin" and ledger.config.host_blocks:
             host = ledger.host
             self._meets_pin = len(host.blocks) >= host.capacity and any(
@@ -239,6 +247,12 @@ class Tracker:
             rows = reference.rows
             self.dispatched.append({int(r): rows.row_of(int(r))
                                     for r in reference.last_forward.req_ids})
+            self.writes_in_flight.append({int(x[0]): self._computed_before[int(x[0])]
+                                          for x in op["scheduled"]})
+        if self._copies_unretired:
+            hit.append("copy-reads-unretired-step")
+        if kind == "step_complete" and self.writes_in_flight:
+            self.writes_in_flight.pop(0)
         if kind == "step_complete" and self.dispatched:
             rows = reference.rows
             for req, row in self.dispatched.pop(0).items():
@@ -294,6 +308,15 @@ class Tracker:
             self.prev_real_forward = None if fwd.dummy else fwd
         # dedupe, keep order
         return list(dict.fromkeys(hit))
+
+    def _copy_end(self, op: dict, ledger) -> int:
+        """The end of the token range a store or offload copies."""
+        if op["op"] == "kv_store_begin":
+            return op["num_tokens"]
+        r = ledger.requests[op["req"]]
+        return max(((r.blocks[g].index(b) + 1) * self.config.tokens_per_block(g)
+                    for g, ids in enumerate(op["blocks"]) for b in ids
+                    if g < len(r.blocks) and b in r.blocks[g]), default=0)
 
     def _scheduler_state(self, op: dict, ledger):
         """What the scheduler features need from the ledger before an admit /
@@ -486,6 +509,8 @@ NEEDS = {
     # (allocator trace: a preempted request resumed onboards its own prefix)
     "onboard-from-host": lambda c: c.host_blocks > 0,
     "offload-meets-pinned-host-block": lambda c: c.host_blocks > 0,
+    "copy-reads-unretired-step": lambda c: (c.host_blocks > 0 or not any(
+        g.sliding_window for g in c.groups)) and bool(c.attention_groups),
 }
 """What a pinned config needs for a feature to be reachable at all."""
 

@@ -165,3 +165,37 @@ def test_onboard_past_a_prefix_hit():
     assert _run(s, ops[5:]) is None
     found = _run(Session(cfg, faults=("onboard-leaves-host-blocks-evictable",)), ops)
     assert found[:2] == ("NO_FREE_WHILE_PENDING", 8), found
+
+
+UNRETIRED = SEEDS / "offload-copy-skips-compute-wait.json"
+
+
+def test_a_copy_during_a_step_in_flight_stores_the_steps_kv():
+    """An offload launched while the step writing its blocks is in flight: the
+    fixed copy waits for the compute stream; with the fault it reads the blocks
+    as they were before the step.  With the tier checks skipped, the effect:
+    the request onboarding that prefix gets the stale KV."""
+    trace = load(UNRETIRED)
+    fault = ("offload-copy-skips-compute-wait",)
+    assert replay(trace).violation is None
+    found = replay(trace, faults=fault).violation
+    assert (found.invariant, found.op_index) == ("STORE_PROVENANCE", 3)
+    damage = replay(trace, faults=fault, skip=TIER_CHECKS).violation
+    assert (damage.invariant, damage.op_index) == ("MATCHES_REFERENCE", 7), damage
+
+
+def test_a_save_to_the_store_during_a_step_in_flight():
+    """The same copy ordering for a save to the external store (kv_store_*), no
+    host tier; a save launched with no step in flight is unaffected by the fault."""
+    cfg = dataclasses.replace(load(UNRETIRED).config, host_blocks=0, allocator="trace")
+    ops = [{"op": "add", "req": 0, "prompt_len": 8, "blocks": [[1, 2]]},
+           {"op": "step_dispatch", "scheduled": [[0, 8]], "cudagraph_mode": "NONE"},
+           {"op": "kv_store_begin", "req": 0, "handle": 0, "num_tokens": 8},
+           {"op": "kv_store_complete", "req": 0, "handle": 0},
+           {"op": "step_complete"},
+           {"op": "kv_store_begin", "req": 0, "handle": 1, "num_tokens": 4},
+           {"op": "kv_store_complete", "req": 0, "handle": 1}]
+    fault = ("offload-copy-skips-compute-wait",)
+    assert _run(Session(cfg), ops) is None
+    assert _run(Session(cfg, faults=fault), ops)[:2] == ("STORE_PROVENANCE", 3)
+    assert _run(Session(cfg, faults=fault), ops[:2] + ops[4:]) is None

@@ -114,8 +114,9 @@ def check_store_provenance(ctx: CheckContext) -> list:
             return [ctx.violation(STORE_PROVENANCE, f"request {ctx.op['req']}'s store of its "
                                   f"first {len(key)} tokens saved {fmt_values(got[key][g][p])} "
                                   f"for its position-{p} KV (of this rank), not "
-                                  f"{fmt_values(values[p])}: the blocks it read were not its "
-                                  "own any more", group=g)]
+                                  f"{fmt_values(values[p])}: the copy read blocks that did not "
+                                  "hold that prefix's KV when it read them (no longer the "
+                                  "request's, or not yet written)", group=g)]
     return []
 
 
@@ -153,7 +154,8 @@ def check_host_provenance(ctx: CheckContext) -> list:
             return [ctx.violation(STORE_PROVENANCE, f"the host block of group {k[0]}'s "
                                   f"{len(k[1])}-token prefix holds {fmt_values(got[k][p])} at "
                                   f"its offset {p}, not {fmt_values(values[p])}: it was "
-                                  "written from a block that did not hold that prefix",
+                                  "copied from a block that did not hold that prefix's KV "
+                                  "when the copy read it",
                                   group=k[0])]
     return []
 
