@@ -168,8 +168,9 @@ def replay(trace: Trace, faults=None, target: str = "gpu_impl",
     invariant would catch a bug's consequence if its structural invariant were
     not checked.  A start-up violation is reported with op_index -1, 0 ops run.
     The target's KV-cache manager choices are recorded into a copy of the ops
-    (``Verdict.ops``); where they differ from the trace's, ``Verdict.diverged``
-    says so (record: not even that — a search or a shrink, whose candidates'
+    (``Verdict.ops``), and later ops that name a request's blocks follow
+    them (:func:`_follow_choices`); where they differ from the trace's,
+    ``Verdict.diverged`` says so (record: not even that — a search or a shrink, whose candidates'
     records are stale).  cache: a :class:`SnapshotCache` of this call's
     faults / target / device / skip (record only): the replay resumes from the
     session after the longest op prefix an earlier replay ran, and leaves its
@@ -189,17 +190,48 @@ def replay(trace: Trace, faults=None, target: str = "gpu_impl",
             return Verdict(session.startup_violations[0], 0, ops)
         if cache is not None:
             cache.keep(keys[0], session, [])
+    moved: dict = {}  # (req, group) -> {recorded block: block the target chose}
+    for i in range(start):  # a resumed prefix: what its choices moved
+        _note_choice(moved, trace.ops[i], ops[i])
     for i in range(start, len(ops)):
-        op = ops[i]
+        op = ops[i] = _follow_choices(ops[i], moved)
         try:
-            found = session.apply(op)
+            found = session.apply(op)  # an admit / allocate: the choice written into op
         except OpError as e:  # parse() dry-runs traces, so only hand-built ones get here
             raise IllegalOp(f"ops[{session.op_index}] ({op['op']}): {e}") from None
+        _note_choice(moved, trace.ops[i], op)
         if found:
             return Verdict(found[0], session.op_index, ops, session.diverged)
         if cache is not None and i + 1 < len(ops):  # the last op's state resumes nothing
             cache.keep(keys[i + 1], session, ops[:i + 1])
     return Verdict(None, session.op_index, ops, session.diverged)
+
+
+def _note_choice(moved: dict, given: dict, chosen: dict) -> None:
+    """Record in ``moved`` the blocks the target chose for an ``admit`` /
+    ``allocate`` (``chosen``) where the trace's op (``given``) recorded others."""
+    if not spec_of(given).records:
+        return
+    was = recorded(given, spec_of(given))
+    if was is None or not was.get("blocks") or not chosen.get("blocks"):
+        return
+    for g, (old, new) in enumerate(zip(was["blocks"], chosen["blocks"])):
+        moved.setdefault((chosen["req"], g), {}).update(
+            (a, b) for a, b in zip(old, new) if a != b)
+
+
+def _follow_choices(op: dict, moved: dict) -> dict:
+    """Where the target's KV-cache manager gave a request other blocks than
+    the trace recorded (its policy differs, or a search or shrink candidate's
+    records went stale), a later op naming that request's blocks (a load,
+    onboard or offload) names the blocks at the same columns that it chose
+    instead (``Verdict.diverged`` still reports the different choice)."""
+    if spec_of(op).records or "blocks" not in op or "req" not in op:
+        return op
+    if not any((op["req"], g) in moved for g in range(len(op["blocks"]))):
+        return op
+    return dict(op, blocks=[[moved.get((op["req"], g), {}).get(b, b) for b in ids]
+                            for g, ids in enumerate(op["blocks"])])
 
 
 class SnapshotCache:

@@ -239,16 +239,33 @@ def _check_expect_by_release(trace: Trace, source: str, known: tuple) -> None:
             raise TraceError(source, f"{at}.reason", "must be a string")
 
 
-def dry_run(trace: Trace, source: str = "<trace>") -> None:
-    """Run the ops through the reference to prove each one legal (an op whose
-    target chooses is run without its recorded choice: the reference chooses,
-    and a replay judges the target's)."""
-    from harness.core.ops.scheduler import without_recorded
+def apply_as_recorded(runner, config, op: dict) -> None:
+    """Apply ``op`` to a reference runner alone, as a replay mirrors it: an op
+    whose target chooses (``admit`` / ``allocate``) with its recorded choice
+    where it has a well-formed one (the manager's policy may differ from the
+    reference's own, and later ops name the blocks it chose; the scheduler
+    invariants judge the choice at replay); without one, the reference
+    chooses.  Raises :class:`reference.OpError` when the op is illegal."""
+    from harness.core.invariants.scheduler import malformed
+    from harness.core.ops import spec_of
+    from harness.core.ops.scheduler import recorded, without_recorded
 
+    spec = spec_of(op)
+    mirrored = False
+    if spec.records and recorded(op, spec) is not None:
+        if spec.check is not None:  # the op's own fields first, as a replay does
+            spec.check(runner, op)
+        mirrored = malformed(config, runner.ledger, op) is None
+    apply_op(runner, op if mirrored else without_recorded(op))
+
+
+def dry_run(trace: Trace, source: str = "<trace>") -> None:
+    """Run the ops through the reference to prove each one legal
+    (:func:`apply_as_recorded`)."""
     runner = reference_runner(trace.config)
     for i, op in enumerate(trace.ops):
         try:
-            apply_op(runner, without_recorded(op))
+            apply_as_recorded(runner, trace.config, op)
         except OpError as e:
             where = f"ops[{i}] ({op['op']})" + (f".{e.field}" if e.field else "")
             raise TraceError(source, where, str(e).split(": ", 1)[-1]) from None

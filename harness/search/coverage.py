@@ -63,6 +63,9 @@ FEATURES: dict[str, str] = {
                                     f"transfer ended handed out again within {REUSE_WINDOW} ops",
     "resumed-after-blocks-reused": "a preempted request resumes while another request holds "
                                    "blocks it gave back",
+    "host-block-stored": "engine allocator (new requests share prompts): an offload "
+                         "completes, and a host block holds a prefix a new request can "
+                         "onboard",
     "host-block-evicted": "an offload makes room in the host tier by evicting a block",
     "onboard-from-host": "a new request starts loading prompt blocks from the host tier",
     "offload-meets-pinned-host-block": "an offload into a full host tier while an onboard in "
@@ -174,6 +177,9 @@ class Tracker:
         self._transfer = None
         self._meets_pin = False
         self._copies_unretired = False
+        self._stored = op["op"] == "offload_complete" and self.config.allocator == "engine" \
+            and bool(getattr(
+            ledger.transfers.get(op.get("handle")), "host_keys", None))
         if op["op"] in ("offload_begin", "kv_store_begin") and op.get("req") in ledger.requests:
             self._copies_unretired = self._copy_end(op, ledger) > min(
                 (w[op["req"]] for w in self.writes_in_flight if op["req"] in w), default=1 << 30)
@@ -278,6 +284,8 @@ class Tracker:
                 hit.append("offload-meets-pinned-host-block")
         if kind == "onboard_begin":
             hit.append("onboard-from-host")
+        if kind == "offload_complete" and self._stored:
+            hit.append("host-block-stored")
         if kind in ("admit", "allocate"):
             hit += self._scheduler_hits(op)
         if kind in ("add", "kv_load", "append", "admit", "allocate"):
@@ -505,6 +513,7 @@ NEEDS = {
                                      and c.num_speculative_tokens > 0),
     "mamba-state-carried": lambda c: c.mamba_cache_mode == "align",
     "page-reused-across-groups": lambda c: c.kv_sharing,
+    "host-block-stored": lambda c: c.host_blocks > 0 and c.allocator == "engine",
     "host-block-evicted": lambda c: c.host_blocks > 0,
     # (allocator trace: a preempted request resumed onboards its own prefix)
     "onboard-from-host": lambda c: c.host_blocks > 0,
@@ -520,6 +529,8 @@ NARROWS = {
     "mamba-state-restored": "prefix-hit",
     "mamba-state-restored-larger-block": "prefix-hit",
     "spec-count-foreign-next-forward": "spec-row-count-foreign",
+    "onboard-from-host": "host-block-stored",
+    "offload-meets-pinned-host-block": "onboard-from-host",
 }
 """Feature -> the broader feature met on the way to it (every window hit and every
 Mamba state restored is a prefix hit).  For a feature a run has not hit yet,

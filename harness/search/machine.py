@@ -173,7 +173,7 @@ class BlockFuzzMachine(RuleBasedStateMachine):
     def act(self):
         # No Hypothesis precondition: ``dummy_run`` is enabled in every state
         # (an idle rank can always run one), so some op always is.
-        spec = swarm_mod.pick(self.enabled_ops(), self.swarm, self.draws)
+        spec = swarm_mod.pick(self.enabled_ops(), self.swarm, self.draws, self)
         self.do(spec.draw(self, self.draws) if spec.draws_data else spec.draw(self))
 
     def teardown(self):

@@ -56,7 +56,18 @@ USE_CACHE = True
 
 
 def _without_req(ops: list[dict], req: int) -> list[dict]:
-    """``ops`` with request ``req`` dropped (each op's registry entry decides how)."""
+    """``ops`` with request ``req`` dropped (each op's registry entry decides how).
+
+    A prompt that shared ``req``'s prefix, where ``req``'s own prompt began
+    with an earlier request's, shares that earlier request's instead (as far
+    as the two coincide): the same tokens, so a prefix hit or a host-tier hit
+    through the dropped request survives."""
+    source = next((op.get("prefix") for op in ops
+                   if op["op"] == "admit" and op["req"] == req), None)
+    if source:
+        ops = [dict(op, prefix=[source[0], min(op["prefix"][1], source[1])])
+               if op["op"] == "admit" and op.get("prefix") and op["prefix"][0] == req
+               else op for op in ops]
     out = []
     for op in ops:
         kept = spec_of(op).drop_request(op, req)
@@ -271,14 +282,15 @@ def _candidates(ops: list[dict]):
 
 
 def legalize(config, ops: list[dict]) -> list[dict]:
-    """``ops`` minus every op the reference refuses in sequence."""
-    from harness.core.ops.scheduler import without_recorded
+    """``ops`` minus every op the reference refuses in sequence (choices
+    mirrored as recorded: :func:`harness.core.trace.apply_as_recorded`)."""
+    from harness.core.trace import apply_as_recorded
 
     runner = reference_runner(config)
     kept = []
     for op in ops:
         try:
-            apply_op(runner, without_recorded(op))
+            apply_as_recorded(runner, config, op)
         except OpError:
             continue
         kept.append(op)

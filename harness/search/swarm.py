@@ -32,6 +32,7 @@ MODE_SETS = (MODES, ("FULL",), ("FULL", "PIECEWISE"), ("FULL", "NONE"),
 WEIGHTS = (2, 2, 6, 0, 1)  # per op; 0 turns the op off for this example
 ALWAYS_ON = ("add", "step", "admit", "allocate")  # without them an example exercises nothing
 FORWARD_FACTOR = 2  # forwards (step, dummy run) are where kernels write: drawn more often
+EAGER_FACTOR = 4  # an op the engine would take now (OpSpec.eager): drawn this much more often
 
 
 @dataclass(frozen=True)
@@ -93,15 +94,18 @@ def swarms(op_names: list[str]):
     return draw()
 
 
-def pick(ops: list, swarm: Swarm, data):
+def pick(ops: list, swarm: Swarm, data, machine=None):
     """Draw one of ``ops`` (OpSpecs whose precondition holds) by swarm weight
-    (forward ops times :data:`FORWARD_FACTOR`);
+    (forward ops times :data:`FORWARD_FACTOR`, ops whose ``eager(machine)``
+    holds times :data:`EAGER_FACTOR`);
     when every one of them is weighted 0, all are equally likely (the example
     must go on)."""
     if not ops:
         raise AssertionError("no op is enabled (dummy_run always is: has it been "
                              "unregistered?)")
-    weights = [swarm.weight(s.name) * (FORWARD_FACTOR if s.forward else 1) for s in ops]
+    weights = [swarm.weight(s.name) * (FORWARD_FACTOR if s.forward else 1)
+               * (EAGER_FACTOR if s.eager is not None and machine is not None
+                  and s.eager(machine) else 1) for s in ops]
     if not any(weights):
         weights = [1] * len(ops)
     k = data.integer(0, sum(weights) - 1)

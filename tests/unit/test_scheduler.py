@@ -186,6 +186,45 @@ def test_a_replay_reports_a_different_choice_without_failing(tmp_path):
     assert again.violation is None and "recorded {'blocks': [[7]]" in again.diverged[0]
 
 
+HOST = RunnerConfig(groups=(GroupSpec("attention", 4, 4),), num_blocks=12, max_num_reqs=4,
+                    max_num_blocks_per_req=4, max_num_batched_tokens=16,
+                    allocator="engine", host_blocks=2)
+
+
+def _onboarding(first_blocks):
+    """Request 0 computes and offloads its first block; request 1, recorded with
+    ``first_blocks`` (group 0), shares that prefix and onboards it."""
+    return [dict(admit(0, 8, 8), blocks=[[1, 2]], num_cached_tokens=0), step((0, 8)),
+            {"op": "offload_begin", "req": 0, "handle": 0, "blocks": [[1]]},
+            {"op": "offload_complete", "req": 0, "handle": 0},
+            dict(admit(1, 8, 8, (0, 4)), blocks=[first_blocks], num_cached_tokens=0),
+            {"op": "onboard_begin", "req": 1, "handle": 1, "blocks": [first_blocks[:1]]},
+            {"op": "onboard_complete", "req": 1, "handle": 1}]
+
+
+def test_a_trace_loads_with_choices_other_than_the_references_own():
+    """The reference alone would give request 1 blocks 3 and 4 (its plain
+    policy); a trace recording the engine's [9, 5] still loads — the dry run
+    mirrors the recorded choice, as a replay mirrors the target's — and the
+    shrinker keeps the onboard that names block 9."""
+    from harness.search.shrink import legalize
+
+    ops = _onboarding([9, 5])
+    trace = parse(json.loads(Trace(HOST, ops).dumps()))  # the dry run accepts it
+    assert legalize(HOST, ops) == ops
+    found = replay(trace)
+    assert found.violation is None and "recorded {'blocks': [[9, 5]]" in found.diverged[0]
+
+
+def test_a_recording_replay_follows_the_targets_choices_into_later_ops():
+    """A search or shrink candidate whose recorded choices went stale: the ops
+    that name the request's blocks get the blocks the target chose instead."""
+    stale = replay(Trace(HOST, _onboarding([9, 5])), record=True)
+    assert stale.violation is None
+    chosen = stale.ops[4]["blocks"][0]
+    assert chosen != [9, 5] and stale.ops[5]["blocks"] == [chosen[:1]]
+
+
 def test_recorded_fields_are_optional_and_checked_only_by_replay():
     obj = json.loads(Trace(CFG, SHARED).dumps())
     assert "blocks" not in obj["ops"][0]

@@ -104,7 +104,7 @@ def test_swarm_knobs_are_obeyed_and_the_draw_is_a_function_of_the_seed():
 def test_pick_draws_ops_in_proportion_to_their_weights():
     from types import SimpleNamespace
 
-    from harness.search.swarm import FORWARD_FACTOR, Swarm, pick
+    from harness.search.swarm import EAGER_FACTOR, FORWARD_FACTOR, Swarm, pick
 
     class Fixed:  # stands in for the machine's Draws: returns the k it is given
         def __init__(self, k):
@@ -114,13 +114,22 @@ def test_pick_draws_ops_in_proportion_to_their_weights():
             assert lo <= self.k <= hi
             return self.k
 
-    ops = [SimpleNamespace(name=n, forward=f)
+    ops = [SimpleNamespace(name=n, forward=f, eager=None)
            for n, f in (("add", None), ("remove", None), ("step", "real"))]
     sw = Swarm(weights={"add": 1, "remove": 0, "step": 3})
     picked = [pick(ops, sw, Fixed(k)).name for k in range(1 + 3 * FORWARD_FACTOR)]
     assert picked == ["add"] + ["step"] * 3 * FORWARD_FACTOR  # remove is off
     only_off = [pick(ops[1:2], sw, Fixed(0)).name]  # nothing else enabled: it still runs
     assert only_off == ["remove"]
+    # An op the engine would take now (eager) is drawn EAGER_FACTOR times as often,
+    # only while its predicate holds on the machine; a weight of 0 stays off.
+    due = {"now": True}
+    ops[0].eager = ops[1].eager = lambda m: m["now"]
+    picked = [pick(ops, sw, Fixed(k), due).name
+              for k in range(EAGER_FACTOR + 3 * FORWARD_FACTOR)]
+    assert picked == ["add"] * EAGER_FACTOR + ["step"] * 3 * FORWARD_FACTOR
+    due["now"] = False
+    assert pick(ops, sw, Fixed(1), due).name == "step"
 
 
 def test_uniform_mix_without_swarm():

@@ -95,7 +95,10 @@ class OpSpec:
     keeps its token count), or None when the op has nothing to fold: the
     shrinker drops ``req`` everywhere else.  permit(config,
     ledger, op) -> (cells, runs): cells[g] = {block: (first_offset, end_offset)
-    | None (any cell)}, runs = requests the op writes for.
+    | None (any cell)}, runs = requests the op writes for.  eager(machine) ->
+    bool: the engine does this op whenever it can (a connector stores each
+    newly computed full block): while it holds, the search draws the op
+    :data:`harness.search.swarm.EAGER_FACTOR` times as often.
     """
 
     name: str
@@ -119,6 +122,7 @@ class OpSpec:
     forward: str | None = None  # "real" (a step), "dummy" (a dummy run), None
     records: tuple = ()  # fields the target chooses (apply returns them); optional in traces
     check: Callable | None = None  # check(reference, op): legality before the target chooses
+    eager: Callable | None = None  # eager(machine): the engine would do it now (drawn more)
     family: str = "core"
     extra: dict = field(default_factory=dict)
 

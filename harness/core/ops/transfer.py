@@ -236,6 +236,16 @@ def _offloadable(m) -> list[int]:
             and any(m.ledger.offloadable_columns(s, g) for g in m.cfg.attention_groups)]
 
 
+def _stores_due(m) -> bool:
+    """Does a request hold a full computed block whose hash the host tier lacks?
+    vLLM's offloading connector stores each such block after the step that
+    completed it (its scheduler side's ``build_connector_meta``)."""
+    ledger = m.ledger
+    return any(ledger.host_key(req, g, c) not in ledger.host.blocks
+               for req in _offloadable(m) for g in m.cfg.attention_groups
+               for c in ledger.offloadable_columns(ledger.requests[req], g))
+
+
 def _draw_offload_begin(m, data) -> dict:
     req = data.choice(_offloadable(m))
     r = m.ledger.requests[req]
@@ -296,7 +306,7 @@ register(OpSpec(
     example={"op": "offload_begin", "req": 0, "handle": 3, "blocks": [[4, 5], []]},
     apply=lambda t, op: t.offload_begin(op["req"], op["handle"], op["blocks"]),
     draw=_draw_offload_begin, enabled=lambda m: bool(_offloadable(m)), requests=_req,
-    rename=_rename, narrow=_narrow_begin, family="async"))
+    rename=_rename, narrow=_narrow_begin, eager=_stores_due, family="async"))
 register(OpSpec(
     name="offload_complete", summary="an offload in flight finishes: its host blocks hold "
     "what the request's blocks hold now and are ready to onboard",
@@ -305,7 +315,7 @@ register(OpSpec(
     apply=lambda t, op: t.offload_complete(op["req"], op["handle"]),
     draw=_draw_transfer_end("offload_complete", "store", "host"),
     enabled=lambda m: bool(_in_flight_of("store", "host")(m)), requests=_req,
-    rename=_handle_rename, permit=_permit_store_end, family="async"))
+    rename=_handle_rename, permit=_permit_store_end, eager=lambda m: True, family="async"))
 register(OpSpec(
     name="onboard_begin", summary="a connector starts loading a new request's full prompt "
     "blocks from ready host blocks of the same hashes, which stay pinned until it ends",
