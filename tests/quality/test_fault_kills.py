@@ -47,13 +47,10 @@ SEED_BUGS = {("vacated-row-not-cleared", "v1"), ("dummy-tables-not-zeroed", "v2"
 # docs/search-power.md, find-rate tables).
 # Measured 2026-12-01 with rows that can hold a hit, config-pair steering and keys per
 # group kind: 55 of 55 found from seed 0 (the two misses listed before were both found).
-KNOWN_MISSES: dict = {
-    (f, r): "measured 2026-12-02 when the host tier came: the onboard it needs is drawn "
-            "only where an engine admits a prompt sharing an offloaded prefix with no GPU hit "
-            "(allocator engine, prefix caching off), and the pinned block must then meet an "
-            "offload into a full tier; found from seed 0 with the seed trace's config pinned "
-            "(blockfuzz fuzz --config), not with the geometry drawn"
-    for f in ("onboard-leaves-host-blocks-evictable",) for r in ("v1", "v2")}
+# Measured 2026-12-02 after the host tier's copies were drawn as a connector does them
+# (OpSpec.eager) and a new prompt shares any host-tier block: the onboard fault, a
+# known miss until then, found from seed 0 on both runners.
+KNOWN_MISSES: dict = {}
 # Findings whose shortest form in the geometry seed 0 drew is longer than the hand-written
 # trace's (+1): {(fault, runner): (ops allowed beyond the hand-written length, why)}.
 LONGER_SHRINKS = {

@@ -10,7 +10,9 @@ cached request state stays; when it is scheduled again with
 recomputes from the scheduler's count).  A store still reading a preempted
 request's blocks keeps them, as for a request that finished.  With the trace
 naming blocks (allocator ``trace``); not with the engine's KV-cache manager
-yet, nor swap-out to a host tier.
+yet.  Swap-out is the host tier's composition (``offload_*``, ``preempt``,
+``resume``, ``onboard_*``), as an engine with a CPU offloading connector
+runs it.
 """
 
 from __future__ import annotations

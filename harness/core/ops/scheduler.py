@@ -69,13 +69,14 @@ def _draw_admit(m, data) -> dict:
         # Mostly a prompt that shares an earlier one's prefix (the whole of it,
         # or a cut), then its own tokens: where prefix hits come from — most
         # often an earlier prompt whose blocks are registered already (or, with
-        # a host tier, whose first block the tier holds: what it onboards).
+        # a host tier, one of whose prompt blocks the tier holds: what it onboards).
         if cfg.enable_prefix_caching:
             cached = [r for r in sources if ledger.expected_hit(
                 np.append(ledger.prompts[r], -1))[0] > 0]
         else:
             cached = [r for r in sources if any(
-                ledger.host.is_ready(ledger.host_key(r, g, 0)) for g in cfg.attention_groups)]
+                ledger.host.is_ready(ledger.host_key(r, g, c)) for g in cfg.attention_groups
+                for c in range(len(ledger.prompts[r]) // cfg.tokens_per_block(g)))]
         src = data.choice(cached if cached and data.integer(0, 3) else sources)
         src_len = len(ledger.prompts[src])
         whole = ledger.expected_hit(np.append(ledger.prompts[src], -1))[0]

@@ -323,7 +323,7 @@ register(OpSpec(
     example={"op": "onboard_begin", "req": 1, "handle": 4, "blocks": [[6, 7], []]},
     apply=lambda t, op: t.onboard_begin(op["req"], op["handle"], op["blocks"]),
     draw=_draw_onboard_begin, enabled=lambda m: bool(_onboardable(m)), requests=_req,
-    rename=_rename, narrow=_narrow_begin, family="async"))
+    rename=_rename, narrow=_narrow_begin, eager=lambda m: True, family="async"))
 register(OpSpec(
     name="onboard_complete", summary="an onboard in flight lands: its blocks get what the host "
     "blocks hold now (the prompt's KV); a request that left meanwhile is freed after its "
