@@ -515,7 +515,7 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "kernels had not retired); the same hazard fixed for OffloadingConnector in "
           "vllm-project/vllm PR #31341 '[BugFix] Wait for compute before offloading KV to CPU'",
           "STORE_PROVENANCE", ("MATCHES_REFERENCE",), family="async",
-          sites=("vllm/v1/kv_offload/worker/cpu_gpu.py",
+          sites=("vllm/v1/kv_offload/worker/cpu_gpu.py", "vllm/v1/simple_kv_offload/worker.py",
                  "vllm/distributed/kv_transfer/kv_connector/v1/simple_cpu_offload/worker.py")),
 )}
 

@@ -59,6 +59,15 @@ def ids_payload(token_ids: np.ndarray, head_size: int) -> np.ndarray:
     return (np.asarray(token_ids, np.int64)[:, None] * 4 + d + 1).astype(np.float32)
 
 
+def _differs(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """bool (len(a),): whether each block (first dimension) of ``a`` and ``b``
+    differs; NaN equals NaN (a NaN left in place is not a write)."""
+    same = a == b
+    if a.is_floating_point():
+        same |= torch.isnan(a) & torch.isnan(b)
+    return ~same.reshape(a.shape[0], -1).all(1)
+
+
 def host(t: torch.Tensor) -> np.ndarray:
     """A NumPy copy of a (device) tensor."""
     return t.detach().cpu().numpy().copy()
@@ -806,9 +815,9 @@ class RunnerShell(abc.ABC):
         was before the step."""
         out = {}
         for g, (kv, params) in before.items():
-            changed = (kv != self.kv_caches[g]).reshape(kv.shape[0], -1).any(1)
+            changed = _differs(kv, self.kv_caches[g])
             if params is not None:
-                changed |= (params != self.kv_params[g]).reshape(kv.shape[0], -1).any(1)
+                changed |= _differs(params, self.kv_params[g])
             out[g] = {int(b): (kv[b], None if params is None else params[b])
                       for b in torch.nonzero(changed).flatten().tolist()}
         return out

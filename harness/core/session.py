@@ -190,7 +190,7 @@ def replay(trace: Trace, faults=None, target: str = "gpu_impl",
             return Verdict(session.startup_violations[0], 0, ops)
         if cache is not None:
             cache.keep(keys[0], session, [])
-    moved: dict = {}  # (req, group) -> {recorded block: block the target chose}
+    moved: dict = {}  # group -> {recorded block: block the target chose}
     for i in range(start):  # a resumed prefix: what its choices moved
         _note_choice(moved, trace.ops[i], ops[i])
     for i in range(start, len(ops)):
@@ -208,29 +208,29 @@ def replay(trace: Trace, faults=None, target: str = "gpu_impl",
 
 
 def _note_choice(moved: dict, given: dict, chosen: dict) -> None:
-    """Record in ``moved`` the blocks the target chose for an ``admit`` /
-    ``allocate`` (``chosen``) where the trace's op (``given``) recorded others."""
+    """Record in ``moved`` ({group: {recorded block: block chosen}}) what the
+    target chose for an ``admit`` / ``allocate`` (``chosen``) against what the
+    trace's op (``given``) recorded, column by column (the latest choice of a
+    recorded id wins)."""
     if not spec_of(given).records:
         return
     was = recorded(given, spec_of(given))
     if was is None or not was.get("blocks") or not chosen.get("blocks"):
         return
     for g, (old, new) in enumerate(zip(was["blocks"], chosen["blocks"])):
-        moved.setdefault((chosen["req"], g), {}).update(
-            (a, b) for a, b in zip(old, new) if a != b)
+        moved.setdefault(g, {}).update(zip(old, new))
 
 
 def _follow_choices(op: dict, moved: dict) -> dict:
-    """Where the target's KV-cache manager gave a request other blocks than
-    the trace recorded (its policy differs, or a search or shrink candidate's
-    records went stale), a later op naming that request's blocks (a load,
-    onboard or offload) names the blocks at the same columns that it chose
-    instead (``Verdict.diverged`` still reports the different choice)."""
-    if spec_of(op).records or "blocks" not in op or "req" not in op:
+    """Where the target's KV-cache manager chose other blocks than the trace
+    recorded (its policy differs, or a search or shrink candidate's records
+    went stale), a later op naming blocks (a load, onboard or offload) names
+    the block the target chose where the trace recorded the one it names —
+    hit blocks shared with the request that got them included.  A different
+    prefix hit is not followed: the ops' token counts stay as written."""
+    if spec_of(op).records or "blocks" not in op or "req" not in op or not moved:
         return op
-    if not any((op["req"], g) in moved for g in range(len(op["blocks"]))):
-        return op
-    return dict(op, blocks=[[moved.get((op["req"], g), {}).get(b, b) for b in ids]
+    return dict(op, blocks=[[moved.get(g, {}).get(b, b) for b in ids]
                             for g, ids in enumerate(op["blocks"])])
 
 

@@ -242,21 +242,64 @@ def _check_expect_by_release(trace: Trace, source: str, known: tuple) -> None:
 def apply_as_recorded(runner, config, op: dict) -> None:
     """Apply ``op`` to a reference runner alone, as a replay mirrors it: an op
     whose target chooses (``admit`` / ``allocate``) with its recorded choice
-    where it has a well-formed one (the manager's policy may differ from the
-    reference's own, and later ops name the blocks it chose; the scheduler
-    invariants judge the choice at replay); without one, the reference
-    chooses.  Raises :class:`reference.OpError` when the op is illegal."""
-    from harness.core.invariants.scheduler import malformed
+    where the reference can tell that choice was open to a KV-cache manager
+    (:func:`_choice_open`: the prefix hit and window frees the reference
+    expects, new blocks that were free) — the manager's policy may differ
+    from the reference's own, and later ops name the blocks it chose;
+    otherwise (no record, or one no manager could have made) the reference
+    chooses, and a replay judges the target's choice.  Raises
+    :class:`reference.OpError` when the op is illegal."""
     from harness.core.ops import spec_of
-    from harness.core.ops.scheduler import recorded, without_recorded
+    from harness.core.ops.scheduler import without_recorded
 
     spec = spec_of(op)
     mirrored = False
-    if spec.records and recorded(op, spec) is not None:
+    if spec.records and op.get("blocks") is not None:
         if spec.check is not None:  # the op's own fields first, as a replay does
             spec.check(runner, op)
-        mirrored = malformed(config, runner.ledger, op) is None
+        mirrored = _choice_open(runner.ledger, config, op)
     apply_op(runner, op if mirrored else without_recorded(op))
+
+
+def _choice_open(ledger, config, op: dict) -> bool:
+    """Could a KV-cache manager have made ``op``'s recorded choice?  The same
+    prefix hit (hit blocks, null pads) and window frees as the reference's own
+    choice, as many new blocks per group, each free (unheld; a cached block may
+    be evicted) and none twice."""
+    from harness.core.invariants.scheduler import malformed
+    from reference.kv_cache_manager import choose_admit, choose_allocate, choose_skipped
+
+    if malformed(config, ledger, op) is not None:
+        return False
+    if op["op"] == "admit":
+        tokens = ledger.prompt_tokens(op["req"], op["prompt_len"], op["prefix"])
+        own, hit = choose_admit(ledger, tokens, op["num_new_tokens"])
+        if own is None or op.get("num_cached_tokens") != hit:
+            return False
+        fixed = [len(ids) - len([b for b in ids[config.hit_columns(g, hit):]
+                                 if b != config.null_block(g)])
+                 for g, ids in enumerate(own)]  # hit blocks and null pads, in front
+        freed = [set() for _ in config.groups]
+    else:
+        if any(op.get("freed") or []) or any(choose_skipped(ledger, op["req"])):
+            return False  # window frees: the reference's own choice decides
+        own = choose_allocate(ledger, op["req"], op["num_new_tokens"])
+        if own is None:
+            return False
+        fixed = [len(ids) - len([b for b in ids if b != config.null_block(g)])
+                 for g, ids in enumerate(own)]
+        freed = [set() for _ in config.groups]
+    taken = set()
+    for g, (mine, theirs) in enumerate(zip(own, op["blocks"])):
+        if len(mine) != len(theirs) or mine[:fixed[g]] != theirs[:fixed[g]]:
+            return False
+        for b in theirs[fixed[g]:]:
+            pool_key = (ledger.pool_of(g) if config.kv_sharing else g, b)
+            if b == config.null_block(g) or pool_key in taken or (
+                    ledger.ref_count[g][b] != 0 and b not in freed[g]):
+                return False
+            taken.add(pool_key)
+    return True
 
 
 def dry_run(trace: Trace, source: str = "<trace>") -> None:

@@ -62,12 +62,14 @@ def _without_req(ops: list[dict], req: int) -> list[dict]:
     with an earlier request's, shares that earlier request's instead (as far
     as the two coincide): the same tokens, so a prefix hit or a host-tier hit
     through the dropped request survives."""
+    from harness.core.ops.scheduler import without_recorded
+
     source = next((op.get("prefix") for op in ops
                    if op["op"] == "admit" and op["req"] == req), None)
     if source:
-        ops = [dict(op, prefix=[source[0], min(op["prefix"][1], source[1])])
+        ops = [dict(without_recorded(op), prefix=[source[0], min(op["prefix"][1], source[1])])
                if op["op"] == "admit" and op.get("prefix") and op["prefix"][0] == req
-               else op for op in ops]
+               else op for op in ops]  # its recorded hit and blocks were another prompt's
     out = []
     for op in ops:
         kept = spec_of(op).drop_request(op, req)

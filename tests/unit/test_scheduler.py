@@ -7,6 +7,7 @@ invariant is shown to fire on a manager made to misbehave (monkeypatched at
 the line a bug would live), and legality errors name their field.
 """
 
+import dataclasses
 import json
 
 import numpy as np
@@ -421,3 +422,26 @@ def test_align_mode_restores_the_hit_state_and_refuses_unaligned_chunks():
                                         "cudagraph_mode": "NONE"},
                        {"op": "allocate", "req": 0, "num_new_tokens": 1},
                        {"op": "step", "scheduled": [[0, 2]], "cudagraph_mode": "NONE"}]})
+
+
+def test_a_recorded_choice_no_manager_could_make_is_not_mirrored_at_load():
+    """A recorded prefix hit the reference does not expect (nothing is cached
+    yet) is not taken for the target's policy: the reference's own choice
+    stands, and an op that relied on the impossible hit is refused at load."""
+    ops = [dict(admit(0, 8, 4), blocks=[[7, 8]], num_cached_tokens=4), step((0, 4)),
+           {"op": "kv_store_begin", "req": 0, "handle": 0, "num_tokens": 8}]
+    with pytest.raises(TraceError, match=r"ops\[2\] \(kv_store_begin\)"):
+        parse(json.loads(Trace(CFG, ops).dumps()))
+
+
+def test_a_later_request_sharing_a_moved_hit_block_follows_it():
+    """Request 1 gets request 0's blocks as its prefix hit: an offload naming
+    the recorded id of a shared block names the block the target chose."""
+    cfg = dataclasses.replace(HOST, enable_prefix_caching=True)
+    ops = [dict(admit(0, 8, 8), blocks=[[9, 5]], num_cached_tokens=0), step((0, 8)),
+           admit(1, 12, 4, (0, 8)), step((1, 4)),
+           {"op": "offload_begin", "req": 1, "handle": 0, "blocks": [[9]]},
+           {"op": "offload_complete", "req": 1, "handle": 0}]
+    found = replay(parse(json.loads(Trace(cfg, ops).dumps())))
+    assert found.violation is None
+    assert found.ops[4]["blocks"] == [found.ops[0]["blocks"][0][:1]]
