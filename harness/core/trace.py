@@ -279,7 +279,6 @@ def _choice_open(ledger, config, op: dict) -> bool:
         fixed = [len(ids) - len([b for b in ids[config.hit_columns(g, hit):]
                                  if b != config.null_block(g)])
                  for g, ids in enumerate(own)]  # hit blocks and null pads, in front
-        freed = [set() for _ in config.groups]
     else:
         if any(op.get("freed") or []) or any(choose_skipped(ledger, op["req"])):
             return False  # window frees: the reference's own choice decides
@@ -288,15 +287,13 @@ def _choice_open(ledger, config, op: dict) -> bool:
             return False
         fixed = [len(ids) - len([b for b in ids if b != config.null_block(g)])
                  for g, ids in enumerate(own)]
-        freed = [set() for _ in config.groups]
     taken = set()
     for g, (mine, theirs) in enumerate(zip(own, op["blocks"])):
         if len(mine) != len(theirs) or mine[:fixed[g]] != theirs[:fixed[g]]:
             return False
         for b in theirs[fixed[g]:]:
             pool_key = (ledger.pool_of(g) if config.kv_sharing else g, b)
-            if b == config.null_block(g) or pool_key in taken or (
-                    ledger.ref_count[g][b] != 0 and b not in freed[g]):
+            if b == config.null_block(g) or pool_key in taken or ledger.ref_count[g][b] != 0:
                 return False
             taken.add(pool_key)
     return True
