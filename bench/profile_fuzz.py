@@ -50,47 +50,48 @@ def _layer_of(filename: str) -> str:
     return LIBRARY
 
 
-
-
-def own_time_per_layer(stats: pstats.Stats) -> dict[str, float]:
+def own_time_per_layer(stats: pstats.Stats, rounds: int = 60) -> dict[str, float]:
     """Seconds of own time per layer.  Library code's own time (a builtin,
     ``inspect.getcallargs`` under Triton's launcher, a NumPy comparison in an
-    invariant) goes to the layer of the nearest caller outside library code,
-    split over its callers by the time each call edge took; only what no layer
-    reaches (a cycle, the profiler's root) stays :data:`LIBRARY`."""
+    invariant) goes to the layer of the nearest caller outside library code:
+    first split over its callers by its own time under each, then up through
+    library callers by the cumulative time of each call edge (solved by
+    iteration, ``rounds`` at most, so cycles through library code converge).
+    Only what no layer reaches (the profiler's root) stays :data:`LIBRARY`."""
     def layer(func) -> str:
         return LIBRARY if func[0] == "~" else _layer_of(func[0])
 
-    shares: dict = {}  # library function -> {layer: fraction of its time}
-    busy: set = set()
+    def edges(func, field: int) -> list:
+        """[(caller, weight)] without self-calls (recursion's time is already
+        in the outer edges), weights normalised; [] when there are none."""
+        out = [(c, e[field]) for c, e in stats.stats[func][4].items() if c != func]
+        total = sum(w for _, w in out)
+        return [(c, w / total) for c, w in out] if total > 0 else []
 
-    def split(func) -> dict[str, float]:
-        if func in shares:
-            return shares[func]
-        if func in busy:  # a cycle through the standard library
-            return {LIBRARY: 1.0}
-        busy.add(func)
-        callers = stats.stats[func][4] if func in stats.stats else {}
-        edges = {c: e[3] for c, e in callers.items() if c != func}
-        weight = sum(edges.values())
+    library = [f for f in stats.stats if layer(f) == LIBRARY]
+    up = {f: edges(f, 3) for f in library}
+    share = {f: {LIBRARY: 1.0} for f in library}  # where a library function's time ends up
+
+    def mix(pairs) -> dict[str, float]:
         out: dict[str, float] = {}
-        if weight <= 0:
-            out[LIBRARY] = 1.0
-        for caller, w in edges.items():
-            if weight <= 0:
-                break
-            name = layer(caller)
-            sub = split(caller) if name == LIBRARY else {name: 1.0}
-            for k, frac in sub.items():
-                out[k] = out.get(k, 0.0) + frac * w / weight
-        busy.discard(func)
-        shares[func] = out
-        return out
+        for caller, w in pairs:
+            for k, frac in (share[caller] if caller in share else {layer(caller): 1.0}).items():
+                out[k] = out.get(k, 0.0) + frac * w
+        return out or {LIBRARY: 1.0}
 
+    for _ in range(rounds):
+        moved = 0.0
+        for f in library:
+            new = mix(up[f])
+            moved = max(moved, *(abs(new.get(k, 0.0) - share[f].get(k, 0.0))
+                                 for k in new.keys() | share[f].keys()))
+            share[f] = new
+        if moved < 1e-9:
+            break
     own: dict[str, float] = {}
     for func, (_cc, _nc, tt, _ct, _callers) in stats.stats.items():
         name = layer(func)
-        for k, frac in (split(func) if name == LIBRARY else {name: 1.0}).items():
+        for k, frac in (mix(edges(func, 2)) if name == LIBRARY else {name: 1.0}).items():
             own[k] = own.get(k, 0.0) + tt * frac
     return own
 
