@@ -25,11 +25,11 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-# (layer, path fragments of the functions whose *own* time counts to it); the
-# first match wins, so the more specific fragments come first.
 # Library code (the standard library, NumPy, torch, builtins) is no layer of
 # its own: its time is charged to the layer that called it.
 LIBRARY = "library code no layer called"
+# (layer, path fragments of the functions whose *own* time counts to it); the
+# first match wins, so the more specific fragments come first.
 LAYERS = (
     ("gpu_impl (kernels, runner shell)", ("/gpu_impl/", "/triton/")),
     ("reference", ("/reference/",)),
@@ -58,8 +58,8 @@ def own_time_per_layer(stats: pstats.Stats, rounds: int = 60) -> dict[str, float
     library callers by the cumulative time of each call edge (solved by
     iteration, ``rounds`` at most, so cycles through library code converge).
     Only what no layer reaches (the profiler's root) stays :data:`LIBRARY`."""
-    def layer(func) -> str:
-        return LIBRARY if func[0] == "~" else _layer_of(func[0])
+    def layer(func) -> str:  # a builtin's file is "~": no fragment matches it
+        return _layer_of(func[0])
 
     def edges(func, field: int) -> list:
         """[(caller, weight)] without self-calls (recursion's time is already
