@@ -137,13 +137,15 @@ class BlockTable:
         """Slot mapping of this table's rows (see :func:`compute_slot_mapping`)."""
         compute_slot_mapping(self.block_table.gpu, self.block_size, self.kernel_block_size,
                              self.dcp, req_indices, positions, slot_mapping, num_tokens_padded,
-                             ignore_kernel_blocks="kernel-block-size-ignored" in self.faults)
+                             ignore_kernel_blocks="kernel-block-size-ignored" in self.faults,
+                             row_unguarded="slot-mapping-row-unguarded" in self.faults)
 
 
 def compute_slot_mapping(block_table: torch.Tensor, block_size: int, kernel_block_size: int,
                          dcp: tuple[int, int, int], req_indices: torch.Tensor,
                          positions: torch.Tensor, slot_mapping: torch.Tensor,
-                         num_tokens_padded: int, ignore_kernel_blocks: bool = False) -> None:
+                         num_tokens_padded: int, ignore_kernel_blocks: bool = False,
+                         row_unguarded: bool = False) -> None:
     """Slot of each token on this rank, through a table of kernel blocks.
 
     block_table: int32 (max_num_reqs, width) device, kernel block ids; block_size /
@@ -153,16 +155,25 @@ def compute_slot_mapping(block_table: torch.Tensor, block_size: int, kernel_bloc
     get ``PAD_SLOT_ID`` (world 1: every position is local); req_indices: int32
     (max_num_batched_tokens,) batch row per token, -1 for padding tokens
     (``PAD_SLOT_ID``); positions: int64; slot_mapping: int64 persistent output,
-    entries [0, num_tokens_padded) written, the rest untouched.
+    entries [0, num_tokens_padded) written, the rest untouched.  A position
+    whose kernel column lies past the row (a narrow group's row, narrower than
+    the request) gets ``PAD_SLOT_ID``: the block-table load is bounded by the
+    row's width (vLLM PR #54296).
+    row_unguarded: only to re-introduce the ``slot-mapping-row-unguarded``
+    fault (the load bounded by token validity and DCP ownership alone: a
+    column past the row reads the next row's entries, and past the table's
+    end whatever lies there, modelled as zeros).
     ignore_kernel_blocks: only to re-introduce the ``kernel-block-size-ignored``
     fault (the allocation column used as the kernel column).
     """
     world, rank, interleave = dcp
     block = triton.next_power_of_2(slot_mapping.shape[0])
     launch(_compute_slot_mapping_kernel, (1,), req_indices, positions, block_table,
-           block_table.stride(0), slot_mapping, num_tokens_padded, ALLOC_BLOCK_SIZE=block_size,
+           block_table.stride(0), block_table.shape[0] * block_table.stride(0), slot_mapping,
+           num_tokens_padded, ALLOC_BLOCK_SIZE=block_size,
            BLOCK_SIZE=kernel_block_size, WORLD=world, RANK=rank, INTERLEAVE=interleave,
-           IGNORE_KERNEL_BLOCKS=ignore_kernel_blocks, PAD=PAD_SLOT_ID, BLOCK=block)
+           IGNORE_KERNEL_BLOCKS=ignore_kernel_blocks, ROW_UNGUARDED=row_unguarded,
+           PAD=PAD_SLOT_ID, BLOCK=block)
 
 
 class MultiGroupBlockTable:
@@ -215,7 +226,8 @@ def _compute_slot_mapping_kernel(
     req_indices_ptr,  # int32 [max_num_batched_tokens]: batch row of each token, -1 = padding
     positions_ptr,  # int64 [max_num_batched_tokens]: token position in its request
     block_table_ptr,  # int32 [max_num_reqs, width]: device block table, kernel block ids
-    block_table_stride,  # row stride of block_table, in elements
+    block_table_stride,  # row stride of block_table, in elements (the row's width)
+    block_table_numel,  # elements of block_table (the fault's reads stop there)
     slot_mapping_ptr,  # int64 [max_num_batched_tokens]: output, PAD for padding tokens
     num_tokens_padded,  # entries [0, num_tokens_padded) are written
     ALLOC_BLOCK_SIZE: tl.constexpr,  # allocation block size (DCP ownership unit)
@@ -224,6 +236,7 @@ def _compute_slot_mapping_kernel(
     RANK: tl.constexpr,  # this rank
     INTERLEAVE: tl.constexpr,  # positions dealt to a rank in one run
     IGNORE_KERNEL_BLOCKS: tl.constexpr,  # fault switch (kernel-block-size-ignored)
+    ROW_UNGUARDED: tl.constexpr,  # fault switch (slot-mapping-row-unguarded)
     PAD: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -250,8 +263,13 @@ def _compute_slot_mapping_kernel(
         kernel_column = column
     else:
         kernel_column = column * (ALLOC_BLOCK_SIZE // BLOCK_SIZE) + offset // BLOCK_SIZE
-    block_id = tl.load(block_table_ptr + row * block_table_stride + kernel_column,
-                       mask=real, other=0)
+    index = row * block_table_stride + kernel_column
+    if ROW_UNGUARDED:  # memory past the table modelled as zeros (block 0's slots)
+        block_id = tl.load(block_table_ptr + index, mask=real & (index < block_table_numel),
+                           other=0)
+    else:  # a column past the row has no slot
+        real = real & (kernel_column < block_table_stride)
+        block_id = tl.load(block_table_ptr + index, mask=real, other=0)
     if ALLOC_BLOCK_SIZE == BLOCK_SIZE:
         slot = block_id.to(tl.int64) * BLOCK_SIZE + offset
     else:

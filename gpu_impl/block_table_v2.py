@@ -111,7 +111,8 @@ class BlockTables:
         compute_slot_mapping(self.input_block_tables[group], self.block_sizes[group],
                              self.kernel_block_sizes[group], self.dcps[group], req_indices,
                              positions, slot_mapping, num_tokens_padded,
-                             ignore_kernel_blocks="kernel-block-size-ignored" in self.faults)
+                             ignore_kernel_blocks="kernel-block-size-ignored" in self.faults,
+                             row_unguarded="slot-mapping-row-unguarded" in self.faults)
 
 
 @triton.jit

@@ -517,6 +517,20 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "STORE_PROVENANCE", ("MATCHES_REFERENCE",), family="async",
           sites=("vllm/v1/kv_offload/worker/cpu_gpu.py", "vllm/v1/simple_kv_offload/worker.py",
                  "vllm/distributed/kv_transfer/kv_connector/v1/simple_cpu_offload/worker.py")),
+    Fault("slot-mapping-row-unguarded", ("v1", "v2"),
+          "the slot-mapping kernel bounds its block-table load by token validity and DCP "
+          "ownership but not by the row's width: for a group whose row is narrower than the "
+          "request (a cache-only or tail group), a position past the row reads the next "
+          "row's entries — another request's block, or block 0 where the row is empty — "
+          "and past the table's end whatever lies there, so the KV write lands outside the "
+          "request's own blocks instead of being dropped (PAD_SLOT_ID)",
+          "vllm-project/vllm issue #53982 '_compute_slot_mapping_kernel reads block_table "
+          "out of bounds for cache groups whose block table is narrower than the sequence' "
+          "(GPU memory faults on MI325X) and PR #54296 'Guard slot mapping block table loads' "
+          "(the load masked by column < block_table_stride and PAD_SLOT_ID emitted, in V1's "
+          "kernel and V2's _compute_slot_mappings_kernel)",
+          "NO_STALE_WRITE", ("MATCHES_REFERENCE",), family="core",
+          sites=("vllm/v1/worker/block_table.py", "vllm/v1/worker/gpu/block_table.py")),
 )}
 
 

@@ -214,7 +214,8 @@ class KVCacheManager:
         if cfg.groups[g].kind == "mamba":
             return cfg.mamba_columns if have == 0 else 0
         want = min(num_tokens + cfg.num_speculative_tokens, cfg.max_model_len)
-        return max(-(-want // cfg.tokens_per_block(g)) - have, 0)
+        # A narrow row (a cache-only group) holds at most its width.
+        return max(min(-(-want // cfg.tokens_per_block(g)), cfg.blocks_per_req_max(g)) - have, 0)
 
     # -- scheduler calls -----------------------------------------------------------
     def admit(self, req: int, tokens: np.ndarray, num_new_tokens: int):

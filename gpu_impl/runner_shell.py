@@ -488,12 +488,15 @@ class RunnerShell(abc.ABC):
         return (cfg.dcp_world_size, cfg.dcp_rank, cfg.cp_kv_cache_interleave_size)
 
     def _local_positions(self, group: int, pos: np.ndarray):
-        """(is_local, allocation column, offset in block) of positions on this rank."""
+        """(kept, allocation column, offset in block) of positions: kept iff this
+        rank's and inside the group's row (a narrow group keeps none past it)."""
         world, rank, interleave = self.dcp(group)
         bs = self.config.groups[group].block_size
         virtual = pos % (bs * world)
-        local = (virtual // interleave) % world == rank
-        return local, pos // (bs * world), (virtual // (world * interleave)) * interleave \
+        column = pos // (bs * world)
+        local = ((virtual // interleave) % world == rank) \
+            & (column < self.config.blocks_per_req_max(group))
+        return local, column, (virtual // (world * interleave)) * interleave \
             + virtual % interleave
 
     # -- scheduler-driven request ops ----------------------------------------

@@ -106,6 +106,20 @@ class GroupSpec:
     zeros before its first token — then the running sum of its payloads, so
     ``(conv_size + 1) * head_size`` floats (:meth:`RunnerConfig.state_floats`).
     0 (the default, not serialised): the SSM part alone.
+    max_num_blocks: attention only; 0 (the default, not serialised) sizes the
+    group's block-table row as every attention group's is (``model_len`` or
+    ``max_num_blocks_per_req``); n > 0 gives it a row of n allocation blocks,
+    narrower than a request's positions (``n * block_size < max_model_len``):
+    a cache-only or tail group the engine sizes apart from the main attention
+    group (vLLM's per-group ``max_num_blocks`` in ``BlockTables``; issue
+    vllm#53982 names such groups).  The group keeps KV for the positions its
+    row spans, ``[0, n * block_size)`` on this rank's view, and no more: a
+    request holds at most n of its blocks, a position past the row has no
+    slot (``PAD_SLOT_ID``: the slot-mapping kernel bounds its block-table
+    load by the row's width, vLLM PR #54296) and the group's read covers the
+    row's positions only.  Not the first attention group (the drafter's and
+    ``max_model_len``'s), no sliding window, no prefix caching, host tier or
+    ``kv_sharing`` with it (not modelled).
     """
 
     kind: str
@@ -114,6 +128,7 @@ class GroupSpec:
     slot_buffer: bool = False
     sliding_window: int = 0
     conv_size: int = 0
+    max_num_blocks: int = 0
 
 
 @dataclass(frozen=True)
@@ -286,9 +301,37 @@ class RunnerConfig:
             if self.mamba_cache_mode == ALIGN:
                 return -(-self.max_model_len // self.groups[group].block_size)
             return self.mamba_columns
+        if self.groups[group].max_num_blocks:  # a row narrower than a request
+            return self.groups[group].max_num_blocks
         if self.model_len:  # per group, as the engine sizes each group's table
             return -(-self.model_len // self.tokens_per_block(group))
         return self.max_num_blocks_per_req
+
+    def row_tokens(self, group: int) -> int:
+        """Positions an attention group's row spans on this rank's view; a
+        narrow group (``GroupSpec.max_num_blocks``) keeps no KV past them."""
+        return self.blocks_per_req_max(group) * self.tokens_per_block(group)
+
+    def kept_slots(self, group: int, pos) -> tuple:
+        """Where attention group ``group`` keeps positions ``pos`` on this rank:
+        (kept bool, allocation column int64, offset in block int64) per
+        position — kept iff this rank's DCP share (:func:`reference.dcp.local_slots`)
+        and inside the group's row (a narrow group keeps none past it)."""
+        from .dcp import local_slots
+
+        local, col, off = local_slots(pos, self.groups[group].block_size, self.dcp_world_size,
+                                      self.dcp_rank, self.cp_kv_cache_interleave_size)
+        return local & (col < self.blocks_per_req_max(group)), col, off
+
+    @property
+    def narrow_groups(self) -> list[int]:
+        """Attention groups whose rows are narrower than a request's positions."""
+        return [g for g in self.attention_groups if self.groups[g].max_num_blocks]
+
+    @property
+    def full_width_groups(self) -> list[int]:
+        """Attention groups whose rows span ``max_model_len``."""
+        return [g for g in self.attention_groups if not self.groups[g].max_num_blocks]
 
     @property
     def mamba_cache_mode(self) -> str:
@@ -361,7 +404,7 @@ class RunnerConfig:
         if self.model_len:
             return self.model_len
         return min(min(self.max_num_blocks_per_req * self.tokens_per_block(g)
-                       for g in self.attention_groups), 256)
+                       for g in self.full_width_groups), 256)
 
     @property
     def mamba_columns(self) -> int:
@@ -436,6 +479,7 @@ class RunnerConfig:
                 | ({"slot_buffer": True} if g.slot_buffer else {})
                 | ({"sliding_window": g.sliding_window} if g.sliding_window else {})
                 | ({"conv_size": g.conv_size} if g.conv_size else {})
+                | ({"max_num_blocks": g.max_num_blocks} if g.max_num_blocks else {})
                 for g in self.groups
             ],
             "num_blocks": self.num_blocks,
@@ -520,7 +564,7 @@ class RunnerConfig:
                     raise ConfigError(f"groups[{i}]", "must be an object")
                 for key in sorted(g):
                     if key not in ("kind", "block_size", "kernel_block_size", "slot_buffer",
-                                   "sliding_window", "conv_size"):
+                                   "sliding_window", "conv_size", "max_num_blocks"):
                         raise ConfigError(f"groups[{i}].{key}", "unknown field")
                 if "kind" not in g or "block_size" not in g:
                     raise ConfigError(f"groups[{i}]", "needs 'kind' and 'block_size'")
@@ -532,7 +576,8 @@ class RunnerConfig:
                                       f"got {own!r}")
                 window = _int(g.get("sliding_window", 0), f"groups[{i}].sliding_window")
                 conv = _int(g.get("conv_size", 0), f"groups[{i}].conv_size")
-                specs.append(GroupSpec(g["kind"], bs, kbs, own, window, conv))
+                narrow = _int(g.get("max_num_blocks", 0), f"groups[{i}].max_num_blocks")
+                specs.append(GroupSpec(g["kind"], bs, kbs, own, window, conv, narrow))
             kwargs["groups"] = tuple(specs)
         if "cudagraph_capture_sizes" in obj:
             sizes = obj["cudagraph_capture_sizes"]
@@ -584,6 +629,21 @@ class RunnerConfig:
                                   "a slot buffer (a mamba group has no slot mapping)")
         if not self.attention_groups:
             raise ConfigError("groups", "need at least one attention group")
+        for i, g in enumerate(self.groups):
+            if not g.max_num_blocks:
+                continue
+            where = f"groups[{i}].max_num_blocks"
+            if g.kind != ATTENTION:
+                raise ConfigError(where, "only an attention group has a row of its own width")
+            _bound(g.max_num_blocks, 1, MAX_NUM_BLOCKS_PER_REQ_MAX, where)
+            if i == self.attention_groups[0]:
+                raise ConfigError(where, "the first attention group's row spans "
+                                  "max_model_len (the drafter's group); narrow a later one")
+            for name, on in (("sliding_window", g.sliding_window),
+                             ("enable_prefix_caching", self.enable_prefix_caching),
+                             ("host_blocks", self.host_blocks), ("kv_sharing", self.kv_sharing)):
+                if on:
+                    raise ConfigError(where, f"a narrow row with {name} is not modelled yet")
         _bound(self.num_blocks, 2, NUM_BLOCKS_MAX, "num_blocks")
         _bound(self.max_num_reqs, 1, MAX_NUM_REQS_MAX, "max_num_reqs")
         _bound(self.max_num_blocks_per_req, 1, MAX_NUM_BLOCKS_PER_REQ_MAX,
@@ -713,12 +773,18 @@ class RunnerConfig:
                                   "(block 0 is the attention null page every group shares)")
         if self.model_len:
             _bound(self.model_len, 1, 256, "max_model_len")
-            widest = max(self.blocks_per_req_max(g) for g in self.attention_groups)
+            widest = max(self.blocks_per_req_max(g) for g in self.full_width_groups)
             if self.max_num_blocks_per_req != widest:
                 raise ConfigError("max_num_blocks_per_req", f"with max_model_len "
                                   f"{self.model_len} must be the widest attention row, "
                                   f"{widest} (cdiv(max_model_len, block_size * "
                                   "dcp_world_size) per group)")
+        for g in self.narrow_groups:
+            if self.row_tokens(g) >= self.max_model_len:
+                raise ConfigError(f"groups[{g}].max_num_blocks", f"a row of "
+                                  f"{self.groups[g].max_num_blocks} blocks spans "
+                                  f"{self.row_tokens(g)} positions, not fewer than "
+                                  f"max_model_len {self.max_model_len}: drop the field")
         for g in self.attention_groups:
             if self.groups[g].block_size * self.blocks_per_req_max(g) > 256:
                 raise ConfigError(f"groups[{g}].block_size",

@@ -69,9 +69,17 @@ class RequestLedger:
         return self.num_computed_tokens >= self.prompt_len
 
     def capacity_tokens(self, config: RunnerConfig) -> int:
-        """Tokens the request's attention blocks can hold (min over groups)."""
-        return min(len(self.blocks[g]) * config.tokens_per_block(g)
-                   for g in config.attention_groups)
+        """Tokens the request's attention blocks can hold (:func:`capacity_tokens`)."""
+        return capacity_tokens(config, self.blocks)
+
+
+def capacity_tokens(config: RunnerConfig, blocks) -> int:
+    """Tokens attention blocks ``blocks`` (one list per group) can hold: the
+    least over groups, where a narrow group (``GroupSpec.max_num_blocks``)
+    whose row is full sets no bound (it keeps no KV past its row)."""
+    return min(len(blocks[g]) * config.tokens_per_block(g) for g in config.attention_groups
+               if not (config.groups[g].max_num_blocks
+                       and len(blocks[g]) >= config.blocks_per_req_max(g)))
 
 
 @dataclass
@@ -285,7 +293,8 @@ class Ledger:
         if cfg.groups[group].kind == MAMBA:
             return cfg.mamba_columns if have == 0 else 0
         want = min(num_tokens + cfg.num_speculative_tokens, cfg.max_model_len)
-        return max(-(-want // cfg.tokens_per_block(group)) - have, 0)
+        return max(min(-(-want // cfg.tokens_per_block(group)),
+                       cfg.blocks_per_req_max(group)) - have, 0)
 
     def num_skipped_tokens(self, group: int, num_computed: int) -> int:
         """Leading tokens whose blocks ``group`` no longer needs (vLLM's
@@ -407,7 +416,7 @@ class Ledger:
                 raise OpError(f"blocks[{g}]", "a mamba group takes exactly "
                               + ("one block" if cfg.mamba_columns == 1 else
                                  f"{cfg.mamba_columns} blocks (1 + num_speculative_tokens)"))
-        capacity = min(len(blocks[g]) * cfg.tokens_per_block(g) for g in cfg.attention_groups)
+        capacity = capacity_tokens(cfg, blocks)
         if isinstance(prompt_len, bool) or not isinstance(prompt_len, int):
             raise OpError("prompt_len", f"must be an integer, got {prompt_len!r}")
         if not 1 <= prompt_len <= min(capacity, POSITION_MAX + 1):
@@ -431,12 +440,8 @@ class Ledger:
     def prompt_columns(self, r: RequestLedger, g: int) -> list[int]:
         """Block columns of attention group ``g`` holding ``r``'s prompt positions
         on this rank (what a KV load of the whole prompt fills)."""
-        from .dcp import local_slots
-
         cfg = self.config
-        local, col, _ = local_slots(np.arange(r.prompt_len), cfg.groups[g].block_size,
-                                    cfg.dcp_world_size, cfg.dcp_rank,
-                                    cfg.cp_kv_cache_interleave_size)
+        local, col, _ = cfg.kept_slots(g, np.arange(r.prompt_len))
         return sorted(set(col[local].tolist()))
 
     def _named_columns(self, r: RequestLedger, blocks) -> list[list[tuple[str, int, int]]]:
@@ -683,13 +688,9 @@ class Ledger:
                 or not 1 <= num_tokens <= r.num_computed_tokens:
             raise OpError("num_tokens", f"must be in [1, {r.num_computed_tokens}] (request "
                           f"{req}'s computed tokens), got {num_tokens!r}")
-        from .dcp import local_slots
-
         columns = [[] for _ in cfg.groups]
         for g in cfg.attention_groups:
-            local, col, _ = local_slots(np.arange(num_tokens), cfg.groups[g].block_size,
-                                        cfg.dcp_world_size, cfg.dcp_rank,
-                                        cfg.cp_kv_cache_interleave_size)
+            local, col, _ = cfg.kept_slots(g, np.arange(num_tokens))
             columns[g] = sorted(set(col[local].tolist()))
         return columns
 

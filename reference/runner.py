@@ -25,7 +25,7 @@ import numpy as np
 
 from .block_table import EMPTY_ROW, PersistentBatchRows
 from .config import ALIGN, ALWAYS, CUDAGRAPH_MODES, FULL, NONE, PIECEWISE, RunnerConfig
-from .dcp import global_position, local_slots
+from .dcp import global_position
 from .ledger import Ledger, OpError
 from .kv_cache_manager import choose_admit, choose_allocate, choose_skipped
 from .quant import roundtrip
@@ -313,8 +313,7 @@ class ReferenceRunnerBase(abc.ABC):
         cfg = self.config
         pos = np.arange(r.prompt_len)
         for g in cfg.attention_groups:
-            is_local, col, off = local_slots(pos, cfg.groups[g].block_size, cfg.dcp_world_size,
-                                             cfg.dcp_rank, cfg.cp_kv_cache_interleave_size)
+            is_local, col, off = cfg.kept_slots(g, pos)
             if columns is not None:
                 is_local &= np.isin(col, columns[g])
             blocks = np.asarray(r.blocks[g])[col[is_local]]
@@ -400,9 +399,7 @@ class ReferenceRunnerBase(abc.ABC):
         cfg = self.config
         out = {}
         for g in cfg.attention_groups:
-            local, _, _ = local_slots(np.arange(len(token_ids)), cfg.groups[g].block_size,
-                                      cfg.dcp_world_size, cfg.dcp_rank,
-                                      cfg.cp_kv_cache_interleave_size)
+            local, _, _ = cfg.kept_slots(g, np.arange(len(token_ids)))
             out[g] = self._stored(token_payload(token_ids[local], cfg.head_size))
         return out
 
@@ -684,14 +681,14 @@ class ReferenceRunnerBase(abc.ABC):
                           r.num_computed_tokens, r.prompt_len)
 
     def _slots(self, group: int, row: int, pos: np.ndarray) -> np.ndarray:
-        """Slots on this rank: DCP layout in allocation blocks, then kernel blocks."""
+        """Slots on this rank: DCP layout in allocation blocks, then kernel blocks;
+        a position past the row (a narrow group's) has none: ``PAD_SLOT_ID``."""
         cfg = self.config
         bs, kbs = cfg.groups[group].block_size, cfg.groups[group].kernel_block_size
-        is_local, col, off = local_slots(pos, bs, cfg.dcp_world_size, cfg.dcp_rank,
-                                         cfg.cp_kv_cache_interleave_size)
-        kcol = col * (bs // kbs) + off // kbs
+        kept, col, off = cfg.kept_slots(group, pos)
+        kcol = np.where(kept, col * (bs // kbs) + off // kbs, 0)
         blocks = self.device_block_table[group][row, kcol].astype(np.int64)
-        return np.where(is_local, blocks * kbs + off % kbs, PAD_SLOT_ID)
+        return np.where(kept, blocks * kbs + off % kbs, PAD_SLOT_ID)
 
     def _stage_padding(self, num_reqs, reqs_padded, num_tokens, tokens_padded) -> None:
         """Padded rows (FULL): an empty query (vLLM fills ``query_start_loc`` past

@@ -13,7 +13,6 @@ import numpy as np
 
 from reference import NULL_BLOCK_ID, Ledger, RunnerConfig
 from reference.payload import mamba_state_of, token_payload
-from reference.dcp import local_slots
 
 from harness.core.invariants import Invariant, Violation, register
 from harness.core.invariants.writes import WritePermit, classify_writes, fmt_values
@@ -59,9 +58,7 @@ def check_loaded_blocks(config: RunnerConfig, ledger: Ledger, obs: Observation,
         if not r.loaded:
             continue
         for g in config.attention_groups:
-            local, col, off = local_slots(np.arange(r.prompt_len), config.groups[g].block_size,
-                                          config.dcp_world_size, config.dcp_rank,
-                                          config.cp_kv_cache_interleave_size)
+            local, col, off = config.kept_slots(g, np.arange(r.prompt_len))
             pos = np.flatnonzero(local)  # this rank's share of the prompt
             blocks = np.asarray(r.blocks[g])[col[local]]
             kept = blocks != NULL_BLOCK_ID  # a sliding window freed the others

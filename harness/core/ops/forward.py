@@ -15,7 +15,6 @@ from __future__ import annotations
 import copy
 
 import numpy as np
-from reference.dcp import local_slots
 from reference.payload import POSITION_MAX
 
 from harness.core.ops import CUDAGRAPH_MODE, INT, OpSpec, Size, register
@@ -178,8 +177,7 @@ def _fold_step(op: dict, req: int, into: int) -> dict | None:
 def _position_cells(config, r, g: int, pos: np.ndarray) -> dict:
     """{block: (first offset, end offset)} of ``pos`` (this rank's DCP share) in
     ``r``'s blocks of attention group ``g``."""
-    local, col, off = local_slots(pos, config.groups[g].block_size, config.dcp_world_size,
-                                  config.dcp_rank, config.cp_kv_cache_interleave_size)
+    local, col, off = config.kept_slots(g, pos)
     cells = {}
     for c in sorted(set(col[local].tolist())):
         offs = off[local & (col == c)]
