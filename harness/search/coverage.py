@@ -130,6 +130,9 @@ FEATURES: dict[str, str] = {
                           "the drafter to compute again (vLLM PR #17398)",
     "mamba-state-carried": "align mode: a running request's state copied into a new state "
                            "block as its tokens cross a Mamba block boundary",
+    "position-past-narrow-row": "a real forward over a request whose positions run past a "
+                                "narrow group's row (GroupSpec.max_num_blocks: those tokens "
+                                "have no slot in that group)",
     **{f"forward:{m}:{r}:{k}": f"a forward dispatched {m} on runner {r}, config with {k} group(s)"
        for m in MODES for r in RUNNERS for k in GROUP_KINDS},
 }
@@ -309,6 +312,11 @@ class Tracker:
         fwd = reference.last_forward if OPS[kind].forward else None
         if kind == "spec_step" and any(a < n for _, n, a in op["scheduled"]):
             hit.append("spec-tokens-rejected")
+        if fwd is not None and not fwd.dummy and any(
+                reference.ledger.requests[r].last_seq_len > self.config.row_tokens(g)
+                for g in self.config.narrow_groups for r in fwd.req_ids
+                if r in reference.ledger.requests):
+            hit.append("position-past-narrow-row")
         if fwd is not None:
             hit += self._forward_hits(fwd, reference)
             hit += self._spec_hits(fwd, reference)
@@ -513,6 +521,7 @@ NEEDS = {
                                      and c.num_speculative_tokens > 0),
     "mamba-state-carried": lambda c: c.mamba_cache_mode == "align",
     "page-reused-across-groups": lambda c: c.kv_sharing,
+    "position-past-narrow-row": lambda c: bool(c.narrow_groups),
     "host-block-stored": lambda c: c.host_blocks > 0 and c.allocator == "engine",
     "host-block-evicted": lambda c: c.host_blocks > 0,
     # (allocator trace: a preempted request resumed onboards its own prefix)

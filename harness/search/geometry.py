@@ -34,7 +34,8 @@ def runner_configs(draw, runner: str | None = None,
                    engine: bool | str = True, sharing_ok: bool = True,
                    padding_ok: bool = True, uniform_pages: bool = False,
                    plain: bool = False, mamba_needed: dict | None = None,
-                   spec_fits_graphs: bool = False, host_ok: bool = True) -> RunnerConfig:
+                   spec_fits_graphs: bool = False, host_ok: bool = True,
+                   narrow_ok: bool = True) -> RunnerConfig:
     """A valid :class:`RunnerConfig`; ``runner`` pins ``v1`` / ``v2``.
 
     kernel_split: {runner: bool} — False keeps ``kernel_block_size == block_size``
@@ -59,7 +60,8 @@ def runner_configs(draw, runner: str | None = None,
     spec_fits_graphs: True keeps ``1 + num_speculative_tokens`` within the
     largest capture size (vLLM's own runner refuses FULL decode graphs smaller
     than a speculative row).  host_ok: False keeps ``host_blocks`` 0 (a target
-    without a host tier).
+    without a host tier).  narrow_ok: False keeps every attention row as wide
+    as ``max_model_len`` (``GroupSpec.max_num_blocks`` 0).
     """
     runner = runner or draw(st.sampled_from(["v1", "v2"]))
     # Repeated entries weight the draw: most examples keep a Mamba group and
@@ -253,6 +255,8 @@ def runner_configs(draw, runner: str | None = None,
             windowed = False
         if not windowed:  # small: offloads soon need room, and meet pinned blocks
             host = rng.choice([1, 1, 2, 2, 3])
+    groups, widths = _narrowed(groups, host, caching, sharing, widths, model_len, world, narrow_ok,
+                       random.Random(zlib.crc32(repr(("narrow", rng.random())).encode())))
     return RunnerConfig(
         host_blocks=host,
         sharing_map=sharing_map,
@@ -278,6 +282,35 @@ def runner_configs(draw, runner: str | None = None,
         max_num_batched_tokens=max_num_batched_tokens,
         cudagraph_capture_sizes=tuple(s for s in sizes if s <= max_num_batched_tokens),
     )
+
+
+def _narrowed(groups: list, host: int, caching: bool, sharing: bool, widths: int,
+              model_len: int, world: int, narrow_ok: bool,
+              rng: random.Random) -> tuple[list, int]:
+    """A second attention group with a row narrower than a request (a cache-only
+    or tail group, ``GroupSpec.max_num_blocks``) in every config that has one,
+    where modelled (no prefix caching, host tier or ``kv_sharing``): about one
+    config in twenty.
+    Chosen by a generator of its own (seeded from the layout generator's next
+    draw, which nothing else takes), so no other draw moved when it came.
+    Returns the groups and ``max_num_blocks_per_req`` (with ``model_len``, the
+    widest row left)."""
+    attention = [i for i, g in enumerate(groups) if g.kind == ATTENTION]
+    if not narrow_ok or len(attention) < 2 or host or caching or sharing:
+        return groups, widths
+    i, g0 = attention[1], groups[attention[0]]
+    g = groups[i]
+    model = model_len or widths * g0.block_size * world  # the first group's row
+    full = -(-model // (g.block_size * world))  # the columns a full row would have
+    if full < 2:
+        return groups, widths
+    out = list(groups)
+    out[i] = dataclasses.replace(g, max_num_blocks=rng.randint(
+        1, min(full - 1, MAX_NUM_BLOCKS_PER_REQ_MAX)))
+    if model_len:
+        widths = max(-(-model_len // (b.block_size * world)) for b in out
+                     if b.kind == ATTENTION and not b.max_num_blocks)
+    return out, widths
 
 
 def row_tokens_max(groups) -> int:

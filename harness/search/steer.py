@@ -70,8 +70,8 @@ def traits(config) -> list[str]:
     """The config's geometry traits, sorted: its runner and each engine mechanism
     it turns on (a Mamba group or attention only, a drafter, a sliding window,
     prefix caching, Mamba align mode, kv_sharing, decode context parallelism,
-    kernel blocks smaller than allocation blocks, a second attention group,
-    FULL graphs of mixed batches, a backend slot buffer, an int8 KV cache,
+    kernel blocks smaller than allocation blocks, a second attention group, a
+    row narrower than a request, FULL graphs of mixed batches, a backend slot buffer, an int8 KV cache,
     PAD_SLOT_ID Mamba padding, the engine's KV-cache manager, no capture sizes).
 
     Bugs of this family live where two mechanisms meet (a window and a drafter
@@ -90,6 +90,7 @@ def traits(config) -> list[str]:
           "dcp": c.dcp_world_size > 1,
           "kernel-blocks": any(g.kernel_block_size < g.block_size for g in c.groups),
           "two-attention-groups": len(c.attention_groups) > 1,
+          "narrow-row": bool(c.narrow_groups),
           "full-mixed": c.cudagraph_support == "ALWAYS",
           "slot-buffer": any(g.slot_buffer for g in c.groups),
           "int8": c.kv_cache_dtype == "int8",

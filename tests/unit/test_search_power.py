@@ -329,7 +329,9 @@ def test_steering_starts_examples_from_earlier_examples_rarest_prefixes():
 def test_steering_gives_rare_pairs_of_config_traits_more_examples():
     from harness.search import fuzz, steer
 
-    rec, _, stats = _steered_run()
+    # Seed 4: since narrow rows were drawn (2026-12-03), seed 3's config-pool picks
+    # all took frontier configs ("towards:" keys), so it showed no "cfg:" start.
+    rec, _, stats = _steered_run(s=4)
     by_config = [(i, k) for i, k in enumerate(stats["start_keys"]) if k and k.startswith("cfg:")]
     assert by_config and len(by_config) < len(rec) // 4
     for i, k in by_config:
