@@ -240,7 +240,7 @@ def geometry_limits() -> dict:
                 "spec": {"v1": custom_drafter_hook(), "v2": False},
                 "spec_dcp": False, "engine": False, "sharing_ok": False,
                 "padding_ok": False, "plain": True, "mamba_needed": {"v2": True},
-                "spec_fits_graphs": True, "host_ok": False}
+                "spec_fits_graphs": True, "host_ok": False, "narrow_ok": False}
     return {"kernel_split": {"v1": vllm.v1_kernel_blocks, "v2": vllm.v2_kernel_blocks},
             "dcp": {"v1": True, "v2": v2_dcp_runs(vllm) is None},
             "spec": spec_decode_missing(vllm) is None, "spec_dcp": False,
@@ -249,7 +249,14 @@ def geometry_limits() -> dict:
             # kv_sharing only where vLLM's page-size unification keeps the layout
             "uniform_pages": True,
             # a host tier where vLLM's own CPU offloading manager runs
-            "host_ok": _host_tier_missing() is None}
+            "host_ok": _host_tier_missing() is None,
+            # Rows narrower than a request are not drawn here: vLLM's slot-mapping
+            # kernels give the positions past such a row a slot (V1: the null block
+            # through the row's alignment columns, then the next row; V2: an
+            # unmasked load past the row, memory the interpreter may not hold), the
+            # open upstream issue vllm#53982 that every narrow config would find
+            # again. Traces with one run (corpora/vllm/v1-narrow-row-*.json).
+            "narrow_ok": False}
 
 
 def _host_tier_missing() -> str | None:
