@@ -4,6 +4,7 @@
 Seed traces tell the upstream bugs' stories (see each trace's ``meta.story``).
 """
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -93,6 +94,22 @@ def test_completed_counts_consequence_is_the_state_column_read():
     v = replay(trace, trace.faults, skip=set(structural_ids())).violation
     assert (v.invariant, trace.ops[v.op_index]["op"]) == ("MATCHES_REFERENCE", "spec_step")
     assert "state_indices[1][0]" in v.detail
+
+
+def test_narrow_row_overrun_consequence_is_another_requests_kv():
+    """A slot-mapping load unbounded by a narrow row's width: request 0's
+    positions past its one-block row land on request 1's positions 0-1 (the
+    next row's entry), which request 1 reads in the same step; bounded, the
+    same trace passes every invariant."""
+    trace = load(CORPORA / "vllm" / "v1-narrow-row-slot-mapping-overrun.json")
+    for runner in ("v1", "v2"):
+        t = dataclasses.replace(trace, config=dataclasses.replace(trace.config, runner=runner))
+        assert replay(t, []).violation is None
+        v = replay(t, ["slot-mapping-row-unguarded"]).violation
+        assert (v.invariant, v.op_index, v.group, v.block) == ("NO_STALE_WRITE", 3, 1, 4), v.line()
+        assert "owned by req 1" in v.detail
+        v = replay(t, ["slot-mapping-row-unguarded"], skip={"NO_STALE_WRITE"}).violation
+        assert v.invariant == "MATCHES_REFERENCE", v.line()
 
 
 def test_resumed_blocks_consequence_is_a_write_into_the_next_owner():

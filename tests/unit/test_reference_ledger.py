@@ -117,6 +117,22 @@ def test_kv_sharing_is_one_pool_for_every_group():
      "groups[0].block_size"),
     ({"groups": [{"kind": "attention", "block_size": 4, "conv_size": 1}]}, "groups[0].conv_size"),
     ({"kv_cache_dtype": "int8", "kv_sharing": True}, "kv_cache_dtype"),
+    # Rows narrower than a request: a later attention group only, narrower than
+    # max_model_len, not with the mechanisms not modelled with it yet.
+    ({"groups": [{"kind": "attention", "block_size": 4, "max_num_blocks": 2}]},
+     "groups[0].max_num_blocks"),
+    ({"groups": [{"kind": "attention", "block_size": 4},
+                 {"kind": "mamba", "block_size": 16, "max_num_blocks": 1}]},
+     "groups[1].max_num_blocks"),
+    ({"groups": [{"kind": "attention", "block_size": 4},
+                 {"kind": "attention", "block_size": 4, "max_num_blocks": 4}]},
+     "groups[1].max_num_blocks"),
+    ({"groups": [{"kind": "attention", "block_size": 4},
+                 {"kind": "attention", "block_size": 4, "max_num_blocks": 0.5}]},
+     "groups[1].max_num_blocks"),
+    ({"host_blocks": 2, "groups": [{"kind": "attention", "block_size": 4},
+                                   {"kind": "attention", "block_size": 4, "max_num_blocks": 1}]},
+     "groups[1].max_num_blocks"),
 ])
 def test_layout_config_errors_name_the_field(fields, field):
     from reference.config import ConfigError
@@ -124,6 +140,27 @@ def test_layout_config_errors_name_the_field(fields, field):
     with pytest.raises(ConfigError) as e:
         RunnerConfig.from_json(fields)
     assert e.value.field == field, str(e.value)
+
+
+def test_a_narrow_row_keeps_the_positions_it_spans_and_no_more():
+    """GroupSpec.max_num_blocks: the group's row is narrower than a request; the
+    request holds at most that many of its blocks, a full narrow row sets no
+    bound on its length, and a position past the row has no slot."""
+    from reference import PAD_SLOT_ID, ReferenceV1Runner
+
+    cfg = RunnerConfig.from_json({"groups": [
+        {"kind": "attention", "block_size": 4},
+        {"kind": "attention", "block_size": 4, "max_num_blocks": 1}]})
+    assert (cfg.max_model_len, cfg.row_tokens(1), cfg.narrow_groups) == (16, 4, [1])
+    assert cfg.to_json()["groups"][1]["max_num_blocks"] == 1
+    assert RunnerConfig.from_json(cfg.to_json()) == cfg
+    ref = ReferenceV1Runner(cfg)
+    with pytest.raises(OpError, match=r"blocks\[1\]"):
+        ref.add(0, [[1, 2], [3, 4]], 6)  # two blocks in a one-block row
+    ref.add(0, [[1, 2], [3]], 6)
+    ref.step([[0, 6]], "NONE")
+    assert ref.slot_mapping[1][:6].tolist() == [12, 13, 14, 15, PAD_SLOT_ID, PAD_SLOT_ID]
+    assert ref.ledger.requests[0].capacity_tokens(cfg) == 8  # group 0's two blocks
 
 
 def test_max_model_len_sizes_each_attention_row_by_its_block_size():
