@@ -517,6 +517,20 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "STORE_PROVENANCE", ("MATCHES_REFERENCE",), family="async",
           sites=("vllm/v1/kv_offload/worker/cpu_gpu.py", "vllm/v1/simple_kv_offload/worker.py",
                  "vllm/distributed/kv_transfer/kv_connector/v1/simple_cpu_offload/worker.py")),
+    Fault("spec-decodes-split-as-prefills", ("v1", "v2"),
+          "with speculative decoding the Mamba metadata builder still splits decodes from "
+          "prefills at one token, so a decode verifying its drafts (1 + k tokens) counts "
+          "as a prefill: a uniform 1 + k batch dispatched to its FULL graph never "
+          "refreshes the persistent decode state-index buffer the graph reads, and the "
+          "replay runs on the indices of an earlier batch",
+          "vllm-project/vllm PR #33726 (Mamba speculative decoding: decode state indices "
+          "with 1 + k columns and num_accepted_tokens; the builder's decode threshold is the "
+          "reorder threshold 1 + k when accepted counts are passed, mamba_attn.py) and "
+          "vllm-project/vllm-ascend PR #15461 (garbled output with MTP k=2 under FULL / "
+          "FULL_DECODE_ONLY: the persistent state metadata was not refreshed before a uniform "
+          "decode graph's replay)",
+          "NO_STALE_WRITE", ("MATCHES_REFERENCE",), family="spec-decode",
+          sites=("vllm/v1/attention/backends/mamba_attn.py",)),
     Fault("slot-mapping-row-unguarded", ("v1", "v2"),
           "the slot-mapping kernel bounds its block-table load by token validity and DCP "
           "ownership but not by the row's width: for a group whose row is narrower than the "

@@ -13,7 +13,8 @@ Faults consulted here: ``full-replay-not-restaged``, ``captured-buffer-rebound``
 ``mamba-align-seed-attention-block-size``, ``mamba-state-view-unpadded-stride``,
 ``mamba-writes-shared-null-block``, ``row-width-first-group-block-size``,
 ``mamba-pad-index-clamped-to-zero``, ``mamba-pad-index-to-last-slot``,
-``resumed-blocks-appended``, ``offload-copy-skips-compute-wait``.
+``resumed-blocks-appended``, ``offload-copy-skips-compute-wait``,
+``spec-decodes-split-as-prefills``.
 """
 
 from __future__ import annotations
@@ -153,6 +154,11 @@ class RunnerFaults:
 
     def _column_unbounded(self) -> bool:
         return "accepted-column-unbounded" in self.faults or super()._column_unbounded()
+
+    def _decode_threshold(self) -> int:
+        if "spec-decodes-split-as-prefills" in self.faults:
+            return 1  # the historical split: one token per decode, drafts or not
+        return super()._decode_threshold()
 
     def _after_capture(self) -> None:
         super()._after_capture()

@@ -391,7 +391,9 @@ class RunnerShell(abc.ABC):
         seq_lens = self.seq_lens.np[:num_rows]
         prefilling = self.is_prefilling[:num_rows].copy()
         prefilling[prefilling & (seq_lens > query_lens) & (query_lens == 1)] = False
-        decode = (query_lens <= 1) & ~prefilling
+        # With speculative decoding a decode verifies its drafts: up to 1 + k
+        # tokens (vLLM's decode_threshold = reorder_batch_threshold).
+        decode = (query_lens <= self._decode_threshold()) & ~prefilling
         num_decodes = int(np.argmin(decode)) if not decode.all() else num_rows
         # vLLM's decode_cudagraph_max_bs: min(max_num_seqs, largest capture size).
         sizes = self.config.cudagraph_capture_sizes
@@ -453,6 +455,10 @@ class RunnerShell(abc.ABC):
         prefills): the decode part is ``indices[:num_decodes]``, the prefill part
         the rest (vLLM's mixers slice decodes first, as the batch is reordered)."""
         return indices
+
+    def _decode_threshold(self) -> int:
+        """Most tokens a row classified a decode by the Mamba builder runs."""
+        return 1 + self.config.num_speculative_tokens
 
     def _column_unbounded(self) -> bool:
         """The Mamba kernel's running column without its lower bound (a fault's path)."""
@@ -754,10 +760,11 @@ class RunnerShell(abc.ABC):
         # Per request: the tokens the sampler keeps, and how far it advances (a
         # decode by its kept tokens, the rejected ones' KV is garbage; a prefill
         # chunk by all of them).
-        kept_of, advance_of = {}, {}
+        kept_of, advance_of, decode_of = {}, {}, {}
         for i, (req, n) in enumerate(scheduled):
             st = self.requests[req]
-            if st.num_computed_tokens >= st.prompt_len:  # a decode
+            decode_of[req] = st.num_computed_tokens >= st.prompt_len
+            if decode_of[req]:  # a decode
                 kept_of[req] = advance_of[req] = n if accepted is None else accepted[i]
             else:
                 kept_of[req] = int(st.num_computed_tokens + n >= st.prompt_len)
@@ -765,9 +772,13 @@ class RunnerShell(abc.ABC):
         batch = self._batch(scheduled)
         num_reqs = len(batch)
         num_tokens = sum(n for _, n, _ in batch)
-        # A uniform decode: one token per row, and with Mamba groups every row
-        # has prior state (a first prompt chunk stays a prefill for the builder).
-        uniform = all(n == 1 and (start > 0 or not self.mamba_groups) for _, n, start in batch)
+        # A uniform decode: 1 + k tokens per row (vLLM's uniform_decode_query_len),
+        # and with Mamba groups every row a decode for the builder: prior state (a
+        # first prompt chunk stays a prefill) and, with a drafter, its prompt done
+        # (a longer prompt chunk stays a prefill too).
+        q = 1 + self.config.num_speculative_tokens
+        uniform = all(n == q and (not self.mamba_groups or start > 0 and (q == 1 or decode_of[req]))
+                      for req, n, start in batch)
         mode, tokens_padded, reqs_padded = self._dispatch(num_reqs, num_tokens, uniform,
                                                           cudagraph_mode)
         self._stage_tables(batch, reqs_padded)
@@ -893,7 +904,8 @@ class RunnerShell(abc.ABC):
         reshape_and_cache(self.draft_hidden.gpu, self.draft_first_slots, self.draft_kv,
                           num_tokens)
         num_reqs = len(advanced)
-        mode, _, rows_padded = self._dispatch(num_reqs, num_reqs, True, requested)
+        # The drafter's own dispatcher: one token per row.
+        mode, _, rows_padded = self._dispatch(num_reqs, num_reqs, True, requested, query_len=1)
         for i in range(1, cfg.num_speculative_tokens):
             for b, (req, adv, start) in enumerate(advanced):
                 q = start + adv - 1 + i
@@ -951,7 +963,8 @@ class RunnerShell(abc.ABC):
         """
         self.draft_rows = None
         mode, tokens_padded, reqs_padded = self._dispatch(
-            num_reqs, num_tokens, num_tokens == num_reqs, cudagraph_mode)
+            num_reqs, num_tokens, num_tokens == num_reqs * (1 + self.config.num_speculative_tokens),
+            cudagraph_mode)
         tables = self._prepare_dummy(reqs_padded, _warmup)
         metadata = self._dummy_builds_metadata(mode)
         if metadata:
@@ -978,10 +991,13 @@ class RunnerShell(abc.ABC):
             self._run_forward(mode, num_rows, tokens_padded, tables, metadata)
             if self.draft_group is not None and mode == FULL \
                     and self.config.num_speculative_tokens > 1:
-                # The drafter's dummy run (an idle rank stays in lockstep): its
-                # FULL graph over the padded rows, no request in them.
-                self.draft_hidden.np[:num_rows] = np.nan
-                self._run_draft_pass(0, num_rows, FULL)
+                # The drafter's dummy run (an idle rank stays in lockstep) over the
+                # padded rows, no request in them: its FULL graph where its own
+                # dispatcher has one for them.
+                dmode, _, drows = self._dispatch(num_rows, num_rows, True, FULL, query_len=1)
+                drows = drows if dmode == FULL else num_rows
+                self.draft_hidden.np[:drows] = np.nan
+                self._run_draft_pass(0, drows, dmode)
         elif self.warmup_forward:
             # Start-up warm-up compiles the kernels before capture, eagerly, with
             # the metadata this dummy run built (none: KV writes alone, through
@@ -999,20 +1015,26 @@ class RunnerShell(abc.ABC):
         return True
 
     # -- internals -------------------------------------------------------------
-    def _dispatch(self, num_reqs: int, num_tokens: int, uniform_decode: bool, requested: str):
-        """(mode, tokens padded, rows padded) a batch runs with."""
+    def _dispatch(self, num_reqs: int, num_tokens: int, uniform_decode: bool, requested: str,
+                  query_len: int | None = None):
+        """(mode, tokens padded, rows padded) a batch runs with; query_len: tokens
+        per row of a uniform batch (default 1 + k; the drafter's passes 1)."""
         if requested == NONE:
             return NONE, num_tokens, num_reqs
         sizes = [s for s in self.config.cudagraph_capture_sizes if s >= num_tokens]
         if not sizes:
             return NONE, num_tokens, num_reqs
         padded, cfg = sizes[0], self.config
-        # FULL: a uniform decode a FULL graph fits, or any batch when every backend
-        # captures mixed batches (vLLM AttentionCGSupport.ALWAYS); rows padded to
-        # min(size, max_num_reqs) as vLLM's dispatcher pads its FULL keys.
-        if requested == FULL and (uniform_decode and padded <= cfg.max_num_reqs
-                                  or cfg.cudagraph_support == "ALWAYS"):
+        q = 1 + cfg.num_speculative_tokens if query_len is None else query_len
+        # FULL: a uniform decode whose size has a uniform-decode graph (a multiple
+        # of q, rows padded to size // q), or any batch when every backend
+        # captures mixed batches (vLLM AttentionCGSupport.ALWAYS; rows padded to
+        # min(size, max_num_reqs) as vLLM's dispatcher pads its FULL keys).
+        if requested == FULL and cfg.cudagraph_support == "ALWAYS":
             return FULL, padded, min(padded, cfg.max_num_reqs)
+        if requested == FULL and uniform_decode and padded % q == 0 \
+                and padded // q <= cfg.max_num_reqs:
+            return FULL, padded, padded // q
         return PIECEWISE, padded, num_reqs
 
     def _pad_rows(self, num_reqs: int, reqs_padded: int) -> None:
@@ -1169,14 +1191,15 @@ class RunnerShell(abc.ABC):
         """Warm up and capture one graph per FULL capture size, largest first."""
         cfg = self.config
         for size in reversed(cfg.cudagraph_capture_sizes):
-            self.dummy_run(cfg.full_graph_rows(size), size, FULL, _warmup=True)
+            self.dummy_run(cfg.capture_rows(size), size, FULL, _warmup=True)
             if size in cfg.full_capture_sizes:  # mixed-batch graphs run min(size, rows) rows
                 graph = Graph(self.device)
                 with graph.capture():  # on what the warm-up's metadata build handed over
                     self._forward(cfg.full_graph_rows(size), size, attn_inputs=self.attn_inputs)
                 self.graphs[size] = graph
-            rows = cfg.full_graph_rows(size)
-            if self.draft_group is not None and size in cfg.full_capture_sizes \
+            # The drafter's graphs: its single-token passes, by rows.
+            rows = cfg.full_graph_rows(size, query_len=1)
+            if self.draft_group is not None and size in cfg.full_sizes(query_len=1) \
                     and rows not in self.draft_graphs:
                 graph = Graph(self.device)  # the drafter's single-token passes, by rows
                 with graph.capture():

@@ -458,15 +458,46 @@ class RunnerConfig:
         return None
 
     @property
-    def full_capture_sizes(self) -> tuple[int, ...]:
-        """Capture sizes with a FULL graph: those a uniform decode fits (<=
-        ``max_num_reqs``), or every size with ``cudagraph_support`` ``ALWAYS``."""
+    def uniform_query_len(self) -> int:
+        """Tokens per row of a uniform decode batch: ``1 + num_speculative_tokens``
+        (vLLM's ``uniform_decode_query_len``: a decode verifies its k drafts)."""
+        return 1 + self.num_speculative_tokens
+
+    def full_sizes(self, query_len: int | None = None) -> tuple[int, ...]:
+        """Capture sizes with a FULL graph for batches of ``query_len`` tokens
+        per row (default :attr:`uniform_query_len`; the drafter's passes: 1):
+        those a uniform batch fills exactly, ``size % query_len == 0`` with at
+        most ``max_num_reqs`` rows — or every size with ``cudagraph_support``
+        ``ALWAYS``.  vLLM captures its uniform-decode FULL graphs at sizes that
+        are multiples of ``1 + k`` (``uniform_decode_query_len``); a batch
+        padded to a size without one runs PIECEWISE (before vLLM PR #53407)."""
+        q = self.uniform_query_len if query_len is None else query_len
         if self.cudagraph_support == ALWAYS:
             return tuple(self.cudagraph_capture_sizes)
-        return tuple(s for s in self.cudagraph_capture_sizes if s <= self.max_num_reqs)
+        return tuple(s for s in self.cudagraph_capture_sizes
+                     if s % q == 0 and s // q <= self.max_num_reqs)
 
-    def full_graph_rows(self, size: int) -> int:
-        """Batch rows a FULL graph of capture size ``size`` runs over."""
+    @property
+    def full_capture_sizes(self) -> tuple[int, ...]:
+        """The target model's FULL capture sizes (:meth:`full_sizes`)."""
+        return self.full_sizes()
+
+    def full_graph_rows(self, size: int, query_len: int | None = None) -> int:
+        """Batch rows a FULL graph of capture size ``size`` runs over: ``size //
+        query_len`` (default :attr:`uniform_query_len`), or with
+        ``cudagraph_support`` ``ALWAYS`` ``min(size, max_num_reqs)`` (one
+        mixed-batch graph per size)."""
+        q = self.uniform_query_len if query_len is None else query_len
+        if self.cudagraph_support == ALWAYS:
+            return min(size, self.max_num_reqs)
+        return size // q
+
+    def capture_rows(self, size: int) -> int:
+        """Rows of the start-up dummy run at capture size ``size``: its FULL
+        graph's rows where it has one, else ``min(size, max_num_reqs)`` (a
+        PIECEWISE warm-up)."""
+        if size in self.full_capture_sizes:
+            return self.full_graph_rows(size)
         return min(size, self.max_num_reqs)
 
     # -- (de)serialisation -------------------------------------------------

@@ -1172,6 +1172,34 @@ class Ledger:
             raise OpError("num_tokens", f"would roll request {req} back into its prompt "
                           f"({r.prompt_len} tokens)")
 
+    def check_placeholders(self, scheduled: list, accepted, placeholders) -> None:
+        """Placeholder drafts (``placeholders``: one count per item, or None): a
+        row's last p tokens stand for drafts the scheduler does not have, so
+        that the row runs ``1 + num_speculative_tokens`` tokens and the batch
+        stays uniform for a FULL graph (vLLM PR #45084 pads a request's first
+        decode step so).  Only a decode of exactly ``1 + k`` tokens has them,
+        at least its first token is real, and the rejection sampler never
+        keeps one: accepted <= num_tokens - p.  Raises :class:`OpError`
+        naming ``scheduled[i][3]``."""
+        if placeholders is None:
+            return
+        q = self.config.uniform_query_len
+        for i, ((req, n), p) in enumerate(zip(scheduled, placeholders)):
+            if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p < n:
+                raise OpError(f"scheduled[{i}][3]", f"placeholders must be an integer in "
+                              f"[0, {n - 1}] (num_tokens - 1), got {p!r}")
+            if not p:
+                continue
+            if not self.requests[req].is_decode() or n != q:
+                raise OpError(f"scheduled[{i}][3]", f"placeholder drafts pad a decode to "
+                              f"1 + num_speculative_tokens = {q} tokens; request {req} "
+                              + ("prefills" if not self.requests[req].is_decode()
+                                 else f"runs {n}"))
+            a = n if accepted is None else accepted[i]
+            if isinstance(a, int) and not isinstance(a, bool) and a > n - p:
+                raise OpError(f"scheduled[{i}][2]", f"request {req} keeps {a} tokens, but only "
+                              f"{n - p} of its {n} are real (placeholders are never accepted)")
+
     def sampled(self, scheduled: list, accepted=None) -> list[int]:
         """Tokens the sampler keeps per scheduled item (vLLM: a row's valid sampled
         tokens, what the hybrid runner stores as ``num_accepted_tokens``): a

@@ -52,41 +52,54 @@ class ForwardInfo:
     metadata: bool = True  # attention metadata was built: Mamba updates and attention ran
 
 
-def is_uniform_decode(config: RunnerConfig, query_lens: list[int], starts: list[int]) -> bool:
-    """Is a real batch a uniform decode (FULL-eligible)?  One token per request —
-    and, with Mamba groups, every row has prior state (``start > 0``).
+def is_uniform_decode(config: RunnerConfig, query_lens: list[int], starts: list[int],
+                      decodes: list[bool] | None = None) -> bool:
+    """Is a real batch a uniform decode (FULL-eligible)?  ``1 + k`` tokens per
+    request (:attr:`RunnerConfig.uniform_query_len`; one without a drafter) —
+    and, with Mamba groups, every row is a decode for the Mamba builder: prior
+    state (``start > 0``) and, with a drafter, its prompt done (``decodes``).
 
     vLLM dispatches by shape alone, but its Mamba metadata builder keeps a
     request's first prompt chunk a prefill (no prior state for the decode
-    kernel to read) and refreshes the persistent decode state-index buffer a
-    FULL graph reads only for all-decode batches; the model does not dispatch
-    such a batch to a FULL graph (docs/model.md, "Modelling choices").
+    kernel to read) — and, with speculative decoding, any prompt chunk longer
+    than one token (``treat_short_extends_as_decodes=False``) — and refreshes
+    the persistent decode state-index buffer a FULL graph reads only for
+    all-decode batches; the model does not dispatch such a batch to a FULL
+    graph (docs/model.md, "Modelling choices").
     """
-    if any(n != 1 for n in query_lens):
+    q = config.uniform_query_len
+    if any(n != q for n in query_lens):
         return False
-    return not config.mamba_groups or all(start > 0 for start in starts)
+    if not config.mamba_groups:
+        return True
+    if not all(start > 0 for start in starts):
+        return False
+    return q == 1 or decodes is None or all(decodes)
 
 
 def dispatch(config: RunnerConfig, num_reqs: int, num_tokens: int, uniform_decode: bool,
-             requested: str) -> tuple[str, int, int]:
+             requested: str, query_len: int | None = None) -> tuple[str, int, int]:
     """cudagraph dispatch: (mode, num_tokens_padded, num_reqs_padded).
 
-    FULL needs a uniform-decode batch (one token per request) and a capture size
-    a uniform decode fits (<= max_num_reqs) — or, with ``cudagraph_support``
-    ``ALWAYS``, any batch within a capture size; rows are padded to
-    ``min(size, max_num_reqs)`` (vLLM ``CudagraphDispatcher``: a uniform batch
-    falls back to the non-uniform FULL key when no uniform one fits).
-    Otherwise PIECEWISE pads tokens only; a batch larger than every capture
-    size, or mode NONE, runs eager and unpadded.
+    FULL needs a uniform-decode batch (``query_len`` tokens per request:
+    default ``1 + num_speculative_tokens``; the drafter's single-token passes
+    dispatch with 1, through a dispatcher of their own as vLLM's drafter has)
+    padded to a capture size that uniform batch fills exactly, rows padded to
+    ``size // query_len`` (:meth:`RunnerConfig.full_sizes`) — or, with
+    ``cudagraph_support`` ``ALWAYS``, any batch within a capture size, rows
+    padded to ``min(size, max_num_reqs)`` (vLLM ``CudagraphDispatcher``: a
+    uniform batch falls back to the non-uniform FULL key when no uniform one
+    fits).  Otherwise PIECEWISE pads tokens only; a batch larger than every
+    capture size, or mode NONE, runs eager and unpadded.
     """
     if requested == NONE:
         return NONE, num_tokens, num_reqs
     padded = config.padded_num_tokens(num_tokens)
     if padded is None:
         return NONE, num_tokens, num_reqs
-    if requested == FULL and padded in config.full_capture_sizes and (
-            uniform_decode and padded <= config.max_num_reqs or config.cudagraph_support == ALWAYS):
-        return FULL, padded, config.full_graph_rows(padded)
+    if requested == FULL and padded in config.full_sizes(query_len) and (
+            uniform_decode or config.cudagraph_support == ALWAYS):
+        return FULL, padded, config.full_graph_rows(padded, query_len)
     return PIECEWISE, padded, num_reqs
 
 
@@ -190,7 +203,7 @@ class ReferenceRunnerBase(abc.ABC):
         self.draft_slot_mapping = np.full(tokens, PAD_SLOT_ID, np.int64)
         self.draft_rows: tuple | None = None
         for size in reversed(cfg.cudagraph_capture_sizes):  # engine start-up
-            self.dummy_run(cfg.full_graph_rows(size), size, FULL)
+            self.dummy_run(cfg.capture_rows(size), size, FULL)
         self.last_forward: ForwardInfo | None = None
         self.draft_rows = None  # start-up warm-ups run no drafter
 
@@ -440,7 +453,7 @@ class ReferenceRunnerBase(abc.ABC):
 
     # -- forwards ----------------------------------------------------------
     def step(self, scheduled: list, cudagraph_mode: str, accepted: list | None = None,
-             in_flight: bool = False) -> None:
+             in_flight: bool = False, placeholders: list | None = None) -> None:
         """One real step; scheduled: [[req, num_tokens], ...], any subset of live
         requests; accepted: per item, the tokens the sampler keeps (speculative
         decoding: ``Ledger.sampled``; None = every decode token).  With
@@ -450,7 +463,13 @@ class ReferenceRunnerBase(abc.ABC):
         happens now — in stream order, before anything later on the device — and
         the scheduler's counts move as an async scheduler moves them, but the
         per-request results the host copies back (each request's accepted
-        count) land at :meth:`step_complete`, on the requests that ran."""
+        count) land at :meth:`step_complete`, on the requests that ran.
+
+        placeholders: per item, how many of its last tokens are placeholder
+        drafts (``Ledger.check_placeholders``): a decode padded to ``1 + k``
+        tokens so the batch is uniform (vLLM's scheduler pads a request with
+        no drafts yet, PR #45084).  Their KV is written at their real
+        positions and never kept; the sampler never accepts one."""
         _check_mode(cudagraph_mode)
         if in_flight:
             self.ledger.check_dispatch(scheduled)
@@ -460,6 +479,7 @@ class ReferenceRunnerBase(abc.ABC):
             raise OpError("op", "spec_step needs a config with num_speculative_tokens > 0 "
                           "(a drafter); use step")
         self.ledger.check_step(scheduled)
+        self.ledger.check_placeholders(scheduled, accepted, placeholders)
         kept = self.ledger.sampled(scheduled, accepted)
         is_decode = {req: self.ledger.requests[req].is_decode() for req, _ in scheduled}
         kept_of = {req: a for (req, _), a in zip(scheduled, kept)}
@@ -467,7 +487,8 @@ class ReferenceRunnerBase(abc.ABC):
         num_reqs = len(batch)
         num_tokens = sum(n for _, n, _ in batch)
         starts = [int(self.rows.num_computed_tokens[row]) for _, _, row in batch]
-        uniform = is_uniform_decode(self.config, [n for _, n, _ in batch], starts)
+        uniform = is_uniform_decode(self.config, [n for _, n, _ in batch], starts,
+                                    [is_decode[req] for req, _, _ in batch])
         mode, tokens_padded, reqs_padded = dispatch(self.config, num_reqs, num_tokens,
                                                     uniform, cudagraph_mode)
         self._stage_tables([row for _, _, row in batch], reqs_padded)
@@ -592,7 +613,7 @@ class ReferenceRunnerBase(abc.ABC):
         keep = slots != PAD_SLOT_ID
         flat[slots[keep]] = draft_payload(self.hidden[:num_tokens][keep])
         num_reqs = len(batch)
-        mode, _, rows_padded = dispatch(cfg, num_reqs, num_reqs, True, requested)
+        mode, _, rows_padded = dispatch(cfg, num_reqs, num_reqs, True, requested, query_len=1)
         rows = rows_padded if mode == FULL else num_reqs
         for i in range(1, cfg.num_speculative_tokens):
             self.draft_slot_mapping[:rows] = PAD_SLOT_ID
@@ -613,7 +634,8 @@ class ReferenceRunnerBase(abc.ABC):
         _check_mode(cudagraph_mode)
         check_dummy_sizes(self.config, num_reqs, num_tokens)
         mode, tokens_padded, reqs_padded = dispatch(
-            self.config, num_reqs, num_tokens, num_tokens == num_reqs, cudagraph_mode)
+            self.config, num_reqs, num_tokens,
+            num_tokens == num_reqs * self.config.uniform_query_len, cudagraph_mode)
         self._prepare_dummy(reqs_padded)
         metadata = self._dummy_builds_metadata(mode)
         if metadata:
@@ -636,9 +658,13 @@ class ReferenceRunnerBase(abc.ABC):
                           metadata)
         self.draft_rows = None
         if mode == FULL and self.config.num_speculative_tokens > 1:
-            # The drafter's dummy run: its FULL graph over the padded rows, no request.
-            self.draft_slot_mapping[:reqs_padded] = PAD_SLOT_ID
-            self.draft_rows = (0, reqs_padded)
+            # The drafter's dummy run over the padded rows, no request: its FULL
+            # graph where its own dispatcher has one for them.
+            dmode, _, drows = dispatch(self.config, reqs_padded, reqs_padded, True, FULL,
+                                       query_len=1)
+            rows = drows if dmode == FULL else reqs_padded
+            self.draft_slot_mapping[:rows] = PAD_SLOT_ID
+            self.draft_rows = (0, rows)
         self.last_forward = ForwardInfo(True, mode, num_reqs, reqs_padded, num_tokens,
                                         tokens_padded, metadata=metadata)
 

@@ -310,7 +310,7 @@ class Tracker:
         from harness.core.ops import REGISTRY as OPS
 
         fwd = reference.last_forward if OPS[kind].forward else None
-        if kind == "spec_step" and any(a < n for _, n, a in op["scheduled"]):
+        if kind == "spec_step" and any(x[2] < x[1] for x in op["scheduled"]):
             hit.append("spec-tokens-rejected")
         if fwd is not None and not fwd.dummy and any(
                 reference.ledger.requests[r].last_seq_len > self.config.row_tokens(g)

@@ -242,7 +242,10 @@ class RunnerTarget:
         if self.manager is not None:
             self.manager.rolled_back(req, self.runner.requests[req].num_computed_tokens)
 
-    def step(self, scheduled, cudagraph_mode, accepted=None, in_flight=False):
+    def step(self, scheduled, cudagraph_mode, accepted=None, in_flight=False,
+             placeholders=None):
+        # placeholders: the engine does not know which drafts are placeholders
+        # (its rejection sampler rejects them); the accepted counts say so.
         self.runner.execute_model(scheduled, cudagraph_mode, accepted, in_flight)
         self._computed([req for req, *_ in scheduled])
 

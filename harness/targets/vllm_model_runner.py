@@ -410,7 +410,10 @@ class VllmModelRunnerTarget:
         """vLLM's runner runs a dispatched step synchronously here (its async
         scheduling path is not driven): its results landed at dispatch."""
 
-    def step(self, scheduled, cudagraph_mode, accepted=None, in_flight=False):
+    def step(self, scheduled, cudagraph_mode, accepted=None, in_flight=False,
+             placeholders=None):
+        # placeholders: drafts like any other for vLLM's runner (its rejection
+        # sampler rejects them); the accepted counts say so.
         decodes = {req: n for req, n in scheduled
                    if self.requests[req]["computed"] >= self.requests[req]["prompt_len"]}
         kept = {req: (n if accepted is None else a) for (req, n), a in

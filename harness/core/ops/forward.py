@@ -100,12 +100,12 @@ def _draw_step(m, data) -> dict:
     if hits and data.integer(0, 3) > 0:
         reqs = (hits + reqs)[:most]
     budget = m.cfg.max_num_batched_tokens - len(reqs)
-    decode_only = m.swarm.decode(data)  # one token each: FULL graphs apply
+    decode_only = m.swarm.decode(data)  # 1 + k tokens each: FULL graphs apply
     if decode_only and m.cfg.num_speculative_tokens and data.boolean():
-        # With a drafter, half the decode batches verify drafts: a decode's 1 + up
-        # to k tokens (vLLM's uniform decode query length is 1 + k), any token
-        # count for a request still in its prompt.
+        # With a drafter, half the decode batches are not uniform: a decode's 1
+        # to 1 + k tokens, any token count for a request still in its prompt.
         decode_only = False
+    q = m.cfg.uniform_query_len  # vLLM's uniform decode query length: 1 + k
     scheduled = []
     align = m.cfg.mamba_cache_mode == "align"
     for req in reqs:
@@ -115,7 +115,8 @@ def _draw_step(m, data) -> dict:
                 continue
             n = sizes[0] if decode_only else data.choice(sizes)
         else:
-            n = 1 if decode_only else data.integer(1, 1 + min(_room(m, req) - 1, budget))
+            most = 1 + min(_room(m, req) - 1, budget)
+            n = min(q, most) if decode_only else data.integer(1, most)
         budget -= n - 1
         scheduled.append([req, n])
     if not scheduled:  # align mode: no legal chunk within the budget; the first alone
@@ -234,8 +235,11 @@ def _draw_dummy(m, data) -> dict:
 
     cfg, last = m.cfg, m.session.reference.last_forward
     num_reqs = m.swarm.size(data, 1, cfg.max_num_reqs, cfg, last, "num_reqs")
-    uniform = m.swarm.decode(data)  # num_tokens == num_reqs: FULL applies
-    num_tokens = num_reqs if uniform else m.swarm.size(
+    uniform = m.swarm.decode(data)  # num_tokens == num_reqs * (1 + k): FULL applies
+    q = cfg.uniform_query_len
+    if uniform and q <= cfg.max_num_batched_tokens:
+        num_reqs = min(num_reqs, cfg.max_num_batched_tokens // q)
+    num_tokens = num_reqs * q if uniform and q <= cfg.max_num_batched_tokens else m.swarm.size(
         data, num_reqs, cfg.max_num_batched_tokens, cfg, last, "num_tokens")
     mode = data.choice(m.swarm.modes)
     return {"op": "dummy_run", "num_reqs": num_reqs, "num_tokens": num_tokens,

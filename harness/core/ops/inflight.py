@@ -27,24 +27,26 @@ from harness.core.ops.forward import (_draw_step, _narrow_step, _step_without, _
 from harness.core.ops.speculative import _draw_spec_step
 
 
-def split_scheduled(scheduled) -> tuple[list, list | None]:
-    """``[[req, n]]`` or ``[[req, n, accepted]]`` -> (pairs, accepted or None);
-    raises :class:`OpError` for a mix."""
+def split_scheduled(scheduled) -> tuple[list, list | None, list | None]:
+    """``[[req, n]]`` or ``[[req, n, accepted(, placeholders)]]`` -> (pairs,
+    accepted or None, placeholders or None); raises :class:`OpError` for a mix."""
     if not isinstance(scheduled, list) or not scheduled:
         raise OpError("scheduled", "must be a non-empty list of [req, num_tokens] "
                       "(or [req, num_tokens, num_accepted] with a drafter)")
     sizes = {len(x) if isinstance(x, (list, tuple)) else 0 for x in scheduled}
     if sizes == {2}:
-        return [list(x) for x in scheduled], None
-    if sizes == {3}:
-        return [list(x[:2]) for x in scheduled], [x[2] for x in scheduled]
+        return [list(x) for x in scheduled], None, None
+    if sizes <= {3, 4}:
+        return ([list(x[:2]) for x in scheduled], [x[2] for x in scheduled],
+                [x[3] if len(x) > 3 else 0 for x in scheduled] if 4 in sizes else None)
     raise OpError("scheduled", "items must all be [req, num_tokens] or all [req, "
-                  "num_tokens, num_accepted]")
+                  "num_tokens, num_accepted] (a fourth field: placeholder drafts)")
 
 
 def _dispatch(t, op):
-    pairs, accepted = split_scheduled(op["scheduled"])
-    return t.step(pairs, op["cudagraph_mode"], accepted, in_flight=True)
+    pairs, accepted, placeholders = split_scheduled(op["scheduled"])
+    return t.step(pairs, op["cudagraph_mode"], accepted, in_flight=True,
+                  placeholders=placeholders)
 
 
 def _can_dispatch(m) -> bool:
@@ -59,13 +61,13 @@ def _draw_dispatch(m, data) -> dict:
 
 
 def _permit_dispatch(config, ledger, op):
-    pairs, accepted = split_scheduled(op["scheduled"])
+    pairs, accepted, _ = split_scheduled(op["scheduled"])
     return permit_forward(config, ledger, pairs, accepted)
 
 
 def _as_step(op: dict) -> dict:
     """The dispatch as a plain step (``spec_step`` with accepted counts)."""
-    name = "spec_step" if len(op["scheduled"][0]) == 3 else "step"
+    name = "spec_step" if len(op["scheduled"][0]) >= 3 else "step"
     return {"op": name, "scheduled": [list(x) for x in op["scheduled"]],
             "cudagraph_mode": op["cudagraph_mode"]}
 
@@ -87,7 +89,7 @@ register(OpSpec(
     "scheduling): its per-request results reach the host at step_complete",
     fields={"scheduled": {"type": "array", "minItems": 1,
                           "items": {"type": "array", "items": INT, "minItems": 2,
-                                    "maxItems": 3}},
+                                    "maxItems": 4}},
             "cudagraph_mode": CUDAGRAPH_MODE},
     example={"op": "step_dispatch", "scheduled": [[0, 1], [1, 1]], "cudagraph_mode": "FULL"},
     apply=_dispatch, draw=_draw_dispatch, enabled=_can_dispatch,
