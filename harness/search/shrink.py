@@ -103,7 +103,7 @@ LEAST = {"num_blocks": 2}  # the null block and one more; every other limit: 1
 
 def _simpler_configs(config):
     """Simpler geometry (one DCP rank, no kernel-block split, default cache
-    layouts), then each capture size dropped (validity checked by the
+    layouts, no row narrower than a request), then each capture size dropped (validity checked by the
     caller); the numeric limits are :func:`_lower_limit`'s."""
     fields = config.to_json()
     if fields.get("dcp_world_size", 1) > 1:
@@ -128,6 +128,11 @@ def _simpler_configs(config):
         if spec.get("conv_size"):
             groups = copy.deepcopy(fields["groups"])
             del groups[g]["conv_size"]
+            yield dict(fields, groups=groups)
+    for g, spec in enumerate(fields["groups"]):  # a row as wide as every other
+        if spec.get("max_num_blocks"):
+            groups = copy.deepcopy(fields["groups"])
+            del groups[g]["max_num_blocks"]
             yield dict(fields, groups=groups)
     sizes = fields["cudagraph_capture_sizes"]
     for k in range(len(sizes)):
