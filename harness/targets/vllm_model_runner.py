@@ -33,7 +33,8 @@ op-by-op row layout, by design of vLLM's runner:
   hands the runner an empty ``SchedulerOutput`` first, carrying the finished
   ids, and ``_update_states`` takes the unscheduled requests out of the batch;
   with neither it runs no step at all.  Then
-  ``_dummy_run(num_tokens, uniform_decode=num_tokens == num_reqs)`` — with
+  ``_dummy_run(num_tokens, uniform_decode=num_tokens == num_reqs * (1 + k))``
+  (vLLM then runs ``num_tokens // (1 + k)`` rows of ``1 + k`` tokens) — with
   ``cudagraph_mode`` NONE the runtime mode NONE, else vLLM's dispatcher's pick,
   as ``execute_dummy_batch`` leaves it;
 - ``condense`` / ``swap``: nothing — vLLM's runner condenses after every
@@ -450,7 +451,8 @@ class VllmModelRunnerTarget:
             with self._ctx():
                 self.runner.execute_model(self._scheduler_output([]))
         self.kernels.forwards.clear()
-        self._garbage(self.runner._dummy_run, num_tokens, uniform_decode=num_tokens == num_reqs,
+        self._garbage(self.runner._dummy_run, num_tokens,
+                      uniform_decode=num_tokens == num_reqs * self.config.uniform_query_len,
                       **self._dummy_mode(cudagraph_mode))
         self._record(True, 0, num_tokens, ())
 
