@@ -130,6 +130,10 @@ FEATURES: dict[str, str] = {
                           "the drafter to compute again (vLLM PR #17398)",
     "mamba-state-carried": "align mode: a running request's state copied into a new state "
                            "block as its tokens cross a Mamba block boundary",
+    "full-spec-replay": "a real step with a drafter replayed from a FULL graph: a uniform "
+                        "batch of 1 + k tokens per row",
+    "placeholder-drafts": "a spec_step with placeholder drafts: a decode padded to 1 + k "
+                          "tokens, none of them accepted",
     "position-past-narrow-row": "a real forward over a request whose positions run past a "
                                 "narrow group's row (GroupSpec.max_num_blocks: those tokens "
                                 "have no slot in that group)",
@@ -312,6 +316,12 @@ class Tracker:
         fwd = reference.last_forward if OPS[kind].forward else None
         if kind == "spec_step" and any(x[2] < x[1] for x in op["scheduled"]):
             hit.append("spec-tokens-rejected")
+        if kind in ("spec_step", "step_dispatch") and any(
+                len(x) > 3 and x[3] for x in op["scheduled"]):
+            hit.append("placeholder-drafts")
+        if fwd is not None and not fwd.dummy and fwd.cudagraph_mode == "FULL" \
+                and self.config.num_speculative_tokens:
+            hit.append("full-spec-replay")
         if fwd is not None and not fwd.dummy and any(
                 reference.ledger.requests[r].last_seq_len > self.config.row_tokens(g)
                 for g in self.config.narrow_groups for r in fwd.req_ids
@@ -522,6 +532,8 @@ NEEDS = {
     "mamba-state-carried": lambda c: c.mamba_cache_mode == "align",
     "page-reused-across-groups": lambda c: c.kv_sharing,
     "position-past-narrow-row": lambda c: bool(c.narrow_groups),
+    "full-spec-replay": lambda c: c.num_speculative_tokens > 0 and bool(c.full_capture_sizes),
+    "placeholder-drafts": lambda c: c.num_speculative_tokens > 0,
     "host-block-stored": lambda c: c.host_blocks > 0 and c.allocator == "engine",
     "host-block-evicted": lambda c: c.host_blocks > 0,
     # (allocator trace: a preempted request resumed onboards its own prefix)

@@ -24,6 +24,52 @@ def test_dispatch_pads_to_capture_sizes():
     assert dispatch(cfg, 1, 1, True, "NONE") == ("NONE", 1, 1)
 
 
+def test_dispatch_with_a_drafter_takes_uniform_batches_of_1_plus_k_tokens():
+    """vLLM's uniform_decode_query_len: with k drafts a uniform batch runs 1 + k
+    tokens per row, replays the FULL graph of a size that is a multiple of 1 + k
+    (rows size // (1 + k)); one-token decodes are not uniform there; the
+    drafter's single-token passes dispatch with a query length of 1."""
+    cfg = RunnerConfig(num_speculative_tokens=1, reorder_batch_threshold=2)
+    assert cfg.full_capture_sizes == (2, 4, 8) and cfg.full_graph_rows(8) == 4
+    assert dispatch(cfg, 2, 4, True, "FULL") == ("FULL", 4, 2)
+    assert dispatch(cfg, 3, 6, True, "FULL") == ("FULL", 8, 4)
+    assert dispatch(cfg, 2, 3, False, "FULL") == ("PIECEWISE", 4, 2)
+    assert dispatch(cfg, 3, 3, True, "FULL", query_len=1) == ("FULL", 4, 4)  # the drafter
+    k2 = RunnerConfig(num_speculative_tokens=2, reorder_batch_threshold=3)
+    assert k2.full_capture_sizes == () and dispatch(k2, 2, 6, True, "FULL")[0] == "PIECEWISE"
+    r = ReferenceV1Runner(cfg)
+    r.add(0, [[1, 2], [1, 2]], 1)
+    r.add(1, [[3, 4], [3, 4]], 1)
+    r.step([[0, 1], [1, 1]], "FULL", accepted=[1, 1])  # prefills: no prior state
+    assert r.last_forward.cudagraph_mode == "PIECEWISE"
+    r.step([[0, 1], [1, 1]], "FULL", accepted=[1, 1])  # one-token decodes: not uniform
+    assert r.last_forward.cudagraph_mode == "PIECEWISE"
+    r.step([[0, 2], [1, 2]], "FULL", accepted=[2, 1], placeholders=[0, 1])
+    f = r.last_forward
+    assert (f.cudagraph_mode, f.num_reqs_padded, f.num_tokens_padded) == ("FULL", 2, 4)
+    assert r.ledger.requests[1].num_computed_tokens == 3  # the placeholder not kept
+
+
+@pytest.mark.parametrize("item, field", [
+    ([0, 2, 2, 1], "scheduled[0][2]"),  # a placeholder accepted
+    ([0, 1, 1, 1], "scheduled[0][3]"),  # a decode of 1 token, not 1 + k
+    ([0, 2, 1, 2], "scheduled[0][3]"),  # no real token
+    ([0, 2, 1, -1], "scheduled[0][3]"),
+])
+def test_placeholder_drafts_are_refused_with_the_field_named(item, field):
+    cfg = RunnerConfig(num_speculative_tokens=1, reorder_batch_threshold=2)
+    r = ReferenceV1Runner(cfg)
+    r.add(0, [[1, 2], [1, 2]], 1)
+    r.step([[0, 1]], "NONE", accepted=[1])
+    with pytest.raises(OpError) as e:
+        r.step([item[:2]], "FULL", accepted=[item[2]], placeholders=[item[3]])
+    assert e.value.field == field, str(e.value)
+    r2 = ReferenceV1Runner(cfg)
+    r2.add(0, [[1, 2], [1, 2]], 4)
+    with pytest.raises(OpError, match="prefills"):  # a prompt chunk has no placeholders
+        r2.step([[0, 2]], "FULL", accepted=[0], placeholders=[1])
+
+
 def test_step_slot_mapping_and_pad_tail(runner):
     runner.step([[0, 5], [1, 2]], "PIECEWISE")  # 7 tokens -> padded to 8
     sm = runner.slot_mapping[0]
