@@ -50,6 +50,9 @@ SEED_BUGS = {("vacated-row-not-cleared", "v1"), ("dummy-tables-not-zeroed", "v2"
 # Measured 2026-12-02 after the host tier's copies were drawn as a connector does them
 # (OpSpec.eager) and a new prompt shares any host-tier block: the onboard fault, a
 # known miss until then, found from seed 0 on both runners.
+# Measured 2026-12-03 after rows narrower than a request and the drafter's uniform
+# 1 + k batches were drawn: 74 of 74 found from seed 0 (three shrink longer than
+# their hand-written traces: LONGER_SHRINKS).
 KNOWN_MISSES: dict = {}
 # Findings whose shortest form in the geometry seed 0 drew is longer than the hand-written
 # trace's (+1): {(fault, runner): (ops allowed beyond the hand-written length, why)}.
@@ -63,6 +66,20 @@ LONGER_SHRINKS = {
                                              "batch budget is one token: the two-op form "
                                              "needs a larger budget, which shrinking never "
                                              "raises"),
+    ("slot-mapping-row-unguarded", "v1"): (2, "the shrinker lowers the token budget to 4, "
+                                             "below the narrow row's 8 tokens, so the "
+                                             "request crosses the row in three steps "
+                                             "(measured 2026-12-03)"),
+    ("slot-mapping-row-unguarded", "v2"): (2, "likewise: a budget of 2 tokens against a "
+                                             "4-token narrow row, three steps"),
+    ("onboard-leaves-host-blocks-evictable", "v1"): (5, "found (since the drafter's uniform "
+                                                        "batches moved the draws, 2026-12-03) "
+                                                        "in a trace-allocator config: the "
+                                                        "request onboards its own prefix after "
+                                                        "a preempt / resume, beside a second "
+                                                        "request's offload (16 ops); the "
+                                                        "engine-allocator form needs a config "
+                                                        "shrinking never switches to"),
     ("decode-slots-sliced-prefill-first", "v2"): (3, "an align-mode config: its chunk rules "
                                                      "split the prefilling request's prompt "
                                                      "into two allocations, and the decode "
