@@ -375,8 +375,9 @@ class RunnerShell(abc.ABC):
         """The Mamba backend's metadata builder (vLLM ``mamba_attn.py``:
         ``build`` + ``_update_metadata_for_cudagraph_capture``).
 
-        Rows [0, num_rows) are classified: a one-token row with prior state is a
-        decode even while prefilling; decodes come first, the first non-decode
+        Rows [0, num_rows) are classified: a row of at most 1 + k tokens (one
+        without a drafter) whose prompt is done is a decode, and a one-token row
+        with prior state is one even while prefilling; decodes come first, the first non-decode
         row starts the prefills.  State indices are column 0 of the rows
         (``tables[g]``, default the kernel table), rows past ``num_reqs``
         :meth:`_mamba_pad_index` (the null block or ``PAD_SLOT_ID``); with speculative decoding every state column of the rows
@@ -958,8 +959,9 @@ class RunnerShell(abc.ABC):
                   _warmup: bool = False) -> None:
         """A padded fake batch with a NaN payload (idle DP rank, capture warm-up).
 
-        num_reqs <= num_tokens <= max_num_batched_tokens; one token per row when
-        equal (uniform decode, FULL-eligible), else an even split.
+        num_reqs <= num_tokens <= max_num_batched_tokens; an even split (the
+        remainder on the last row): ``1 + k`` tokens per row when num_tokens is
+        num_reqs * (1 + k) (uniform decode, FULL-eligible).
         """
         self.draft_rows = None
         mode, tokens_padded, reqs_padded = self._dispatch(

@@ -27,8 +27,9 @@ RUNNERS = ("v1", "v2")
 NONE, PIECEWISE, FULL = "NONE", "PIECEWISE", "FULL"
 CUDAGRAPH_MODES = (NONE, PIECEWISE, FULL)
 # What the attention backends' FULL graphs can capture (vLLM ``AttentionCGSupport``;
-# the runner takes the least over its backends): uniform single-token decode
-# batches only, or any batch (mixed prefill + decode; FlashAttention 3, Triton).
+# the runner takes the least over its backends): uniform decode batches only
+# (1 + num_speculative_tokens tokens per row), or any batch (mixed prefill +
+# decode; FlashAttention 3, Triton).
 UNIFORM_BATCH, ALWAYS = "UNIFORM_BATCH", "ALWAYS"
 CUDAGRAPH_SUPPORTS = (UNIFORM_BATCH, ALWAYS)
 # Who chooses block ids: the trace (``add`` / ``append`` name them), or the
@@ -137,8 +138,9 @@ class RunnerConfig:
 
     num_blocks: blocks per KV-cache group, including the null block 0 (with
       ``kv_sharing``: blocks of the one pool all groups share).
-    max_num_blocks_per_req: block-table width (columns) of attention groups —
-      with ``model_len``, of the widest one.
+    max_num_blocks_per_req: block-table width (columns) of the attention groups
+      whose rows span ``max_model_len`` — with ``model_len``, of the widest one
+      (a narrow group, ``GroupSpec.max_num_blocks``, has a width of its own).
     model_len: ``max_model_len`` in tokens (JSON ``"max_model_len"``); 0 = derived
       from one width for every attention group (``max_num_blocks_per_req``
       blocks each).  Set, each attention group's row is
@@ -147,7 +149,9 @@ class RunnerConfig:
       with different block sizes get different widths; ``max_num_blocks_per_req``
       must then be the widest.  Serialised only when set.
     cudagraph_capture_sizes: token counts graphs are captured for, ascending;
-      FULL graphs exist only for sizes <= ``max_num_reqs`` (uniform decode).
+      FULL graphs exist only for sizes a uniform decode batch fills exactly:
+      multiples of ``1 + num_speculative_tokens`` of at most ``max_num_reqs``
+      rows (:meth:`full_sizes`).
     head_size: floats per KV cell / state slot.
     dcp_world_size / dcp_rank / cp_kv_cache_interleave_size: decode context
       parallelism as seen by one rank.  Attention KV is sharded: within a
@@ -160,8 +164,9 @@ class RunnerConfig:
       every ``condense`` (vLLM's ``reorder_batch_threshold``: its Mamba builders
       ask for 1) — rows with at most n scheduled tokens and prior state first.
       Serialised only when non-zero, so traces from before it keep their bytes.
-    cudagraph_support: ``UNIFORM_BATCH`` — FULL graphs replay uniform
-      single-token decode batches only, of at most ``max_num_reqs`` rows;
+    cudagraph_support: ``UNIFORM_BATCH`` — FULL graphs replay uniform decode
+      batches only (``1 + num_speculative_tokens`` tokens per row), of at most
+      ``max_num_reqs`` rows;
       ``ALWAYS`` — the attention backends also capture mixed batches, so a
       FULL request replays any batch that fits a capture size, rows padded to
       ``min(size, max_num_reqs)`` (vLLM's dispatcher for FULL non-uniform

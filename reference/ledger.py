@@ -1176,7 +1176,7 @@ class Ledger:
         """Placeholder drafts (``placeholders``: one count per item, or None): a
         row's last p tokens stand for drafts the scheduler does not have, so
         that the row runs ``1 + num_speculative_tokens`` tokens and the batch
-        stays uniform for a FULL graph (vLLM PR #45084 pads a request's first
+        stays uniform for a FULL graph (vLLM PR #45237 pads a newly scheduled one-token
         decode step so).  Only a decode of exactly ``1 + k`` tokens has them,
         at least its first token is real, and the rejection sampler never
         keeps one: accepted <= num_tokens - p.  Raises :class:`OpError`

@@ -468,7 +468,7 @@ class ReferenceRunnerBase(abc.ABC):
         placeholders: per item, how many of its last tokens are placeholder
         drafts (``Ledger.check_placeholders``): a decode padded to ``1 + k``
         tokens so the batch is uniform (vLLM's scheduler pads a request with
-        no drafts yet, PR #45084).  Their KV is written at their real
+        no drafts yet, PR #45237).  Their KV is written at their real
         positions and never kept; the sampler never accepts one."""
         _check_mode(cudagraph_mode)
         if in_flight:
@@ -615,6 +615,7 @@ class ReferenceRunnerBase(abc.ABC):
         num_reqs = len(batch)
         mode, _, rows_padded = dispatch(cfg, num_reqs, num_reqs, True, requested, query_len=1)
         rows = rows_padded if mode == FULL else num_reqs
+        self.draft_full = mode == FULL
         for i in range(1, cfg.num_speculative_tokens):
             self.draft_slot_mapping[:rows] = PAD_SLOT_ID
             self.draft_rows = (num_reqs, rows)
@@ -665,6 +666,7 @@ class ReferenceRunnerBase(abc.ABC):
             rows = drows if dmode == FULL else reqs_padded
             self.draft_slot_mapping[:rows] = PAD_SLOT_ID
             self.draft_rows = (0, rows)
+            self.draft_full = dmode == FULL
         self.last_forward = ForwardInfo(True, mode, num_reqs, reqs_padded, num_tokens,
                                         tokens_padded, metadata=metadata)
 

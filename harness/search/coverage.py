@@ -80,9 +80,9 @@ FEATURES: dict[str, str] = {
     "padding-over-prefilling-row": "a FULL forward padded over a V1 row whose last request's "
                                    "last step was a prompt chunk (engines keep its counters "
                                    "there: vLLM #41841)",
-    "mamba-decodes-with-prefills": "a forward whose Mamba layers see decodes (one token, "
-                                   "prior state) and prefills in one batch",
-    "full-replay-mixed-batch": "a FULL replay of a batch that is not one token per row "
+    "mamba-decodes-with-prefills": "a forward whose Mamba layers see decodes (up to 1 + k "
+                                   "tokens, prior state) and prefills in one batch",
+    "full-replay-mixed-batch": "a FULL replay of a batch that is not 1 + k tokens per row "
                                "(backends that capture mixed batches: cudagraph_support ALWAYS)",
     "backend-slots-padded": "a forward that builds metadata with padded tokens, on a config "
                             "whose attention backend keeps its own slot buffer",
@@ -418,10 +418,13 @@ class Tracker:
                 and fwd.num_reqs > 1):
             n = fwd.num_reqs
             qlen = np.diff(reference.query_start_loc[:n + 1])
-            decode = (qlen == 1) & (reference.seq_lens[:n] > 1)
+            # A decode: up to 1 + k tokens, prompt done (a one-token prompt chunk
+            # with prior state counts too, as the Mamba builder counts it).
+            decode = (qlen <= cfg.uniform_query_len) & (reference.seq_lens[:n] > qlen) & (
+                ~reference.is_prefilling[:n] | (qlen == 1))
             if decode.any() and not decode.all():
                 hit.append("mamba-decodes-with-prefills")
-        if fwd.cudagraph_mode == "FULL" and fwd.num_tokens != fwd.num_reqs:
+        if fwd.cudagraph_mode == "FULL" and fwd.num_tokens != fwd.num_reqs * cfg.uniform_query_len:
             hit.append("full-replay-mixed-batch")
         if not fwd.dummy and reference is not None:
             for _, _, _, first in getattr(reference, "mamba_copies", ()):
@@ -443,7 +446,7 @@ class Tracker:
         if not cfg.num_speculative_tokens:
             return hit
         rows = getattr(reference, "draft_rows", None)
-        if rows and rows[1] > rows[0]:
+        if rows and rows[1] > rows[0] and getattr(reference, "draft_full", False):
             hit.append("draft-full-padded")
         if fwd.dummy:
             return hit

@@ -300,7 +300,7 @@ def _narrowed(groups: list, host: int, caching: bool, sharing: bool, widths: int
         return groups, widths
     i, g0 = attention[1], groups[attention[0]]
     g = groups[i]
-    model = model_len or widths * g0.block_size * world  # the first group's row
+    model = min(model_len or widths * g0.block_size * world, 256)  # RunnerConfig.max_model_len
     full = -(-model // (g.block_size * world))  # the columns a full row would have
     if full < 2:
         return groups, widths

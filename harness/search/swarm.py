@@ -14,7 +14,7 @@ The geometry is swarmed the same way by :func:`harness.search.geometry.runner_co
 
 Knobs for op draws (read as ``m.swarm.<knob>``): ``modes`` (the cudagraph
 modes a forward may request), ``decode_eighths`` (share, in eighths, of
-steps and dummy runs that are uniform one-token-per-request batches),
+steps and dummy runs that are uniform decode batches: 1 + k tokens per request),
 ``whole_batch_eighths`` (share of steps that schedule every steppable
 request), ``boundary_eighths`` (share of batch sizes drawn at boundaries,
 :meth:`Swarm.size`: one off a capture size, one below the previous forward —
@@ -49,7 +49,7 @@ class Swarm:
         return self.weights.get(op, 2)
 
     def decode(self, data) -> bool:
-        """Draw whether a forward is a uniform decode batch (one token per request)."""
+        """Draw whether a forward is a uniform decode batch (1 + k tokens per request)."""
         return data.integer(0, 7) < self.decode_eighths
 
     def whole_batch(self, data) -> bool:

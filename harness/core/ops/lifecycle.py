@@ -62,8 +62,7 @@ def _draw_add(m, data) -> dict:
         if cfg.kv_sharing:
             taken |= set(blocks[-1])
     # What the ledger admits: this rank's blocks cover block_size * dcp_world_size positions.
-    capacity = min(min(len(blocks[g]) * cfg.tokens_per_block(g) for g in cfg.attention_groups),
-                   POSITION_MAX + 1)
+    capacity = min(capacity_tokens(cfg, blocks), POSITION_MAX + 1)
     if cfg.num_speculative_tokens and capacity < cfg.max_model_len:
         # Mostly a prompt that leaves room for the drafter's lookahead tokens (the
         # scheduler admits one only then); else one that waits for an append.
@@ -110,15 +109,19 @@ def _appendable(m) -> list[int]:
     need = len(cfg.attention_groups) if cfg.kv_sharing else 1
     if cfg.allocator != "trace" or not all(len(m.free(g)) >= need for g in cfg.attention_groups):
         return []
+    # A narrow row that is full takes no more (its group gets no block).
     return [r for r, s in sorted(m.ledger.requests.items())
-            if all(len(s.blocks[g]) < cfg.blocks_per_req_max(g) for g in cfg.attention_groups)]
+            if all(len(s.blocks[g]) < cfg.blocks_per_req_max(g) for g in cfg.full_width_groups)]
 
 
 def _draw_append(m, data) -> dict:
 
     req = data.choice(_appendable(m))
     blocks, taken = [[] for _ in m.cfg.groups], set()
+    r = m.ledger.requests[req]
     for g in m.cfg.attention_groups:
+        if len(r.blocks[g]) >= m.cfg.blocks_per_req_max(g):
+            continue  # a full narrow row
         blocks[g] = [data.choice([b for b in m.free(g) if b not in taken])]
         if m.cfg.kv_sharing:  # one pool: no id twice in one append
             taken.add(blocks[g][0])

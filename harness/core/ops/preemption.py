@@ -34,7 +34,8 @@ def _need(cfg, g: int, prompt_len: int) -> int:
     """Fewest blocks of group ``g`` a request with ``prompt_len`` tokens enters with."""
     if cfg.groups[g].kind == "mamba":
         return cfg.mamba_columns
-    return -(-prompt_len // cfg.tokens_per_block(g))
+    # A narrow row holds at most its width (no KV past it).
+    return min(-(-prompt_len // cfg.tokens_per_block(g)), cfg.blocks_per_req_max(g))
 
 
 def _resumable(m) -> list[int]:

@@ -16,7 +16,7 @@ accepted token, writing its own layer's KV cache.
 optionally, how many of their last tokens are placeholder drafts (a fourth
 field per item: a decode padded to ``1 + k`` tokens so that the batch is
 uniform for a FULL graph, as vLLM's scheduler pads a request with no drafts
-yet, PR #45084; never accepted); a plain ``step`` on a config with a drafter
+yet, PR #45237; never accepted); a plain ``step`` on a config with a drafter
 is a ``spec_step`` that accepts every token.  ``rollback`` is the scheduler side alone, for configs without a
 drafter or Mamba group (the earlier, narrower model).
 """
