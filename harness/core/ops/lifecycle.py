@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 
+from reference.ledger import capacity_tokens
 from reference.payload import POSITION_MAX, REQ_ID_MAX
 
 from harness.core.ops import BLOCK_IDS, INT, OpSpec, Size, register
