@@ -529,7 +529,7 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "vllm-project/vllm-ascend PR #15461 (garbled output with MTP k=2 under FULL / "
           "FULL_DECODE_ONLY: the persistent state metadata was not refreshed before a uniform "
           "decode graph's replay)",
-          "NO_STALE_WRITE", ("MATCHES_REFERENCE",), family="spec-decode",
+          "NO_STALE_WRITE", ("MATCHES_REFERENCE", "NO_FOREIGN_READ"), family="spec-decode",
           sites=("vllm/v1/attention/backends/mamba_attn.py",)),
     Fault("slot-mapping-row-unguarded", ("v1", "v2"),
           "the slot-mapping kernel bounds its block-table load by token validity and DCP "

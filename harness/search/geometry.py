@@ -305,8 +305,9 @@ def _narrowed(groups: list, host: int, caching: bool, sharing: bool, widths: int
     if full < 2:
         return groups, widths
     out = list(groups)
-    out[i] = dataclasses.replace(g, max_num_blocks=rng.randint(
-        1, min(full - 1, MAX_NUM_BLOCKS_PER_REQ_MAX)))
+    # Mostly one block: a request runs past it within a step or two.
+    out[i] = dataclasses.replace(g, max_num_blocks=min(rng.choice([1, 1, 1, 2, 3]),
+                                                       full - 1, MAX_NUM_BLOCKS_PER_REQ_MAX))
     if model_len:
         widths = max(-(-model_len // (b.block_size * world)) for b in out
                      if b.kind == ATTENTION and not b.max_num_blocks)
