@@ -112,8 +112,8 @@ class GroupSpec:
     ``max_num_blocks_per_req``); n > 0 gives it a row of n allocation blocks,
     narrower than a request's positions (``n * block_size < max_model_len``):
     a cache-only or tail group the engine sizes apart from the main attention
-    group (vLLM's per-group ``max_num_blocks`` in ``BlockTables``; issue
-    vllm#53982 names such groups).  The group keeps KV for the positions its
+    group (vLLM's per-group ``max_num_blocks`` in ``BlockTables``; vLLM
+    issue #53982 reports such groups).  The group keeps KV for the positions its
     row spans, ``[0, n * block_size)`` on this rank's view, and no more: a
     request holds at most n of its blocks, a position past the row has no
     slot (``PAD_SLOT_ID``: the slot-mapping kernel bounds its block-table
@@ -311,6 +311,14 @@ class RunnerConfig:
         if self.model_len:  # per group, as the engine sizes each group's table
             return -(-self.model_len // self.tokens_per_block(group))
         return self.max_num_blocks_per_req
+
+    def row_source(self, group: int) -> str:
+        """Which config field sets ``group``'s row width (for error messages)."""
+        if self.groups[group].max_num_blocks:
+            return f"groups[{group}].max_num_blocks"
+        if self.model_len:
+            return "cdiv(max_model_len, block_size)"
+        return "max_num_blocks_per_req"
 
     def row_tokens(self, group: int) -> int:
         """Positions an attention group's row spans on this rank's view; a
@@ -674,7 +682,8 @@ class RunnerConfig:
             _bound(g.max_num_blocks, 1, MAX_NUM_BLOCKS_PER_REQ_MAX, where)
             if i == self.attention_groups[0]:
                 raise ConfigError(where, "the first attention group's row spans "
-                                  "max_model_len (the drafter's group); narrow a later one")
+                                  "max_model_len (it sets max_model_len, and a drafter writes "
+                                  "through it); narrow a later attention group")
             for name, on in (("sliding_window", g.sliding_window),
                              ("enable_prefix_caching", self.enable_prefix_caching),
                              ("host_blocks", self.host_blocks), ("kv_sharing", self.kv_sharing)):

@@ -432,8 +432,8 @@ class Ledger:
         for g in self.config.attention_groups:
             width = self.config.blocks_per_req_max(g)
             if len(r.blocks[g]) + len(blocks[g]) > width:
-                raise OpError(f"blocks[{g}]", f"request would exceed its row's {width} columns "
-                              "(max_num_blocks_per_req, or cdiv(max_model_len, block_size))")
+                raise OpError(f"blocks[{g}]", f"request would exceed its row's {width} "
+                              f"column(s) ({self.config.row_source(g)})")
         if not any(blocks):
             raise OpError("blocks", "append needs at least one block")
 
@@ -951,9 +951,8 @@ class Ledger:
             if not isinstance(ids, list):
                 raise OpError(f"blocks[{g}]", "must be a list of block ids")
             if cfg.groups[g].kind != MAMBA and len(ids) > cfg.blocks_per_req_max(g):
-                raise OpError(f"blocks[{g}]", f"more than the row's {cfg.blocks_per_req_max(g)} "
-                              "columns (max_num_blocks_per_req, or cdiv(max_model_len, "
-                              "block_size))")
+                raise OpError(f"blocks[{g}]", f"more blocks than the row's "
+                              f"{cfg.blocks_per_req_max(g)} column(s) ({cfg.row_source(g)})")
             seen = seen_in_pool.setdefault(self.pool_of(g), set())
             for k, b in enumerate(ids):
                 path = f"blocks[{g}][{k}]"
@@ -1196,9 +1195,10 @@ class Ledger:
                               + ("prefills" if not self.requests[req].is_decode()
                                  else f"runs {n}"))
             a = n if accepted is None else accepted[i]
-            if isinstance(a, int) and not isinstance(a, bool) and a > n - p:
-                raise OpError(f"scheduled[{i}][2]", f"request {req} keeps {a} tokens, but only "
-                              f"{n - p} of its {n} are real (placeholders are never accepted)")
+            if isinstance(a, int) and not isinstance(a, bool) and not 1 <= a <= n - p:
+                raise OpError(f"scheduled[{i}][2]", f"num_accepted must be in [1, {n - p}] "
+                              f"(request {req} has {n - p} real token(s) of {n}; placeholders "
+                              f"are never accepted), got {a}")
 
     def sampled(self, scheduled: list, accepted=None) -> list[int]:
         """Tokens the sampler keeps per scheduled item (vLLM: a row's valid sampled
