@@ -51,8 +51,9 @@ SEED_BUGS = {("vacated-row-not-cleared", "v1"), ("dummy-tables-not-zeroed", "v2"
 # (OpSpec.eager) and a new prompt shares any host-tier block: the onboard fault, a
 # known miss until then, found from seed 0 on both runners.
 # Measured 2026-12-03 after rows narrower than a request and the drafter's uniform
-# 1 + k batches were drawn: 74 of 74 found from seed 0 (three shrink longer than
-# their hand-written traces: LONGER_SHRINKS).
+# 1 + k batches were drawn: 74 of 74 found from seed 0. The three 2026-12-03 entries
+# in LONGER_SHRINKS describe an earlier draw of that day; narrow rows drawn mostly
+# one block wide may shrink shorter now, and the entries stay as bounds.
 KNOWN_MISSES: dict = {}
 # Findings whose shortest form in the geometry seed 0 drew is longer than the hand-written
 # trace's (+1): {(fault, runner): (ops allowed beyond the hand-written length, why)}.
