@@ -325,6 +325,33 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "issue #53142 (wrong Mamba state restored on hits in hybrid models)",
           "MATCHES_REFERENCE", ("NO_FOREIGN_READ", "NULL_BLOCK_FINITE"), family="scheduler",
           sites=("vllm/v1/worker/gpu/model_states/mamba_hybrid.py",)),
+    Fault("mamba-all-boundary-on-chunk-grid", ("v1", "v2"),
+          "with Mamba prefix caching in all mode, the Mamba kernel writes a chunk's "
+          "intermediate states at its own chunks of block_size tokens counted from the "
+          "chunk's start (the i-th into column block_idx_first_scheduled_token + i) and the "
+          "final state into block_idx_last_scheduled_token: a chunk that starts inside a "
+          "state block and crosses its end never writes that block's end state, so the "
+          "block keeps the state at the previous chunk's end and is registered in the "
+          "prefix cache as if it held its whole prefix",
+          "vllm-project/vllm PR #34587 '[Bugfix] - Fix Mamba prefix caching corruption with "
+          "chunked prefill' (mamba_cache_mode='all': chunks of 1866 then 1160 tokens over "
+          "2048-token state blocks left block 0 at 1866 tokens, cached as if complete; the "
+          "kernel wrote intermediate chunks at block_idx_first_scheduled + chunk_idx)",
+          "MATCHES_REFERENCE", ("PREFIX_CONTENT",), family="metadata",
+          sites=("vllm/model_executor/layers/mamba/ops/mamba_ssm.py",)),
+    Fault("mamba-short-chunk-conv-to-source", ("v1", "v2"),
+          "with Mamba prefix caching in all mode, a prefill chunk shorter than the conv "
+          "state stores its new conv state through the block it read its initial state "
+          "from (block_idx_last_computed_token) instead of its own last scheduled block: "
+          "the request's block keeps a stale conv state, and the block it read — a shared "
+          "prefix-cache block on a hit — is overwritten",
+          "vllm-project/vllm PR #56196 '[Bugfix][Kernel] Mamba: store a short prefill "
+          "chunk's conv state in its own block' (_causal_conv1d_fwd_kernel's shift-left "
+          "branches stored through conv_states_base, the initial state's pointer, not "
+          "block_idx_last_scheduled_token's)",
+          "MATCHES_REFERENCE", ("CACHED_BLOCKS_IMMUTABLE", "NO_STALE_WRITE", "PREFIX_CONTENT"),
+          family="metadata",
+          sites=("vllm/model_executor/layers/mamba/ops/causal_conv1d.py",)),
     Fault("mamba-state-view-unpadded-stride", ("v1", "v2"),
           "with KV-cache tensors shared by attention and Mamba layers (kv_sharing), the Mamba "
           "state tensor is laid over the shared buffer with the state's own size as its block "

@@ -22,7 +22,9 @@ group, or one for all groups with ``kv_sharing`` (vLLM's hybrid allocator):
   reaches a new column gets one new state block there; blocks before the
   column of the last computed token are freed before allocating
   (``get_num_skipped_tokens`` = ``num_computed - 1``); a full state block is
-  registered like an attention block; a hit needs the state block at its end.
+  registered like an attention block; a hit needs the state block at its end;
+- in all mode (``mamba_cache_mode="all"``) likewise, except that the list
+  takes a state block in every column, as an attention list does.
 
 Faults (``family: scheduler``) live at the lines their upstream bugs did.
 """
@@ -120,6 +122,9 @@ class KVCacheManager:
         self.req_tokens: dict[int, np.ndarray] = {}
         self.num_computed: dict[int, int] = {}
         self.unit = config.prefix_unit
+        # Mamba groups whose states the prefix cache keeps (align or all mode),
+        # and those whose lists pad skipped columns with the null block (align).
+        self.caches = [config.caches_state(g) for g in range(len(config.groups))]
         self.align = [config.pads_with_null(g) for g in range(len(config.groups))]
 
     # -- prefix cache ------------------------------------------------------------
@@ -148,7 +153,7 @@ class KVCacheManager:
             if cfg.groups[g].sliding_window:
                 hit, windows[g] = self._window_hit(g, tokens, hit, eagle)
                 eagle = False  # the window's search dropped the drafter's block
-        mamba = [g for g in cfg.mamba_groups if self.align[g]]
+        mamba = [g for g in cfg.mamba_groups if self.caches[g]]
         # A hybrid hit needs the Mamba state at its end: the longest such length.
         while hit and any(self.pools[g].get_cached_block(self._key(
                 tokens, g, hit // cfg.tokens_per_block(g) - 1)) is None for g in mamba):
@@ -211,8 +216,9 @@ class KVCacheManager:
         cfg = self.config
         if self.align[g]:  # one new state block when the tokens reach a new column
             return int(-(-num_tokens // cfg.tokens_per_block(g)) > have)
-        if cfg.groups[g].kind == "mamba":
+        if cfg.groups[g].kind == "mamba" and not self.caches[g]:
             return cfg.mamba_columns if have == 0 else 0
+        # All mode: a Mamba group takes a state block per column, as attention does.
         want = min(num_tokens + cfg.num_speculative_tokens, cfg.max_model_len)
         # A narrow row (a cache-only group) holds at most its width.
         return max(min(-(-want // cfg.tokens_per_block(g)), cfg.blocks_per_req_max(g)) - have, 0)
@@ -254,7 +260,7 @@ class KVCacheManager:
     def remove_skipped_blocks(self, req: int) -> list[list[int]]:
         """Free ``req``'s blocks no longer needed — those that left a sliding
         window (every position before the first one the next token attends to:
-        ``num_computed - window + 1``), and in align mode the Mamba state blocks
+        ``num_computed - window + 1``), and with Mamba prefix caching the state blocks
         before the last computed token's column (``num_computed - 1``); their
         entries become the null block.  Returns the freed ids per group."""
         freed = []
@@ -265,7 +271,7 @@ class KVCacheManager:
                 skip = self.num_computed[req] - spec.sliding_window + 1
                 if "sliding-window-boundary-early" in self.faults:
                     skip += 1
-            elif self.align[g]:
+            elif self.caches[g]:
                 skip = self.num_computed[req] - 1
             if skip > 0:
                 bs = self.config.tokens_per_block(g)
@@ -314,7 +320,7 @@ class KVCacheManager:
         if not cfg.enable_prefix_caching:
             return
         tokens = self.token_ids(req, num_tokens)
-        for g in cfg.attention_groups + [g for g in cfg.mamba_groups if self.align[g]]:
+        for g in cfg.attention_groups + [g for g in cfg.mamba_groups if self.caches[g]]:
             for i in range(min(num_tokens // cfg.tokens_per_block(g),
                                len(self.req_blocks[req][g]))):
                 b = self.req_blocks[req][g][i]

@@ -19,6 +19,14 @@ a row starts from the column its last accepted count names
 writes the state after each of its tokens to columns 0, 1, ...; any other row
 writes its final state to column 0.  Without speculation (one column) this is
 the plain update.
+
+Mamba prefix caching in all mode (vLLM's ``mamba_cache_mode="all"``: the
+mixers' prefix-caching path with ``block_idx_last_computed_token``,
+``block_idx_first_scheduled_token`` and ``block_idx_last_scheduled_token``):
+the state indices are the whole block-table row; a row reads its initial
+state through the column of its last computed token, and writes the state at
+each block boundary its chunk crosses into that block's column and its final
+state into the column of its last token.
 """
 
 from __future__ import annotations
@@ -36,7 +44,10 @@ def mamba_state_update(hidden: torch.Tensor, query_start_loc: torch.Tensor,
                        spec_rows: torch.Tensor | None = None,
                        read_out: torch.Tensor | None = None,
                        column_unbounded: bool = False, skip_null: bool = False,
-                       pad_target: int | None = None, conv_size: int = 0) -> None:
+                       pad_target: int | None = None, conv_size: int = 0,
+                       prefix_meta: torch.Tensor | None = None, all_mode: bool = False,
+                       block_size: int = 0,
+                       chunk_grid: bool = False, conv_to_source: bool = False) -> None:
     """In-place update of rows [0, num_rows).
 
     hidden: float32 (max_num_batched_tokens, head_size); query_start_loc: int32
@@ -51,7 +62,17 @@ def mamba_state_update(hidden: torch.Tensor, query_start_loc: torch.Tensor,
     (``column_unbounded``: ``num_accepted - 1``, a fault's path: 0 reads the
     previous row's last column) and spec rows write every token's state;
     None = column 0, no spec rows.  read_out: int32 (max_num_reqs,), receives
-    the index each row read its initial state through.  An index past the
+    the index each row read its initial state through.  prefix_meta: int32
+    (max_num_reqs, 5), read in all mode (``all_mode``) only — per row its
+    computed tokens, ``block_idx_last_computed_token``,
+    ``block_idx_first_scheduled_token``, ``block_idx_last_scheduled_token``
+    (columns of ``state_indices``, the whole block-table row) and whether the
+    builder made it a prefill; ``block_size``: the Mamba block size in
+    tokens.  ``chunk_grid`` (a fault's path): boundary states every
+    ``block_size`` tokens from the chunk's start, into the columns from the
+    first scheduled one on.  ``conv_to_source`` (a fault's path): a prefill
+    chunk shorter than the conv state stores its conv state through the block
+    it read.  An index past the
     pool (an engine's garbage) is dropped: a GPU would fault, the interpreter
     would corrupt host memory; ``MATCHES_REFERENCE`` reports it.
     """
@@ -63,6 +84,8 @@ def mamba_state_update(hidden: torch.Tensor, query_start_loc: torch.Tensor,
         spec_rows = torch.zeros(rows, dtype=torch.int32, device=hidden.device)
     if read_out is None:
         read_out = torch.zeros(rows, dtype=torch.int32, device=hidden.device)
+    if prefix_meta is None:
+        prefix_meta = torch.zeros((rows, 5), dtype=torch.int32, device=hidden.device)
     launch(_mamba_state_update_kernel, (1,), hidden, query_start_loc, state_indices,
            has_initial_state, state, num_accepted, spec_rows, read_out, num_rows,
            HEAD=hidden.shape[1], NCOL=ncol,
@@ -72,7 +95,9 @@ def mamba_state_update(hidden: torch.Tensor, query_start_loc: torch.Tensor,
            STATE_STRIDE=state.stride(0), SKIP_NULL=skip_null,
            PAD_TO=-1 if pad_target is None else pad_target, CONV=conv_size,
            BLOCK_C=triton.next_power_of_2(max(conv_size, 1)),
-           BLOCK_NC=triton.next_power_of_2(ncol))
+           BLOCK_NC=triton.next_power_of_2(ncol), prefix_meta_ptr=prefix_meta,
+           ALL_MODE=all_mode, MAMBA_BS=max(block_size, 1), CHUNK_GRID=chunk_grid,
+           CONV_TO_SOURCE=conv_to_source)
 
 
 @triton.jit
@@ -99,6 +124,11 @@ def _mamba_state_update_kernel(
     CONV: tl.constexpr,  # tokens of conv state before the SSM part (0: none)
     BLOCK_C: tl.constexpr,  # next_power_of_2(max(CONV, 1))
     BLOCK_NC: tl.constexpr,  # next_power_of_2(NCOL)
+    prefix_meta_ptr,  # int32 [max_num_reqs, 5]: all mode's per-row block indices
+    ALL_MODE: tl.constexpr,  # Mamba prefix caching in all mode
+    MAMBA_BS: tl.constexpr,  # all mode: tokens per state block
+    CHUNK_GRID: tl.constexpr,  # fault switch (mamba-all-boundary-on-chunk-grid)
+    CONV_TO_SOURCE: tl.constexpr,  # fault switch (mamba-short-chunk-conv-to-source)
 ):
     r = tl.arange(0, BLOCK_R)
     t = tl.arange(0, BLOCK_T)
@@ -111,6 +141,13 @@ def _mamba_state_update_kernel(
     column = tl.load(num_accepted_ptr + r, mask=row_ok, other=1) - 1
     if not COLUMN_UNBOUNDED:
         column = tl.maximum(column, 0)
+    # All mode: [computed, last computed, first scheduled, last scheduled, prefill].
+    computed = tl.load(prefix_meta_ptr + r * 5, mask=row_ok, other=0)
+    first = tl.load(prefix_meta_ptr + r * 5 + 2, mask=row_ok, other=0)
+    last = tl.load(prefix_meta_ptr + r * 5 + 3, mask=row_ok, other=0)
+    prefill = tl.load(prefix_meta_ptr + r * 5 + 4, mask=row_ok, other=0)
+    if ALL_MODE:
+        column = tl.load(prefix_meta_ptr + r * 5 + 1, mask=row_ok, other=0)
     flat = r * NCOL + column  # -1 past row 0's start: a GPU reads what lies before
     src = tl.load(state_indices_ptr + flat, mask=row_ok & (flat >= 0), other=0)
     if PAD_TO >= 0:
@@ -142,6 +179,23 @@ def _mamba_state_update_kernel(
     if BLOCK_NC > NCOL:
         row_col_ok = row_col_ok & (c < NCOL)[:, None]
     end = tl.where(spec[None, :] != 0, lo[None, :] + c[:, None] + 1, hi[None, :])  # [C, R]
+    n = hi - lo
+    if ALL_MODE:
+        # Column c holds the state after position min((c + 1) * block_size,
+        # computed + n) - 1: each boundary crossed, then the chunk's end.
+        taken = tl.minimum((c[:, None] + 1) * MAMBA_BS - computed[None, :], n[None, :])
+        in_chunk = (c[:, None] >= first[None, :]) & (c[:, None] <= last[None, :])
+        if CHUNK_GRID:
+            # The historical kernel: its own chunks of block_size tokens from the
+            # chunk's start, the i-th into column first + i, the last into the last
+            # scheduled column — off the block grid when the chunk starts mid-block.
+            i = c[:, None] - first[None, :]
+            chunks = (n + MAMBA_BS - 1) // MAMBA_BS
+            at_last = c[:, None] == last[None, :]
+            taken = tl.where(at_last, n[None, :], (i + 1) * MAMBA_BS)
+            in_chunk = at_last | ((i >= 0) & (i < chunks[None, :] - 1))
+        end = lo[None, :] + taken
+        row_col_ok = row_col_ok & in_chunk
     member = ((t[None, None, :] >= lo[None, :, None]) & (t[None, None, :] < end[:, :, None])
               & tok_ok[None, None, :])  # [C, R, T]
     xs = tl.sum(tl.where(member[:, :, :, None], x[None, None, :, :], 0.0), axis=2)  # [C, R, D]
@@ -149,7 +203,7 @@ def _mamba_state_update_kernel(
     if PAD_TO >= 0:
         dst = tl.where(dst < 0, PAD_TO, dst)
     write = row_col_ok & (dst >= 0) & (dst < NUM_SLOTS) & (src[None, :] >= 0)
-    if NCOL > 1:
+    if NCOL > 1 and not ALL_MODE:
         # Columns past 0: spec rows only, and only as far as the row has tokens.
         write = write & ((c[:, None] == 0)
                          | ((spec[None, :] != 0) & (lo[None, :] + c[:, None] < hi[None, :])))
@@ -169,7 +223,13 @@ def _mamba_state_update_kernel(
         xk = tl.load(hidden_ptr + tok[:, :, :, None] * HEAD + d[None, None, None, :],
                      mask=(row_ok[None, :, None] & ~from_old & (tok < NUM_TOKENS))[:, :, :, None],
                      other=0.0)
-        tl.store(state_ptr + dst[:, :, None, None] * STATE_STRIDE
+        conv_dst = dst
+        if CONV_TO_SOURCE:
+            # The historical short-chunk branch: a prefill chunk shorter than the
+            # conv state stores it through the pointer it read the old one from.
+            short = (prefill[None, :] != 0) & (n[None, :] < CONV) & (c[:, None] == last[None, :])
+            conv_dst = tl.where(short, src[None, :], dst)
+        tl.store(state_ptr + conv_dst[:, :, None, None] * STATE_STRIDE
                  + k[None, None, :, None] * HEAD + d[None, None, None, :],
                  tl.where(from_old[:, :, :, None], prev, xk),
                  mask=(write[:, :, None] & (k < CONV)[None, None, :])[:, :, :, None])

@@ -14,7 +14,8 @@ Faults consulted here: ``full-replay-not-restaged``, ``captured-buffer-rebound``
 ``mamba-writes-shared-null-block``, ``row-width-first-group-block-size``,
 ``mamba-pad-index-clamped-to-zero``, ``mamba-pad-index-to-last-slot``,
 ``resumed-blocks-appended``, ``offload-copy-skips-compute-wait``,
-``spec-decodes-split-as-prefills``.
+``spec-decodes-split-as-prefills``, ``mamba-all-boundary-on-chunk-grid``,
+``mamba-short-chunk-conv-to-source``.
 """
 
 from __future__ import annotations
@@ -154,6 +155,12 @@ class RunnerFaults:
 
     def _column_unbounded(self) -> bool:
         return "accepted-column-unbounded" in self.faults or super()._column_unbounded()
+
+    def _mamba_state_grid(self) -> bool:
+        return "mamba-all-boundary-on-chunk-grid" in self.faults or super()._mamba_state_grid()
+
+    def _conv_to_source(self) -> bool:
+        return "mamba-short-chunk-conv-to-source" in self.faults or super()._conv_to_source()
 
     def _decode_threshold(self) -> int:
         if "spec-decodes-split-as-prefills" in self.faults:

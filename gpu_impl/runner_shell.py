@@ -144,6 +144,7 @@ class RunnerShell(abc.ABC):
         # latest step (vLLM's runner-side ``mamba_state_idx``).
         self.mamba_state_idx: dict[int, int] = {}
         self.align = cfg.mamba_cache_mode == "align"
+        self.all_mode = cfg.mamba_cache_mode == "all"
         self.mamba_block_size = (groups[self.mamba_groups[0]].block_size if self.mamba_groups
                                  else 0)
         self.kv_caches, self.mamba_states, self.kv_params = {}, {}, {}
@@ -234,9 +235,13 @@ class RunnerShell(abc.ABC):
         # FULL graphs read it.
         self.backend_slots = {g: torch.zeros(tokens, dtype=torch.int64, device=device)
                               for g in self.attn_groups if cfg.groups[g].slot_buffer}
-        cols = cfg.mamba_columns  # one state column per speculative position
-        self.state_indices = {g: torch.zeros((rows, cols), dtype=torch.int32, device=device)
+        # One state column per speculative position; all mode: the whole row.
+        self.state_indices = {g: torch.zeros((rows, cfg.blocks_per_req_max(g) if self.all_mode
+                                              else cfg.mamba_columns),
+                                             dtype=torch.int32, device=device)
                               for g in self.mamba_groups}  # the decode buffer FULL graphs read
+        # All mode's per-row block indices (persistent: FULL graphs read them).
+        self.prefix_meta = CpuGpuBuffer((rows, 5), torch.int32, device)
         # The Mamba builder's per-row spec-decode metadata (persistent: FULL graphs
         # read it): last accepted count and spec-decode flag; and what each row's
         # kernel read its initial state through.
@@ -401,7 +406,10 @@ class RunnerShell(abc.ABC):
         max_bs = min(self.config.max_num_reqs, max(sizes)) if sizes else 0
         ncol = self.config.mamba_columns
         first = torch.zeros((num_rows, 1), dtype=torch.int64, device=self.device)
-        if self.align:  # the last scheduled token's column (mamba_get_block_table_tensor),
+        if self.all_mode:
+            ncol = self.kernel_table(self.mamba_groups[0]).shape[1]
+            self._stage_prefix_meta(num_rows, seq_lens, query_lens, decode)
+        elif self.align:  # the last scheduled token's column (mamba_get_block_table_tensor),
             # within the row (a dummy row's seq_len may pass max_model_len)
             width = self.kernel_table(self.mamba_groups[0]).shape[1]
             first[:, 0] = torch.from_numpy(np.clip(
@@ -417,6 +425,38 @@ class RunnerShell(abc.ABC):
                 self.read_state_indices[g] = self.state_indices[g][:num_rows]
             else:
                 self.read_state_indices[g] = self._layer_state_indices(fresh, num_decodes)
+
+    def _stage_prefix_meta(self, num_rows: int, seq_lens: np.ndarray, query_lens: np.ndarray,
+                           decode: np.ndarray) -> None:
+        """All mode: the Mamba builder's per-row block indices (vLLM's
+        ``_compute_prefix_caching_block_indices``) into ``prefix_meta`` rows
+        [0, num_rows): computed tokens ``s = seq_len - query_len``, the column
+        of the last computed token ``cdiv(s, block_size) - 1``, of the first
+        scheduled ``s // block_size`` and of the last scheduled ``(seq_len -
+        1) // block_size`` (each at least 0, the last within the row), and
+        whether the row is a prefill."""
+        bs = self.mamba_block_size
+        width = self.kernel_table(self.mamba_groups[0]).shape[1]
+        seq = seq_lens.astype(np.int64)
+        computed = seq - query_lens
+        last = np.clip((seq - 1) // bs, 0, width - 1)
+        meta = self.prefix_meta.np
+        meta[:num_rows, 0] = computed
+        meta[:num_rows, 1] = np.clip(-(-computed // bs) - 1, 0, width - 1)
+        meta[:num_rows, 2] = np.minimum(computed // bs, last)
+        meta[:num_rows, 3] = last
+        meta[:num_rows, 4] = ~decode
+        self.prefix_meta.copy_to_gpu(num_rows)
+
+    def _mamba_state_grid(self) -> bool:
+        """All mode: does the Mamba kernel put boundary states on its own chunks
+        from the chunk's start (a fault's path) rather than the block grid?"""
+        return False
+
+    def _conv_to_source(self) -> bool:
+        """All mode: does a short prefill chunk store its conv state through the
+        block it read (a fault's path)?"""
+        return False
 
     def _preprocess_mamba(self, batch: list) -> None:
         """Align mode, before the forward (vLLM's ``preprocess_mamba``): each
@@ -1122,7 +1162,11 @@ class RunnerShell(abc.ABC):
                                self.num_accepted.gpu, self.spec_rows.gpu, self.mamba_read[g],
                                self._column_unbounded(), skip_null=self._mamba_skips_null(g),
                                pad_target=self._mamba_pad_target(g),
-                               conv_size=self.config.groups[g].conv_size)
+                               conv_size=self.config.groups[g].conv_size,
+                               prefix_meta=self.prefix_meta.gpu, all_mode=self.all_mode,
+                               block_size=self.mamba_block_size,
+                               chunk_grid=self._mamba_state_grid(),
+                               conv_to_source=self._conv_to_source())
         for g in self.attn_groups:
             _, table, seq_lens = inputs[g]
             paged_attention_read(table, seq_lens, self._kv_view(g), self.attn_out[g],

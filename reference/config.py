@@ -37,9 +37,12 @@ CUDAGRAPH_SUPPORTS = (UNIFORM_BATCH, ALWAYS)
 # records what it chose).
 TRACE, ENGINE = "trace", "engine"
 ALLOCATORS = (TRACE, ENGINE)
-# vLLM's mamba_cache_mode with prefix caching on a hybrid model (derived, see
-# RunnerConfig.mamba_cache_mode).
-ALIGN = "align"
+# vLLM's mamba_cache_mode with prefix caching on a hybrid model (see
+# RunnerConfig.mamba_cache_mode): a state kept at chunk ends that prefill
+# chunks put on block boundaries, or a state kept at every block boundary a
+# chunk crosses and where it ends.
+ALIGN, ALL = "align", "all"
+MAMBA_PREFIX_MODES = (ALIGN, ALL)
 # What a Mamba group's metadata puts in batch rows padded to a capture size,
 # and whether block 0 is its null block (see RunnerConfig.mamba_padding).
 NULL_PAD, PAD_SLOT, PAD_SLOT_NO_NULL = "null", "pad_slot", "pad_slot_no_null"
@@ -193,9 +196,13 @@ class RunnerConfig:
       registered blocks keep their content until evicted, and a new request
       shares the longest registered prefix of its prompt (at most
       ``prompt_len - 1`` tokens, a multiple of every group's block size).
-      With Mamba groups this is vLLM's ``mamba_cache_mode="align"``
-      (:attr:`mamba_cache_mode`; needs ``num_speculative_tokens`` 0).  Needs
-      DCP off.  Serialised only when true.
+      With Mamba groups this is vLLM's ``mamba_cache_mode`` ``"align"`` or
+      ``"all"`` (:attr:`mamba_prefix_mode`; needs ``num_speculative_tokens``
+      0).  Needs DCP off.  Serialised only when true.
+    mamba_prefix_mode: which Mamba prefix caching a hybrid config with prefix
+      caching runs (JSON ``"mamba_cache_mode"``): ``"align"`` (the default,
+      not serialised) or ``"all"`` — see :attr:`mamba_cache_mode`.  ``"all"``
+      needs prefix caching and a Mamba group.
     kv_sharing: vLLM's hybrid KV-cache layout (its hybrid allocator with
       ``KVCacheTensor.shared_by``).  One block pool for every group: a block
       id is held by at most one (request, group) at a time and freeing returns
@@ -284,6 +291,7 @@ class RunnerConfig:
     kv_cache_dtype: str = KV_AUTO
     sharing_map: tuple[tuple[int, int], ...] = ()
     host_blocks: int = 0
+    mamba_prefix_mode: str = ALIGN
 
     def __post_init__(self):
         self.validate()
@@ -303,7 +311,7 @@ class RunnerConfig:
         state block per ``block_size`` tokens of ``max_model_len``, as vLLM's
         runner sizes the row: ``cdiv(max_model_len, block_size)``)."""
         if self.groups[group].kind == MAMBA:
-            if self.mamba_cache_mode == ALIGN:
+            if self.caches_state(group):
                 return -(-self.max_model_len // self.groups[group].block_size)
             return self.mamba_columns
         if self.groups[group].max_num_blocks:  # a row narrower than a request
@@ -349,8 +357,21 @@ class RunnerConfig:
     @property
     def mamba_cache_mode(self) -> str:
         """vLLM's ``CacheConfig.mamba_cache_mode`` as this config implies it:
-        ``"align"`` with prefix caching and Mamba groups (the only Mamba prefix
-        caching vLLM's hybrid models run), else ``"none"``.
+        :attr:`mamba_prefix_mode` (``"align"`` or ``"all"``) with prefix
+        caching and Mamba groups, else ``"none"``.
+
+        In all mode (vLLM's ``mamba_cache_mode="all"``, the first Mamba prefix
+        caching: ``mamba_attn.py``'s ``_compute_prefix_caching_block_indices``)
+        a request's Mamba row holds a state block in every column, allocated
+        as an attention row is; a step's kernels read the initial state from
+        the column of the last computed token, ``cdiv(num_computed,
+        block_size) - 1``, write the state at each block boundary the chunk
+        crosses into that block's column and the state at the chunk's end
+        into the column of its last token, ``(seq_len - 1) // block_size`` —
+        so a block whose tokens are all computed holds the state at its end,
+        and a block a chunk ended inside holds a state short of its end until
+        a later chunk crosses it.  Prefill chunks end anywhere; no copy runs
+        before the forward.
 
         In align mode a Mamba group's ``block_size`` is tokens per state block:
         a request's row has one column per ``block_size`` tokens; its running
@@ -361,7 +382,16 @@ class RunnerConfig:
         state at its end and is registered in the prefix cache; prefill chunks
         end on block boundaries up to the prompt's last one (vLLM's
         ``_mamba_block_aligned_split``); a decode runs one token."""
-        return ALIGN if self.enable_prefix_caching and self.mamba_groups else "none"
+        return self.mamba_prefix_mode if self.enable_prefix_caching and self.mamba_groups \
+            else "none"
+
+    def caches_state(self, group: int) -> bool:
+        """Is ``group`` a Mamba group whose state blocks the prefix cache keeps
+        (align or all mode): a full state block is registered like an
+        attention block, a hit needs the state block at its end, and blocks
+        before the last computed token's column are freed
+        (``get_num_skipped_tokens`` = ``num_computed - 1``)."""
+        return self.groups[group].kind == MAMBA and self.mamba_cache_mode != "none"
 
     @property
     def quantized(self) -> bool:
@@ -404,8 +434,8 @@ class RunnerConfig:
         """Entries of ``group``'s block list that a prefix hit of ``hit_tokens``
         fills: every full block for attention, ``hit // block_size`` for a Mamba
         group in align mode (null blocks, then the state block at the hit's
-        end), none for a Mamba group otherwise."""
-        if self.groups[group].kind == MAMBA and self.mamba_cache_mode != ALIGN:
+        end; all mode likewise), none for a Mamba group otherwise."""
+        if self.groups[group].kind == MAMBA and not self.caches_state(group):
             return 0
         return hit_tokens // self.tokens_per_block(group)
 
@@ -450,12 +480,11 @@ class RunnerConfig:
     @property
     def prefix_unit(self) -> int:
         """Prefix-cache hits are multiples of this many tokens: the least common
-        multiple of the attention groups' block sizes — and, in align mode, the
-        Mamba groups' (vLLM's scheduler block size for a hybrid model)."""
+        multiple of the attention groups' block sizes — and, with Mamba prefix
+        caching, the Mamba groups' (vLLM's scheduler block size for a hybrid model)."""
         import math
 
-        groups = self.attention_groups + (self.mamba_groups if self.mamba_cache_mode == ALIGN
-                                          else [])
+        groups = self.attention_groups + [g for g in self.mamba_groups if self.caches_state(g)]
         return math.lcm(*(self.tokens_per_block(g) for g in groups))
 
     def tokens_per_block(self, group: int) -> int:
@@ -548,7 +577,9 @@ class RunnerConfig:
           | ({"mamba_padding": self.mamba_padding} if self.mamba_padding != NULL_PAD else {}) \
           | ({"kv_cache_dtype": self.kv_cache_dtype} if self.kv_cache_dtype != KV_AUTO else {}) \
           | ({"kv_sharing_map": [list(p) for p in self.sharing_map]} if self.sharing_map else {}) \
-          | ({"host_blocks": self.host_blocks} if self.host_blocks else {})
+          | ({"host_blocks": self.host_blocks} if self.host_blocks else {}) \
+          | ({"mamba_cache_mode": self.mamba_prefix_mode}
+             if self.mamba_prefix_mode != ALIGN else {})
 
     @classmethod
     def from_json(cls, obj) -> "RunnerConfig":
@@ -561,7 +592,7 @@ class RunnerConfig:
                  "cp_kv_cache_interleave_size", "reorder_batch_threshold",
                  "cudagraph_support", "num_speculative_tokens", "allocator",
                  "enable_prefix_caching", "kv_sharing", "max_model_len", "mamba_padding",
-                 "kv_cache_dtype", "kv_sharing_map", "host_blocks"}
+                 "kv_cache_dtype", "kv_sharing_map", "host_blocks", "mamba_cache_mode"}
         for key in sorted(obj):
             if key not in known:
                 raise ConfigError(key, "unknown field")
@@ -569,7 +600,8 @@ class RunnerConfig:
         for key in sorted(known - {"runner", "groups", "cudagraph_capture_sizes",
                                    "cudagraph_support", "allocator",
                                    "enable_prefix_caching", "kv_sharing", "max_model_len",
-                                   "mamba_padding", "kv_cache_dtype", "kv_sharing_map"}):
+                                   "mamba_padding", "kv_cache_dtype", "kv_sharing_map",
+                                   "mamba_cache_mode"}):
             if key in obj:
                 kwargs[key] = _int(obj[key], key)
         if "max_model_len" in obj:
@@ -584,6 +616,8 @@ class RunnerConfig:
                     "kv_cache_dtype"):
             if key in obj:
                 kwargs[key] = obj[key]
+        if "mamba_cache_mode" in obj:
+            kwargs["mamba_prefix_mode"] = obj["mamba_cache_mode"]
         for key in ("enable_prefix_caching", "kv_sharing"):
             if key in obj:
                 if not isinstance(obj[key], bool):
@@ -731,23 +765,32 @@ class RunnerConfig:
                 raise ConfigError("enable_prefix_caching", "needs allocator 'engine' (the "
                                   "target's KV-cache manager keeps the prefix cache)")
             if self.mamba_groups and self.num_speculative_tokens:
-                raise ConfigError("enable_prefix_caching", "with Mamba groups (align mode) "
-                                  "needs num_speculative_tokens 0 (align mode's speculative "
-                                  "state blocks are not modelled yet)")
+                raise ConfigError("enable_prefix_caching", f"with Mamba groups "
+                                  f"({self.mamba_prefix_mode} mode) needs "
+                                  "num_speculative_tokens 0 (the speculative state blocks of "
+                                  "Mamba prefix caching are not modelled yet)")
             if len({self.groups[g].block_size for g in self.mamba_groups}) > 1:
-                raise ConfigError("groups", "align mode needs one block size for every Mamba "
-                                  "group (vLLM's hybrid models have one MambaSpec)")
-            for g in self.mamba_groups:
+                raise ConfigError("groups", f"{self.mamba_prefix_mode} mode needs one block "
+                                  "size for every Mamba group (vLLM's hybrid models have one "
+                                  "MambaSpec)")
+            for g in self.mamba_groups if self.mamba_prefix_mode == ALIGN else ():
                 if self.groups[g].block_size > self.max_num_batched_tokens:
                     raise ConfigError(f"groups[{g}].block_size", "align mode needs a Mamba "
                                       "block size <= max_num_batched_tokens (a prefill chunk "
                                       "ends on a Mamba block boundary)")
             if self.mamba_groups and self.reorder_batch_threshold > 1:
-                raise ConfigError("reorder_batch_threshold", "align mode decodes one token "
-                                  "per step: use 0 or 1")
+                raise ConfigError("reorder_batch_threshold", f"{self.mamba_prefix_mode} mode "
+                                  "decodes one token per step: use 0 or 1")
             if self.dcp_world_size != 1:
                 raise ConfigError("enable_prefix_caching", "needs dcp_world_size 1 (prefix "
                                   "caching under DCP is not modelled)")
+        if self.mamba_prefix_mode not in MAMBA_PREFIX_MODES:
+            raise ConfigError("mamba_cache_mode", f"{self.mamba_prefix_mode!r} not one of "
+                              f"{list(MAMBA_PREFIX_MODES)}")
+        if self.mamba_prefix_mode == ALL and not (self.enable_prefix_caching
+                                                  and self.mamba_groups):
+            raise ConfigError("mamba_cache_mode", "'all' needs enable_prefix_caching true and "
+                              "a Mamba group (it is how Mamba prefix caching keeps states)")
         _bound(self.host_blocks, 0, HOST_BLOCKS_MAX, "host_blocks")
         if self.host_blocks:
             if not self.attention_groups:
@@ -812,7 +855,7 @@ class RunnerConfig:
         if self.mamba_padding == PAD_SLOT_NO_NULL:
             if self.enable_prefix_caching:
                 raise ConfigError("mamba_padding", "pad_slot_no_null needs prefix caching off "
-                                  "(align mode pads a Mamba row with the null block)")
+                                  "(Mamba prefix caching pads a Mamba row with the null block)")
             if self.kv_sharing:
                 raise ConfigError("mamba_padding", "pad_slot_no_null needs kv_sharing off "
                                   "(block 0 is the attention null page every group shares)")

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .config import ALIGN, ENGINE, MAMBA, TRACE, RunnerConfig
+from .config import ALL, ENGINE, MAMBA, TRACE, RunnerConfig
 from .host_tier import HostTier
 from .payload import NULL_BLOCK_ID, POSITION_MAX, REQ_ID_MAX, default_token_ids
 
@@ -258,7 +258,7 @@ class Ledger:
                 best -= unit
             best = max(best, 0)
             drop = 0
-        if cfg.mamba_cache_mode == ALIGN:
+        if cfg.mamba_cache_mode != "none":  # align or all: the state block at the hit's end
             while best and any(self.cached_block(g, self.block_key(
                     g, tokens, best // cfg.tokens_per_block(g) - 1)) is None
                     for g in cfg.mamba_groups):
@@ -286,11 +286,11 @@ class Ledger:
         — in align mode one state block whenever the tokens reach a column
         past the ``have`` the request holds (null entries included; vLLM's
         align-mode ``allocate_new_blocks`` pads the columns between with the
-        null block)."""
+        null block); in all mode one per column, as for attention."""
         cfg = self.config
         if cfg.pads_with_null(group):
             return int(-(-num_tokens // cfg.tokens_per_block(group)) > have)
-        if cfg.groups[group].kind == MAMBA:
+        if cfg.groups[group].kind == MAMBA and not cfg.caches_state(group):
             return cfg.mamba_columns if have == 0 else 0
         want = min(num_tokens + cfg.num_speculative_tokens, cfg.max_model_len)
         return max(min(-(-want // cfg.tokens_per_block(group)),
@@ -299,13 +299,13 @@ class Ledger:
     def num_skipped_tokens(self, group: int, num_computed: int) -> int:
         """Leading tokens whose blocks ``group`` no longer needs (vLLM's
         ``get_num_skipped_tokens``): before the sliding window of the next
-        token (``num_computed - W + 1``); in align mode a Mamba group keeps
-        only the state of the last computed token (``num_computed - 1``);
-        else 0."""
+        token (``num_computed - W + 1``); with prefix caching (align or all
+        mode) a Mamba group keeps only the state of the last computed token
+        (``num_computed - 1``); else 0."""
         spec = self.config.groups[group]
         if spec.sliding_window:
             return num_computed - spec.sliding_window + 1
-        if self.config.pads_with_null(group):
+        if self.config.caches_state(group):
             return num_computed - 1
         return 0
 
@@ -495,8 +495,9 @@ class Ledger:
         if source == "host":
             self._check_host_tier(op)
         self._check_one_incarnation(req)
-        if cfg.mamba_cache_mode == ALIGN:
-            raise OpError("op", f"{op} with Mamba prefix caching (align mode) is not "
+        if cfg.mamba_cache_mode != "none":
+            raise OpError("op", f"{op} with Mamba prefix caching ({cfg.mamba_cache_mode} "
+                          "mode) is not "
                           "modelled (where a connector puts the state block)")
         # From the host tier, the blocks past a prefix hit (vLLM's connector is
         # asked for the tokens after the locally computed ones).
@@ -841,8 +842,9 @@ class Ledger:
         r = self.get(req)
         if r.pending or r.landed:
             raise OpError("req", f"request {req} loads by transfers (kv_load_begin)")
-        if self.config.mamba_cache_mode == ALIGN:
-            raise OpError("op", "kv_load with Mamba prefix caching (align mode) is not "
+        if self.config.mamba_cache_mode != "none":
+            raise OpError("op", f"kv_load with Mamba prefix caching "
+                          f"({self.config.mamba_cache_mode} mode) is not "
                           "modelled (where a connector puts the state block)")
         if r.stepped or r.loaded or r.num_computed_tokens:
             raise OpError("req", f"request {req} already has KV (stepped or loaded)")
@@ -861,9 +863,13 @@ class Ledger:
         column that holds a state block (``step``: vLLM's scheduler allocates
         exactly what it schedules), and skips no column that holds a state
         block (two allocations before one step would leave one unwritten, then
-        registered as if it held the state at its end)."""
+        registered as if it held the state at its end).  All mode: a prefill
+        chunk ends anywhere up to the prompt's end, a decode runs one token,
+        and a step's every column, from its last computed token's (the state
+        it reads) to its last token's, holds a state block."""
         cfg = self.config
-        if cfg.mamba_cache_mode != ALIGN:
+        mode = cfg.mamba_cache_mode
+        if mode == "none":
             return None
         end = start + n
         for g in cfg.mamba_groups:
@@ -871,12 +877,20 @@ class Ledger:
             last = r.prompt_len // bs * bs
             if start >= r.prompt_len:
                 if n != 1:
-                    return (f"request {r.req} decodes: one token per step in align mode "
+                    return (f"request {r.req} decodes: one token per step in {mode} mode "
                             f"(no drafter), not {n}")
             elif end > r.prompt_len:
                 return (f"request {r.req} prefills: a chunk stops at its prompt's end "
                         f"({r.prompt_len - start} tokens left), not {n}")
-            elif start < last and (end > last or end % bs):
+            if mode == ALL:
+                if step:
+                    for c in range(max(start - 1, 0) // bs, (end - 1) // bs + 1):
+                        if c >= len(r.blocks[g]) or r.blocks[g][c] == NULL_BLOCK_ID:
+                            return (f"request {r.req} holds no Mamba state block in column "
+                                    f"{c} (group {g}), which its step from position {start} "
+                                    "reads or writes: allocate those tokens first")
+                continue
+            if start < r.prompt_len and start < last and (end > last or end % bs):
                 return (f"request {r.req} prefills: in align mode a chunk from {start} ends "
                         f"on a Mamba block boundary (multiple of {bs}) up to {last}, the "
                         f"prompt's last one; {end} is not")
@@ -1096,15 +1110,14 @@ class Ledger:
         """Prefix caching: register ``req``'s full blocks whose every token is
         computed (once content is written; vLLM registers at allocation, which
         lets a same-step hit read unwritten blocks — #37152): attention blocks,
-        and in align mode Mamba state blocks (each then holds the state at its
-        end; null entries are skipped)."""
+        and with Mamba prefix caching Mamba state blocks (each then holds the
+        state at its end; null entries are skipped)."""
         cfg = self.config
         if not cfg.enable_prefix_caching:
             return
         r = self.requests[req]
         tokens = self.token_ids(req, np.arange(r.num_computed_tokens))
-        groups = cfg.attention_groups + (cfg.mamba_groups if cfg.mamba_cache_mode == ALIGN
-                                         else [])
+        groups = cfg.attention_groups + [g for g in cfg.mamba_groups if cfg.caches_state(g)]
         for g in groups:
             for i in range(min(r.num_computed_tokens // cfg.tokens_per_block(g),
                                len(r.blocks[g]))):

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .block_table import EMPTY_ROW, PersistentBatchRows
-from .config import ALIGN, ALWAYS, CUDAGRAPH_MODES, FULL, NONE, PIECEWISE, RunnerConfig
+from .config import ALIGN, ALL, ALWAYS, CUDAGRAPH_MODES, FULL, NONE, PIECEWISE, RunnerConfig
 from .dcp import global_position
 from .ledger import Ledger, OpError
 from .kv_cache_manager import choose_admit, choose_allocate, choose_skipped
@@ -183,7 +183,10 @@ class ReferenceRunnerBase(abc.ABC):
         # each request's last accepted count, and the draft layer's KV cache.
         self.state_columns = np.zeros(rows, np.int32)
         self.spec_rows = np.zeros(rows, bool)
-        self.write_indices = {g: np.zeros((rows, cfg.mamba_columns), np.int32)
+        # All mode: every column of a row (the kernels pick theirs by position).
+        self.write_indices = {g: np.zeros((rows, cfg.blocks_per_req_max(g)
+                                           if cfg.mamba_cache_mode == ALL
+                                           else cfg.mamba_columns), np.int32)
                               for g in cfg.mamba_groups}
         self.num_accepted_of: dict[int, int] = {}
         self.results_in_flight: list[dict[int, int]] = []  # per step in flight, oldest first
@@ -574,11 +577,23 @@ class ReferenceRunnerBase(abc.ABC):
         ``PAD_SLOT_ID``) for padded ones; ``state_indices``
         is the block each row reads its initial state from (its running column).
         Align mode: a row's columns start at its last scheduled token's,
-        ``(seq_len - 1) // block_size`` (vLLM's ``mamba_get_block_table_tensor``)."""
+        ``(seq_len - 1) // block_size`` (vLLM's ``mamba_get_block_table_tensor``).
+        All mode: every column of the row (vLLM's ``state_indices_tensor`` is
+        the block table); a row reads through the column of its last computed
+        token, ``cdiv(seq_len - query_len, block_size) - 1`` at least 0
+        (``block_idx_last_computed_token``)."""
         cfg = self.config
         for g in cfg.mamba_groups:
             cols = self.write_indices[g]
             first = np.zeros(num_rows, np.int64)
+            if cfg.mamba_cache_mode == ALL:
+                cols[:num_rows] = self.device_block_table[g][:num_rows, :cols.shape[1]]
+                cols[num_rows:rows_padded] = cfg.mamba_pad_index
+                computed = self.seq_lens[:rows_padded].astype(np.int64) \
+                    - np.diff(self.query_start_loc[:rows_padded + 1])
+                read = np.clip(-(-computed // cfg.tokens_per_block(g)) - 1, 0, None)
+                self.state_indices[g][:rows_padded] = cols[np.arange(rows_padded), read]
+                continue
             if cfg.mamba_cache_mode == ALIGN:
                 # Clamped to the row: a dummy row's seq_len (its tokens) may pass
                 # max_model_len; its row holds null blocks whatever the column.
@@ -772,10 +787,17 @@ class ReferenceRunnerBase(abc.ABC):
         column; 0 without initial state); a spec-decode row writes the state
         after each of its tokens to columns 0, 1, ... (vLLM's spec-decode
         ``ssm_state_indices`` / ``num_accepted_tokens`` kernels), any other row
-        its final state to column 0."""
+        its final state to column 0.  All mode: a row of ``n`` tokens after
+        ``s`` computed writes, to each column ``c`` from ``s // block_size``
+        (``block_idx_first_scheduled_token``) to ``(s + n - 1) // block_size``
+        (``block_idx_last_scheduled_token``), the state after position
+        ``min((c + 1) * block_size, s + n) - 1``: every block boundary the
+        chunk crosses, then its end."""
         # kv_sharing: a write into the null block is dropped (its page is shared).
         keep_null = self.config.page_partner(g) is None
         conv, heads = self.config.groups[g].conv_size, self.config.head_size
+        cfg_all = self.config.mamba_cache_mode == ALL
+        bs = self.config.tokens_per_block(g)
         for b in range(num_rows):
             idx = int(self.state_indices[g][b])
             if idx == PAD_SLOT_ID:
@@ -792,7 +814,14 @@ class ReferenceRunnerBase(abc.ABC):
                 ssm = old[conv * heads:] + self.hidden[lo:end].sum(axis=0, dtype=np.float32)
                 return np.concatenate([seq[len(seq) - conv:].reshape(-1), ssm])
 
-            if self.spec_rows[b]:
+            if cfg_all:
+                s = int(self.seq_lens[b]) - (hi - lo)
+                last = min(max(int(self.seq_lens[b]) - 1, 0) // bs, cols.shape[0] - 1)
+                for c in range(min(s // bs, last), last + 1):
+                    end = lo + min((c + 1) * bs - s, hi - lo)
+                    if keep_null or cols[c] != NULL_BLOCK_ID:
+                        self.mamba_state[g][cols[c]] = after(end)
+            elif self.spec_rows[b]:
                 for t in range(hi - lo):
                     if keep_null or cols[t] != NULL_BLOCK_ID:
                         self.mamba_state[g][cols[t]] = after(lo + t + 1)

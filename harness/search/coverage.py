@@ -134,6 +134,14 @@ FEATURES: dict[str, str] = {
                         "batch of 1 + k tokens per row",
     "placeholder-drafts": "a spec_step with placeholder drafts: a decode padded to 1 + k "
                           "tokens, none of them accepted",
+    "mamba-state-block-completed": "all mode: a chunk that starts inside a Mamba state block "
+                                   "crosses its end, so that block's end state is written "
+                                   "by a later chunk than the one that began it (vLLM PR "
+                                   "#34587)",
+    "mamba-short-prefill-across-blocks": "all mode: a prefill chunk shorter than the conv "
+                                         "state reads its initial state through one state "
+                                         "block and ends in another (the conv kernel's short "
+                                         "branch: vLLM PR #56196)",
     "position-past-narrow-row": "a real forward over a request whose positions run past a "
                                 "narrow group's row (GroupSpec.max_num_blocks: those tokens "
                                 "have no slot in that group)",
@@ -389,6 +397,23 @@ class Tracker:
                 out.append("cached-block-evicted")
         return out
 
+    def _all_mode_hits(self, fwd, reference) -> list[str]:
+        """Mamba prefix caching in all mode: which of the batch's chunks cross a
+        state block they did not start, and which short prefill chunks read one
+        state block and end in another."""
+        cfg, n, hit = self.config, fwd.num_reqs, []
+        qlen = np.diff(reference.query_start_loc[:n + 1]).astype(np.int64)
+        seq = reference.seq_lens[:n].astype(np.int64)
+        start = seq - qlen
+        bs = cfg.tokens_per_block(cfg.mamba_groups[0])
+        if ((start % bs != 0) & (start // bs < (seq - 1) // bs)).any():
+            hit.append("mamba-state-block-completed")
+        conv = max(cfg.groups[g].conv_size for g in cfg.mamba_groups)
+        if (reference.is_prefilling[:n] & (qlen > 1) & (qlen < conv) & (start > 0)
+                & ((start - 1) // bs != (seq - 1) // bs)).any():
+            hit.append("mamba-short-prefill-across-blocks")
+        return hit
+
     def _forward_hits(self, fwd, reference=None) -> list[str]:
         cfg, hit = self.config, []
         for k in {cfg.groups[g].kind for g in range(len(cfg.groups))}:
@@ -431,6 +456,8 @@ class Tracker:
                 hit.append("mamba-state-restored" if first else "mamba-state-carried")
                 if first and self._larger_state_blocks:
                     hit.append("mamba-state-restored-larger-block")
+        if not fwd.dummy and reference is not None and cfg.mamba_cache_mode == "all":
+            hit += self._all_mode_hits(fwd, reference)
         if (fwd.metadata and fwd.num_tokens_padded > fwd.num_tokens
                 and any(g.slot_buffer for g in cfg.groups)):
             hit.append("backend-slots-padded")
@@ -513,13 +540,13 @@ NEEDS = {
     "mamba-decodes-with-prefills": lambda c: bool(c.mamba_groups),
     "full-replay-mixed-batch": lambda c: c.cudagraph_support == "ALWAYS",
     "backend-slots-padded": lambda c: any(g.slot_buffer for g in c.groups),
-    "loaded-next-to-padded": lambda c: c.mamba_cache_mode != "align",
+    "loaded-next-to-padded": lambda c: c.mamba_cache_mode == "none",
     "step-completes-after-row-moved": lambda c: c.runner == "v1",
     "resumed-after-blocks-reused": lambda c: c.allocator == "trace",
-    "load-ends-after-leave": lambda c: c.mamba_cache_mode != "align",
+    "load-ends-after-leave": lambda c: c.mamba_cache_mode == "none",
     "store-ends-after-leave": lambda c: not any(g.sliding_window for g in c.groups),
-    "load-fails-beside-siblings": lambda c: c.mamba_cache_mode != "align",
-    "block-reused-after-late-load": lambda c: c.mamba_cache_mode != "align",
+    "load-fails-beside-siblings": lambda c: c.mamba_cache_mode == "none",
+    "block-reused-after-late-load": lambda c: c.mamba_cache_mode == "none",
     "prefix-hit": lambda c: c.enable_prefix_caching,
     "prompt-all-cached": lambda c: c.enable_prefix_caching,
     "hit-on-freed-cached-block": lambda c: c.enable_prefix_caching,
@@ -535,6 +562,9 @@ NEEDS = {
     "mamba-state-carried": lambda c: c.mamba_cache_mode == "align",
     "page-reused-across-groups": lambda c: c.kv_sharing,
     "position-past-narrow-row": lambda c: bool(c.narrow_groups),
+    "mamba-state-block-completed": lambda c: c.mamba_cache_mode == "all",
+    "mamba-short-prefill-across-blocks": lambda c: c.mamba_cache_mode == "all" and any(
+        g.conv_size > 2 for g in c.groups),
     "full-spec-replay": lambda c: c.num_speculative_tokens > 0 and bool(c.full_capture_sizes),
     "placeholder-drafts": lambda c: c.num_speculative_tokens > 0,
     "host-block-stored": lambda c: c.host_blocks > 0 and c.allocator == "engine",
@@ -552,6 +582,7 @@ NARROWS = {
     "window-hit-drafter": "prefix-hit",
     "mamba-state-restored": "prefix-hit",
     "mamba-state-restored-larger-block": "prefix-hit",
+    "mamba-short-prefill-across-blocks": "prefix-hit",
     "spec-count-foreign-next-forward": "spec-row-count-foreign",
     "onboard-from-host": "host-block-stored",
     "offload-meets-pinned-host-block": "onboard-from-host",

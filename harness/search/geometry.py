@@ -21,7 +21,8 @@ import zlib
 from hypothesis import strategies as st
 
 from reference import ATTENTION, MAMBA, GroupSpec, RunnerConfig
-from reference.config import (ALWAYS, MAX_NUM_BLOCKS_PER_REQ_MAX, UNIFORM_BATCH,
+from reference.config import (ALIGN, ALL, ALWAYS, CONV_SIZE_MAX, MAX_NUM_BLOCKS_PER_REQ_MAX,
+                              UNIFORM_BATCH,
                               hybrid_attention_block_size)
 
 HEAD_SIZE = 4  # drawn configs keep RunnerConfig's default head_size
@@ -257,7 +258,10 @@ def runner_configs(draw, runner: str | None = None,
             host = rng.choice([1, 1, 2, 2, 3])
     groups, widths = _narrowed(groups, host, caching, sharing, widths, model_len, world, narrow_ok,
                        random.Random(zlib.crc32(repr(("narrow", rng.random())).encode())))
+    groups, mamba_mode = _mamba_mode(groups, align, random.Random(
+        zlib.crc32(repr(("mamba-mode", rng.random())).encode())))
     return RunnerConfig(
+        mamba_prefix_mode=mamba_mode,
         host_blocks=host,
         sharing_map=sharing_map,
         kv_cache_dtype=kv_dtype,
@@ -282,6 +286,21 @@ def runner_configs(draw, runner: str | None = None,
         max_num_batched_tokens=max_num_batched_tokens,
         cudagraph_capture_sizes=tuple(s for s in sizes if s <= max_num_batched_tokens),
     )
+
+
+def _mamba_mode(groups: list, align: bool, rng: random.Random) -> tuple[list, str]:
+    """Which Mamba prefix caching a hybrid config with prefix caching runs:
+    vLLM's all mode in one such config in two, else
+    align mode — with a conv state of 3 tokens in one all-mode config in two
+    (a prefill chunk shorter than the conv state takes the kernels' short
+    branch).  Chosen by a generator of its own, as :func:`_narrowed` is, so no
+    other draw moved when it came.  Returns the groups and the mode."""
+    if not align or rng.random() < 0.5:
+        return groups, ALIGN
+    if rng.random() < 0.5:
+        groups = [dataclasses.replace(g, conv_size=CONV_SIZE_MAX) if g.kind == MAMBA else g
+                  for g in groups]
+    return groups, ALL
 
 
 def _narrowed(groups: list, host: int, caching: bool, sharing: bool, widths: int,

@@ -69,7 +69,7 @@ TOWARDS = "towards:"  # key prefix of a frontier entry
 def traits(config) -> list[str]:
     """The config's geometry traits, sorted: its runner and each engine mechanism
     it turns on (a Mamba group or attention only, a drafter, a sliding window,
-    prefix caching, Mamba align mode, kv_sharing, decode context parallelism,
+    prefix caching, Mamba align or all mode, kv_sharing, decode context parallelism,
     kernel blocks smaller than allocation blocks, a second attention group, a
     row narrower than a request, FULL graphs of mixed batches, a backend slot buffer, an int8 KV cache,
     PAD_SLOT_ID Mamba padding, the engine's KV-cache manager, no capture sizes).
@@ -86,6 +86,7 @@ def traits(config) -> list[str]:
           "window": any(g.sliding_window for g in c.groups),
           "prefix-caching": c.enable_prefix_caching,
           "align": c.mamba_cache_mode == "align",
+          "all-mode": c.mamba_cache_mode == "all",
           "kv-sharing": c.kv_sharing,
           "dcp": c.dcp_world_size > 1,
           "kernel-blocks": any(g.kernel_block_size < g.block_size for g in c.groups),

@@ -139,12 +139,16 @@ def _malformed_blocks(config, ledger, op: dict):
         for k, b in enumerate(ids):
             if isinstance(b, bool) or not isinstance(b, int) or not 0 <= b < config.num_blocks:
                 return f"group {g}: block id {b!r} is not in the pool [0, {config.num_blocks})"
-            pad = config.pads_with_null(g) and (k < n_hit - 1 or n_hit <= k < n_hit + pads)
+            # Mamba prefix caching: a hit's columns before its state block are
+            # null; align mode also pads the columns up to a new state block.
+            pad = (config.caches_state(g) and k < n_hit - 1) \
+                or (config.pads_with_null(g) and n_hit <= k < n_hit + pads)
             if (b == null) != pad and not (b == null and k < window_nulls):
                 if b == null:
                     return f"group {g}: the null block was handed out to request {op['req']}"
                 return (f"group {g}: request {op['req']}'s block list {ids} holds block {b} "
-                        f"as entry {k}, a column align mode leaves to the null block")
+                        f"as entry {k}, a column Mamba prefix caching leaves to the null "
+                        "block")
         real = [b for b in ids if b != null]
         if len(set(real)) != len(real) or set(real) & set(held):
             return f"group {g}: request {op['req']} was handed block(s) {ids} twice"
@@ -250,7 +254,7 @@ def check_one_owner(ctx: CheckContext) -> list:
                 continue
             key = ledger.registered[g].get(b)
             for req, i in at:
-                if (cfg.groups[g].kind == MAMBA and not cfg.pads_with_null(g)) or key is None \
+                if (cfg.groups[g].kind == MAMBA and not cfg.caches_state(g)) or key is None \
                         or ledger.block_key(g, ledger.token_ids(req, np.arange(len(key))), i) != key:
                     reqs = [r for r, _ in at]
                     out.append(ctx.violation(ONE_OWNER_PER_BLOCK, f"block {b} is held by "

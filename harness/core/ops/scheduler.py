@@ -65,6 +65,8 @@ def _draw_admit(m, data) -> dict:
     m.next_req += 1
     prefix = []
     sources = sorted(ledger.prompts)
+    conv = max([cfg.groups[g].conv_size for g in cfg.mamba_groups], default=0)
+    short_tail = conv - 1 if cfg.mamba_cache_mode == "all" and conv > 2 else 0
     if (cfg.enable_prefix_caching or cfg.host_blocks) and sources and data.integer(0, 3):
         # Mostly a prompt that shares an earlier one's prefix (the whole of it,
         # or a cut), then its own tokens: where prefix hits come from — most
@@ -83,8 +85,12 @@ def _draw_admit(m, data) -> dict:
         if whole and data.integer(0, 3) == 0:
             # The boundary of the hit length: a prompt exactly as long as the
             # source's cached blocks, every token of it cached — the engine must
-            # still leave its last token to compute.
+            # still leave its last token to compute.  In all mode with a conv
+            # state of c > 2 tokens, up to c - 1 tokens more: after the hit, a
+            # prefill chunk shorter than the conv state.
             prompt_len = n = whole
+            if short_tail > 1:
+                prompt_len = min(whole + data.integer(0, short_tail), cfg.max_model_len)
         else:
             extra = 0 if data.boolean() else data.integer(0, max(cfg.max_model_len - src_len, 0))
             prompt_len = min(src_len + extra, cfg.max_model_len)
@@ -92,10 +98,14 @@ def _draw_admit(m, data) -> dict:
         prefix = [src, min(n, prompt_len)]
     elif data.integer(0, 3) == 0:
         # A prompt at a block boundary (a multiple of the block size, or one
-        # off): where a last block is exactly full, or holds one token.
+        # off): where a last block is exactly full, or holds one token — and,
+        # in all mode with a conv state of c > 2 tokens, up to c - 1 past it: a
+        # later prompt that hits the full blocks then runs a chunk shorter than
+        # the conv state.
         unit = cfg.prefix_unit
         near = sorted({k * unit + d for k in range(1, cfg.max_model_len // unit + 1)
-                       for d in (-1, 0, 1) if 1 <= k * unit + d <= cfg.max_model_len})
+                       for d in range(-1, max(short_tail, 1) + 1)
+                       if 1 <= k * unit + d <= cfg.max_model_len})
         prompt_len = data.choice(near) if near else 1
     elif cfg.enable_prefix_caching and data.boolean():
         # A prompt of a block or two (and a few tokens): full blocks to register

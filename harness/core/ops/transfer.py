@@ -14,7 +14,7 @@ from harness.core.ops.lifecycle import _permit_all_blocks, _rename, _req
 
 
 def _loadable(m) -> list[int]:
-    if m.cfg.mamba_cache_mode == "align":  # not modelled: the ledger refuses it
+    if m.cfg.mamba_cache_mode != "none":  # not modelled: the ledger refuses it
         return []
     return [r for r, s in sorted(m.ledger.requests.items())
             if not (s.stepped or s.loaded or s.num_computed_tokens or s.pending or s.landed)
@@ -53,7 +53,7 @@ def _open_columns(m, req: int) -> list[list[int]]:
 
 def _transfer_loadable(m) -> list[int]:
     def now():
-        if m.cfg.mamba_cache_mode == "align":
+        if m.cfg.mamba_cache_mode != "none":  # Mamba prefix caching: refused
             return []
         return [r for r, s in sorted(m.ledger.requests.items())
                 if not (s.stepped or s.loaded or s.num_computed_tokens or s.load_failed)
@@ -269,7 +269,7 @@ def _onboardable(m) -> list[int]:
         return []
 
     def now():  # as for kv_load_begin, but only the blocks held need be (the chunk's)
-        if m.cfg.mamba_cache_mode == "align":
+        if m.cfg.mamba_cache_mode != "none":  # Mamba prefix caching: refused
             return []
         return [r for r, s in sorted(m.ledger.requests.items())
                 if not (s.stepped or s.loaded or s.load_failed)
