@@ -119,3 +119,26 @@ def test_resumed_blocks_consequence_is_a_write_into_the_next_owner():
     v = replay(trace, trace.faults, skip={"MATCHES_REFERENCE"}).violation
     assert (v.invariant, trace.ops[v.op_index]["op"]) == ("NO_STALE_WRITE", "step"), v.line()
     assert "owned by req 1" in v.detail
+
+
+def test_all_mode_boundary_state_is_judged_where_it_is_restored():
+    """All mode's boundary state written off the block grid: the block's state is
+    what the invariants judge, not only the differential check — a later request's
+    hit restores it (PREFIX_CONTENT); the fixed kernel writes the block's end state."""
+    trace = load(CORPORA / "seeds" / "mamba-all-boundary-on-chunk-grid.json")
+    assert replay(trace).violation is None
+    v = replay(trace, trace.faults, skip={"MATCHES_REFERENCE"}).violation
+    assert (v.invariant, trace.ops[v.op_index]["op"], v.group) == ("PREFIX_CONTENT", "admit", 1)
+
+
+def test_all_mode_short_chunk_conv_state_is_judged_on_the_shared_block():
+    """A short prefill chunk's conv state stored through the block it read: the
+    shared cached block changes (CACHED_BLOCKS_IMMUTABLE), and the next hit on it
+    restores the wrong state (PREFIX_CONTENT)."""
+    trace = load(CORPORA / "seeds" / "mamba-short-chunk-conv-to-source.json")
+    assert replay(trace).violation is None
+    v = replay(trace, trace.faults, skip={"MATCHES_REFERENCE"}).violation
+    assert (v.invariant, trace.ops[v.op_index]["op"], v.block) == ("CACHED_BLOCKS_IMMUTABLE",
+                                                                   "step", 1)
+    v = replay(trace, trace.faults, skip={"MATCHES_REFERENCE", "CACHED_BLOCKS_IMMUTABLE"}).violation
+    assert (v.invariant, trace.ops[v.op_index]["op"]) == ("PREFIX_CONTENT", "admit")

@@ -445,3 +445,47 @@ def test_a_later_request_sharing_a_moved_hit_block_follows_it():
     found = replay(parse(json.loads(Trace(cfg, ops).dumps())))
     assert found.violation is None
     assert found.ops[4]["blocks"] == [found.ops[0]["blocks"][0][:1]]
+
+
+def test_all_mode_config_is_accepted_and_refused_in_one_line():
+    cfg = _engine_cfg([("attention", 4, 4), ("mamba", 8, 8)], runner="v1")
+    cfg = dataclasses.replace(cfg, mamba_prefix_mode="all")
+    assert cfg.mamba_cache_mode == "all" and cfg.to_json()["mamba_cache_mode"] == "all"
+    assert RunnerConfig.from_json(cfg.to_json()) == cfg
+    assert "mamba_cache_mode" not in dataclasses.replace(cfg, mamba_prefix_mode="align").to_json()
+    with pytest.raises(ConfigError, match="mamba_cache_mode.*'none'.*not one of"):
+        dataclasses.replace(cfg, mamba_prefix_mode="none")
+    with pytest.raises(ConfigError, match="mamba_cache_mode.*needs enable_prefix_caching"):
+        dataclasses.replace(cfg, enable_prefix_caching=False)
+    with pytest.raises(ConfigError, match="enable_prefix_caching.*all mode.*num_speculative"):
+        dataclasses.replace(cfg, num_speculative_tokens=1)
+    # All mode: no Mamba block boundary for chunks (align mode's rule is refused above).
+    with pytest.raises(ConfigError, match=r"groups\[1\].block_size.*max_num_batched_tokens"):
+        dataclasses.replace(cfg, mamba_prefix_mode="align", max_num_batched_tokens=4,
+                            cudagraph_capture_sizes=(1, 2))
+    dataclasses.replace(cfg, max_num_batched_tokens=4, cudagraph_capture_sizes=(1, 2))
+
+
+def test_all_mode_allocates_every_column_and_chunks_end_anywhere():
+    """vLLM's all mode: a state block per column (as attention), chunks that end
+    inside a state block, the hit's columns before its state block null."""
+    cfg = dataclasses.replace(_engine_cfg([("attention", 4, 4), ("mamba", 8, 8)], runner="v1"),
+                              mamba_prefix_mode="all")
+    ops = [admit(0, 16, 5), {"op": "step", "scheduled": [[0, 5]], "cudagraph_mode": "NONE"},
+           {"op": "allocate", "req": 0, "num_new_tokens": 11},
+           {"op": "step", "scheduled": [[0, 11]], "cudagraph_mode": "NONE"},
+           admit(1, 20, 4, (0, 16)), {"op": "step", "scheduled": [[1, 4]], "cudagraph_mode": "NONE"}]
+    verdict = replay(Trace(cfg, ops), record=True)
+    assert verdict.violation is None, verdict.violation.line()
+    assert len(verdict.ops[0]["blocks"][1]) == 1 and len(verdict.ops[2]["blocks"][1]) == 1
+    mamba = verdict.ops[4]["blocks"][1]  # the null block, the hit's state block, a new one
+    assert mamba[0] == 0 and mamba[1] == verdict.ops[2]["blocks"][1][0] and len(mamba) == 3
+    for fault in ("mamba-all-boundary-on-chunk-grid",):
+        assert replay(Trace(cfg, ops), [fault]).violation.invariant == "MATCHES_REFERENCE"
+    # A decode of two tokens is refused as in align mode.
+    with pytest.raises(TraceError, match=r"scheduled\[0\]\[1\].*one token per step in all mode"):
+        parse({"format": "blockfuzz-trace", "version": 1, "config": cfg.to_json(),
+               "ops": [admit(0, 4, 4), {"op": "step", "scheduled": [[0, 4]],
+                                        "cudagraph_mode": "NONE"},
+                       {"op": "allocate", "req": 0, "num_new_tokens": 1},
+                       {"op": "step", "scheduled": [[0, 2]], "cudagraph_mode": "NONE"}]})
