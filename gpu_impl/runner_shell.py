@@ -443,7 +443,7 @@ class RunnerShell(abc.ABC):
         meta = self.prefix_meta.np
         meta[:num_rows, 0] = computed
         meta[:num_rows, 1] = np.clip(-(-computed // bs) - 1, 0, width - 1)
-        meta[:num_rows, 2] = np.minimum(computed // bs, last)
+        meta[:num_rows, 2] = np.clip(computed // bs, 0, last)
         meta[:num_rows, 3] = last
         meta[:num_rows, 4] = ~decode
         self.prefix_meta.copy_to_gpu(num_rows)

@@ -591,7 +591,7 @@ class ReferenceRunnerBase(abc.ABC):
                 cols[num_rows:rows_padded] = cfg.mamba_pad_index
                 computed = self.seq_lens[:rows_padded].astype(np.int64) \
                     - np.diff(self.query_start_loc[:rows_padded + 1])
-                read = np.clip(-(-computed // cfg.tokens_per_block(g)) - 1, 0, None)
+                read = np.clip(-(-computed // cfg.tokens_per_block(g)) - 1, 0, cols.shape[1] - 1)
                 self.state_indices[g][:rows_padded] = cols[np.arange(rows_padded), read]
                 continue
             if cfg.mamba_cache_mode == ALIGN:
@@ -817,7 +817,7 @@ class ReferenceRunnerBase(abc.ABC):
             if cfg_all:
                 s = int(self.seq_lens[b]) - (hi - lo)
                 last = min(max(int(self.seq_lens[b]) - 1, 0) // bs, cols.shape[0] - 1)
-                for c in range(min(s // bs, last), last + 1):
+                for c in range(max(min(s // bs, last), 0), last + 1):
                     end = lo + min((c + 1) * bs - s, hi - lo)
                     if keep_null or cols[c] != NULL_BLOCK_ID:
                         self.mamba_state[g][cols[c]] = after(end)
