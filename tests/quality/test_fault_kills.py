@@ -54,7 +54,15 @@ SEED_BUGS = {("vacated-row-not-cleared", "v1"), ("dummy-tables-not-zeroed", "v2"
 # 1 + k batches were drawn: 74 of 74 found from seed 0. The three 2026-12-03 entries
 # in LONGER_SHRINKS describe an earlier draw of that day; narrow rows drawn mostly
 # one block wide may shrink shorter now, and the entries stay as bounds.
-KNOWN_MISSES: dict = {}
+# Measured 2026-12-03 after Mamba prefix caching's all mode was drawn (half the align
+# configs became all-mode ones, and steering followed): 76 of 78 found from seed 0; one
+# miss, below, and one longer shrink (LONGER_SHRINKS).
+KNOWN_MISSES: dict = {
+    ("onboard-leaves-host-blocks-evictable", "v1"): (
+        "seed 0 misses it since all mode was drawn (2026-12-03); pinned to v1 it is found "
+        "on seeds 2, 3, 4, 5 and 6 within 200 examples (59 to 170), missed on seed 1: a "
+        "marginal find, as its 16-op shrink (LONGER_SHRINKS) already said"),
+}
 # Findings whose shortest form in the geometry seed 0 drew is longer than the hand-written
 # trace's (+1): {(fault, runner): (ops allowed beyond the hand-written length, why)}.
 LONGER_SHRINKS = {
@@ -81,6 +89,12 @@ LONGER_SHRINKS = {
                                                         "request's offload (16 ops); the "
                                                         "engine-allocator form needs a config "
                                                         "shrinking never switches to"),
+    ("spec-decodes-split-as-prefills", "v2"): (2, "found (since all mode was drawn, "
+                                                  "2026-12-03) through a KV-loaded request's "
+                                                  "first verification step, after a second "
+                                                  "request's decodes staged the decode "
+                                                  "buffer: the load's begin and complete "
+                                                  "take two ops more than steps (8 ops)"),
     ("decode-slots-sliced-prefill-first", "v2"): (3, "an align-mode config: its chunk rules "
                                                      "split the prefilling request's prompt "
                                                      "into two allocations, and the decode "
