@@ -1221,6 +1221,8 @@ class RunnerShell(abc.ABC):
             named[f"block_table[{g}]"] = self.kernel_table(g)
         named["num_accepted"] = self.num_accepted.gpu
         named["spec_rows"] = self.spec_rows.gpu
+        if self.mamba_groups:
+            named["prefix_meta"] = self.prefix_meta.gpu
         if self.draft_group is not None:
             named["draft_first_slot_mapping"] = self.draft_first_slots
             named["draft_slot_mapping"] = self.draft_slots

@@ -138,6 +138,9 @@ FEATURES: dict[str, str] = {
                                    "crosses its end, so that block's end state is written "
                                    "by a later chunk than the one that began it (vLLM PR "
                                    "#34587)",
+    "mamba-state-read-from-hit": "all mode: a request's first step after a prefix hit reads "
+                                 "its initial state straight from the hit's cached state "
+                                 "block (no copy before the forward)",
     "mamba-short-prefill-across-blocks": "all mode: a prefill chunk shorter than the conv "
                                          "state reads its initial state through one state "
                                          "block and ends in another (the conv kernel's short "
@@ -408,6 +411,10 @@ class Tracker:
         bs = cfg.tokens_per_block(cfg.mamba_groups[0])
         if ((start % bs != 0) & (start // bs < (seq - 1) // bs)).any():
             hit.append("mamba-state-block-completed")
+        ledger = reference.ledger.requests
+        if any(r in ledger and 0 < ledger[r].num_cached_tokens == int(s)
+               for r, s in zip(fwd.req_ids, start)):
+            hit.append("mamba-state-read-from-hit")
         conv = max(cfg.groups[g].conv_size for g in cfg.mamba_groups)
         if (reference.is_prefilling[:n] & (qlen > 1) & (qlen < conv) & (start > 0)
                 & ((start - 1) // bs != (seq - 1) // bs)).any():
@@ -563,6 +570,7 @@ NEEDS = {
     "page-reused-across-groups": lambda c: c.kv_sharing,
     "position-past-narrow-row": lambda c: bool(c.narrow_groups),
     "mamba-state-block-completed": lambda c: c.mamba_cache_mode == "all",
+    "mamba-state-read-from-hit": lambda c: c.mamba_cache_mode == "all",
     "mamba-short-prefill-across-blocks": lambda c: c.mamba_cache_mode == "all" and any(
         g.conv_size > 2 for g in c.groups),
     "full-spec-replay": lambda c: c.num_speculative_tokens > 0 and bool(c.full_capture_sizes),
@@ -583,6 +591,7 @@ NARROWS = {
     "mamba-state-restored": "prefix-hit",
     "mamba-state-restored-larger-block": "prefix-hit",
     "mamba-short-prefill-across-blocks": "prefix-hit",
+    "mamba-state-read-from-hit": "prefix-hit",
     "spec-count-foreign-next-forward": "spec-row-count-foreign",
     "onboard-from-host": "host-block-stored",
     "offload-meets-pinned-host-block": "onboard-from-host",

@@ -258,7 +258,9 @@ def runner_configs(draw, runner: str | None = None,
             host = rng.choice([1, 1, 2, 2, 3])
     groups, widths = _narrowed(groups, host, caching, sharing, widths, model_len, world, narrow_ok,
                        random.Random(zlib.crc32(repr(("narrow", rng.random())).encode())))
-    groups, mamba_mode = _mamba_mode(groups, align, random.Random(
+    max_len = min(model_len or widths * min(g.block_size for g in groups if g.kind == ATTENTION),
+                  256) if align else 0
+    groups, mamba_mode = _mamba_mode(groups, align, max_len, random.Random(
         zlib.crc32(repr(("mamba-mode", rng.random())).encode())))
     return RunnerConfig(
         mamba_prefix_mode=mamba_mode,
@@ -288,18 +290,26 @@ def runner_configs(draw, runner: str | None = None,
     )
 
 
-def _mamba_mode(groups: list, align: bool, rng: random.Random) -> tuple[list, str]:
+def _mamba_mode(groups: list, align: bool, max_len: int,
+                rng: random.Random) -> tuple[list, str]:
     """Which Mamba prefix caching a hybrid config with prefix caching runs:
     vLLM's all mode in one such config in two, else
     align mode — with a conv state of 3 tokens in one all-mode config in two
     (a prefill chunk shorter than the conv state takes the kernels' short
-    branch).  Chosen by a generator of its own, as :func:`_narrowed` is, so no
+    branch), and a Mamba block twice as large in one in four where a request
+    (``max_len`` tokens) still spans four of them (it may pass the token
+    budget, which align mode's chunk rule forbids).  Chosen by a generator of its own, as :func:`_narrowed` is, so no
     other draw moved when it came.  Returns the groups and the mode."""
     if not align or rng.random() < 0.5:
         return groups, ALIGN
     if rng.random() < 0.5:
         groups = [dataclasses.replace(g, conv_size=CONV_SIZE_MAX) if g.kind == MAMBA else g
                   for g in groups]
+    if rng.random() < 0.25 and 4 * 2 * max(g.block_size for g in groups if g.kind == MAMBA) \
+            <= max_len:  # all mode needs no chunk end on a boundary: past the budget
+        groups = [dataclasses.replace(g, block_size=2 * g.block_size,
+                                      kernel_block_size=2 * g.kernel_block_size)
+                  if g.kind == MAMBA else g for g in groups]
     return groups, ALL
 
 

@@ -192,7 +192,9 @@ def check_pool(ctx: CheckContext) -> list:
                         if spec.sliding_window else
                         f"Mamba group, but it holds the running state (column "
                         f"{(r.num_computed_tokens - 1) // bs}, position "
-                        f"{r.num_computed_tokens - 1}) the next step copies from")
+                        f"{r.num_computed_tokens - 1}) the next step "
+                        + ("copies from" if ctx.config.mamba_cache_mode == "align"
+                           else "reads"))
                 out.append(ctx.violation(
                     POOL_ACCOUNTING, f"block {b} was freed from request {ctx.op['req']}'s "
                     f"{what} (blocks of {bs} tokens)", group=g, block=b))
