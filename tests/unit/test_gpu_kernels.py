@@ -342,3 +342,52 @@ def test_mamba_update_shifts_the_conv_state(device, seed, conv, spec):
             got[conv * head:] = old[conv * head:] + hidden[lo:end].sum(axis=0)
             want[cols[r, c]] = got
     assert np.array_equal(state_t.cpu().numpy(), want)
+
+
+@KERNEL_EXAMPLES
+@given(seed=st.integers(0, 2**32 - 1), chunk_grid=st.booleans())
+def test_mamba_all_mode_writes_each_crossed_boundary_and_the_end(device, seed, chunk_grid):
+    """All mode (vLLM's mamba_cache_mode="all"): a row of n tokens after s computed
+    reads the state at column cdiv(s, bs) - 1 and writes, to each column c from
+    s // bs to (s + n - 1) // bs, the state after min((c + 1) * bs, s + n) tokens.
+    The fault's path (``chunk_grid``) counts boundaries from the chunk's start."""
+    rng = np.random.default_rng(seed)
+    rows, width, bs, head, conv = 3, 6, 4, 4, 3
+    s = rng.integers(0, 3 * bs, rows)
+    n = rng.integers(1, 2 * bs + 1, rows)
+    n = np.minimum(n, width * bs - s)
+    qsl = np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
+    table = (1 + np.arange(rows * width)).reshape(rows, width).astype(np.int32)
+    blocks = rows * width + 1
+    seq = s + n
+    last = (seq - 1) // bs
+    meta = np.stack([s, np.maximum(-(-s // bs) - 1, 0), s // bs, last, np.ones(rows)],
+                    axis=1).astype(np.int32)
+    hidden = rng.integers(1, 50, (int(qsl[-1]), head)).astype(np.float32)
+    state = rng.integers(-9, 9, (blocks, (conv + 1) * head)).astype(np.float32)
+    st_t = _t(state, device)
+    mamba_state_update(_t(hidden, device), _t(qsl, device), _t(table, device),
+                       _t((s > 0).astype(np.int32), device), st_t, rows, conv_size=conv,
+                       prefix_meta=_t(meta, device), all_mode=True, block_size=bs,
+                       chunk_grid=chunk_grid)
+    want = state.copy()
+    for r in range(rows):
+        read = table[r, meta[r, 1]]
+        old = state[read] if s[r] else np.zeros_like(state[0])
+        rows_in = hidden[qsl[r]:qsl[r + 1]]
+
+        def after(k):
+            seqn = np.concatenate([old[:conv * head].reshape(conv, head), rows_in[:k]])
+            return np.concatenate([seqn[len(seqn) - conv:].reshape(-1),
+                                   old[conv * head:] + rows_in[:k].sum(axis=0)])
+
+        for c in range(s[r] // bs, last[r] + 1):
+            if chunk_grid:
+                i, chunks = c - s[r] // bs, -(-n[r] // bs)
+                if c == last[r]:
+                    want[table[r, c]] = after(n[r])
+                elif i < chunks - 1:
+                    want[table[r, c]] = after((i + 1) * bs)
+            else:
+                want[table[r, c]] = after(min((c + 1) * bs - s[r], n[r]))
+    assert np.array_equal(st_t.cpu().numpy(), want)
