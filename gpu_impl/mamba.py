@@ -141,13 +141,14 @@ def _mamba_state_update_kernel(
     column = tl.load(num_accepted_ptr + r, mask=row_ok, other=1) - 1
     if not COLUMN_UNBOUNDED:
         column = tl.maximum(column, 0)
-    # All mode: [computed, last computed, first scheduled, last scheduled, prefill].
-    computed = tl.load(prefix_meta_ptr + r * 5, mask=row_ok, other=0)
-    first = tl.load(prefix_meta_ptr + r * 5 + 2, mask=row_ok, other=0)
-    last = tl.load(prefix_meta_ptr + r * 5 + 3, mask=row_ok, other=0)
-    prefill = tl.load(prefix_meta_ptr + r * 5 + 4, mask=row_ok, other=0)
     if ALL_MODE:
+        # [computed, last computed, first scheduled, last scheduled, prefill] per row
+        # (loaded in all mode only: the interpreter's cost is per operation).
+        computed = tl.load(prefix_meta_ptr + r * 5, mask=row_ok, other=0)
         column = tl.load(prefix_meta_ptr + r * 5 + 1, mask=row_ok, other=0)
+        first = tl.load(prefix_meta_ptr + r * 5 + 2, mask=row_ok, other=0)
+        last = tl.load(prefix_meta_ptr + r * 5 + 3, mask=row_ok, other=0)
+        prefill = tl.load(prefix_meta_ptr + r * 5 + 4, mask=row_ok, other=0)
     flat = r * NCOL + column  # -1 past row 0's start: a GPU reads what lies before
     src = tl.load(state_indices_ptr + flat, mask=row_ok & (flat >= 0), other=0)
     if PAD_TO >= 0:
@@ -224,7 +225,7 @@ def _mamba_state_update_kernel(
                      mask=(row_ok[None, :, None] & ~from_old & (tok < NUM_TOKENS))[:, :, :, None],
                      other=0.0)
         conv_dst = dst
-        if CONV_TO_SOURCE:
+        if CONV_TO_SOURCE and ALL_MODE:
             # The historical short-chunk branch: a prefill chunk shorter than the
             # conv state stores it through the pointer it read the old one from.
             short = (prefill[None, :] != 0) & (n[None, :] < CONV) & (c[:, None] == last[None, :])

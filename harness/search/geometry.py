@@ -21,7 +21,7 @@ import zlib
 from hypothesis import strategies as st
 
 from reference import ATTENTION, MAMBA, GroupSpec, RunnerConfig
-from reference.config import (ALIGN, ALL, ALWAYS, CONV_SIZE_MAX, MAX_NUM_BLOCKS_PER_REQ_MAX,
+from reference.config import (ALL, ALWAYS, CONV_SIZE_MAX, MAX_NUM_BLOCKS_PER_REQ_MAX,
                               UNIFORM_BATCH,
                               hybrid_attention_block_size)
 
@@ -258,12 +258,7 @@ def runner_configs(draw, runner: str | None = None,
             host = rng.choice([1, 1, 2, 2, 3])
     groups, widths = _narrowed(groups, host, caching, sharing, widths, model_len, world, narrow_ok,
                        random.Random(zlib.crc32(repr(("narrow", rng.random())).encode())))
-    max_len = min(model_len or widths * min(g.block_size for g in groups if g.kind == ATTENTION),
-                  256) if align else 0
-    groups, mamba_mode = _mamba_mode(groups, align, max_len, random.Random(
-        zlib.crc32(repr(("mamba-mode", rng.random())).encode())))
-    return RunnerConfig(
-        mamba_prefix_mode=mamba_mode,
+    config = RunnerConfig(
         host_blocks=host,
         sharing_map=sharing_map,
         kv_cache_dtype=kv_dtype,
@@ -288,29 +283,32 @@ def runner_configs(draw, runner: str | None = None,
         max_num_batched_tokens=max_num_batched_tokens,
         cudagraph_capture_sizes=tuple(s for s in sizes if s <= max_num_batched_tokens),
     )
+    return _mamba_mode(config, align, random.Random(
+        zlib.crc32(repr(("mamba-mode", rng.random())).encode())))
 
 
-def _mamba_mode(groups: list, align: bool, max_len: int,
-                rng: random.Random) -> tuple[list, str]:
+def _mamba_mode(config: RunnerConfig, align: bool, rng: random.Random) -> RunnerConfig:
     """Which Mamba prefix caching a hybrid config with prefix caching runs:
     vLLM's all mode in one such config in two, else
     align mode — with a conv state of 3 tokens in one all-mode config in two
     (a prefill chunk shorter than the conv state takes the kernels' short
     branch), and a Mamba block twice as large in one in four where a request
-    (``max_len`` tokens) still spans four of them (it may pass the token
-    budget, which align mode's chunk rule forbids).  Chosen by a generator of its own, as :func:`_narrowed` is, so no
-    other draw moved when it came.  Returns the groups and the mode."""
+    (``max_model_len`` tokens) still spans four of them (it may pass the token
+    budget, which align mode's chunk rule forbids).  Chosen by a generator of
+    its own, as :func:`_narrowed` is, so no other draw moved when it came.
+    Returns ``config`` (align mode) or its all-mode variant."""
     if not align or rng.random() < 0.5:
-        return groups, ALIGN
+        return config
+    groups = list(config.groups)
     if rng.random() < 0.5:
         groups = [dataclasses.replace(g, conv_size=CONV_SIZE_MAX) if g.kind == MAMBA else g
                   for g in groups]
     if rng.random() < 0.25 and 4 * 2 * max(g.block_size for g in groups if g.kind == MAMBA) \
-            <= max_len:  # all mode needs no chunk end on a boundary: past the budget
+            <= config.max_model_len:  # all mode needs no chunk end on a boundary
         groups = [dataclasses.replace(g, block_size=2 * g.block_size,
                                       kernel_block_size=2 * g.kernel_block_size)
                   if g.kind == MAMBA else g for g in groups]
-    return groups, ALL
+    return dataclasses.replace(config, groups=tuple(groups), mamba_prefix_mode=ALL)
 
 
 def _narrowed(groups: list, host: int, caching: bool, sharing: bool, widths: int,

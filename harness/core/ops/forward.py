@@ -107,9 +107,9 @@ def _draw_step(m, data) -> dict:
         decode_only = False
     q = m.cfg.uniform_query_len  # vLLM's uniform decode query length: 1 + k
     scheduled = []
-    align = m.cfg.mamba_cache_mode != "none"
+    chunk_rules = m.cfg.mamba_cache_mode != "none"
     for req in reqs:
-        if align:  # only chunks Mamba prefix caching schedules (align mode: 1 only sometimes)
+        if chunk_rules:  # only chunks Mamba prefix caching schedules (align: 1 only sometimes)
             sizes = _sizes(m, req, 1 + min(_room(m, req) - 1, budget))
             if not sizes:
                 continue
