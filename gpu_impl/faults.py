@@ -558,6 +558,32 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "decode graph's replay)",
           "NO_STALE_WRITE", ("MATCHES_REFERENCE", "NO_FOREIGN_READ"), family="spec-decode",
           sites=("vllm/v1/attention/backends/mamba_attn.py",)),
+    Fault("mamba-align-spec-accepted-not-reset", ("v1", "v2"),
+          "with Mamba prefix caching in align mode and a drafter, the copy before the "
+          "forward moves a request's running state (the column accepted - 1 past its old "
+          "running column) to the new running column, but leaves the accepted count as it "
+          "was: the kernel then reads its initial state accepted - 1 columns past the new "
+          "running column, a speculative block the previous step never wrote",
+          "vllm-project/vllm PR #42792 (Model Runner V2 support for spec decode with Mamba "
+          "align prefix caching; its review: after a block boundary is crossed, the kernel "
+          "read its initial state from a staging column the previous step never wrote, "
+          "fixed by resetting num_accepted_tokens to 1 when the state moves, as V1's "
+          "preprocess_mamba does and V2's preprocess_mamba_align_fused_kernel now does)",
+          "MATCHES_REFERENCE", ("PREFIX_CONTENT", "CACHED_BLOCKS_IMMUTABLE"),
+          family="spec-decode", sites=("vllm/v1/worker/mamba_utils.py",)),
+    Fault("mamba-align-spec-postprocess-bias-dropped", ("v1", "v2"),
+          "with Mamba prefix caching in align mode and a drafter, when a step's accepted "
+          "tokens complete a Mamba block, the copy after the forward fills that block from "
+          "the running column itself instead of the column of the token that completes it "
+          "(the accepted-token bias dropped): the block is registered holding the state "
+          "after the step's first token, not the state at its end",
+          "vllm-project/vllm PR #45682 ('[Bugfix][Mamba] Fix DS conv state copy in fused "
+          "postprocess kernel': the fused postprocess copied the wrong slice of the state "
+          "whenever speculative decoding accepted more than one token, silently corrupting "
+          "the cached state; issue #38898) — modelled as the whole state taken from the "
+          "wrong column",
+          "MATCHES_REFERENCE", ("PREFIX_CONTENT",), family="spec-decode",
+          sites=("vllm/v1/worker/mamba_utils.py",)),
     Fault("slot-mapping-row-unguarded", ("v1", "v2"),
           "the slot-mapping kernel bounds its block-table load by token validity and DCP "
           "ownership but not by the row's width: for a group whose row is narrower than the "

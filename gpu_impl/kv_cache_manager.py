@@ -153,12 +153,13 @@ class KVCacheManager:
             if cfg.groups[g].sliding_window:
                 hit, windows[g] = self._window_hit(g, tokens, hit, eagle)
                 eagle = False  # the window's search dropped the drafter's block
+        if eagle and hit:  # EAGLE/MTP: recompute the last unit
+            hit -= self.unit
         mamba = [g for g in cfg.mamba_groups if self.caches[g]]
-        # A hybrid hit needs the Mamba state at its end: the longest such length.
+        # A hybrid hit needs the Mamba state at its end: the longest such length
+        # within the attention groups' hit.
         while hit and any(self.pools[g].get_cached_block(self._key(
                 tokens, g, hit // cfg.tokens_per_block(g) - 1)) is None for g in mamba):
-            hit -= self.unit
-        if eagle and hit:  # EAGLE/MTP: recompute the last unit
             hit -= self.unit
         for g in cfg.attention_groups:
             bs = cfg.tokens_per_block(g)
@@ -212,10 +213,17 @@ class KVCacheManager:
             blocks.pop()
         return len(blocks) * bs, blocks
 
-    def _needed(self, g: int, have: int, num_tokens: int) -> int:
+    def _needed(self, g: int, have: int, num_tokens: int, first: bool = False) -> int:
         cfg = self.config
-        if self.align[g]:  # one new state block when the tokens reach a new column
-            return int(-(-num_tokens // cfg.tokens_per_block(g)) > have)
+        if self.align[g]:
+            # Align mode: the running state block and k speculative ones at the
+            # list's end, cdiv(num_tokens, block_size) + k entries; a running
+            # request reuses its speculative blocks and needs at most one more.
+            k = cfg.num_speculative_tokens
+            required = -(-num_tokens // cfg.tokens_per_block(g)) + k
+            if first:
+                return 1 + k
+            return int(required > have)
         if cfg.groups[g].kind == "mamba" and not self.caches[g]:
             return cfg.mamba_columns if have == 0 else 0
         # All mode: a Mamba group takes a state block per column, as attention does.
@@ -228,7 +236,8 @@ class KVCacheManager:
         """A waiting request: (blocks per group or None when the pool is short, hit)."""
         hit, hit_blocks = self.get_computed_blocks(tokens)
         groups = range(len(self.config.groups))
-        needed = [self._needed(g, len(hit_blocks[g]), hit + num_new_tokens) for g in groups]
+        needed = [self._needed(g, len(hit_blocks[g]), hit + num_new_tokens, True)
+                  for g in groups]
         want = {}  # per pool object: what every group drawing from it needs at once
         for g in groups:
             evictable = sum(1 for b in hit_blocks[g]
@@ -251,11 +260,29 @@ class KVCacheManager:
 
     def _pads(self, g: int, have: int, num_tokens: int, needed: int) -> list[int]:
         """Align mode: null entries for the columns between the list's end and
-        the new state block's (vLLM's align-mode ``allocate_new_blocks``)."""
+        the new running state block's (vLLM's align-mode ``allocate_new_blocks``)."""
         if not self.align[g] or not needed:
             return []
         return [NULL_BLOCK_ID] * max(-(-num_tokens // self.config.tokens_per_block(g)) - 1 - have,
                                      0)
+
+    def _move_spec_blocks(self, g: int, row: list[int], num_tokens: int) -> list[int]:
+        """Align mode with a drafter, a running request's list growing: each of
+        its k speculative blocks (the list's last k entries) that would fall
+        before the new running column moves to the end, its old entry becoming
+        the null block (vLLM's "reuse previous speculative blocks"); returns
+        the moved ids, in order, to append after the pads."""
+        k = self.config.num_speculative_tokens
+        if not self.align[g] or not k:
+            return []
+        skipped = -(-num_tokens // self.config.tokens_per_block(g)) - 1
+        moved = []
+        for c in range(max(len(row) - k, 0), len(row)):
+            if c >= skipped:
+                break
+            moved.append(row[c])
+            row[c] = NULL_BLOCK_ID
+        return moved
 
     def remove_skipped_blocks(self, req: int) -> list[list[int]]:
         """Free ``req``'s blocks no longer needed — those that left a sliding
@@ -297,10 +324,13 @@ class KVCacheManager:
             want[id(self.pools[g])] = want.get(id(self.pools[g]), 0) + needed[g]
         if any(want[id(self.pools[g])] > self.pools[g].num_free() for g in groups):
             return None, freed
-        new = [self._pads(g, len(have[g]), total, needed[g]) + self.pools[g].get_new_blocks(
-            needed[g]) for g in groups]
+        new = []
         for g in groups:
-            have[g].extend(new[g])
+            pads = self._pads(g, len(have[g]), total, needed[g])
+            moved = self._move_spec_blocks(g, have[g], total) if needed[g] else []
+            fresh = self.pools[g].get_new_blocks(needed[g])
+            have[g].extend(pads + moved + fresh)
+            new.append(pads + moved + fresh)
         if "cache-blocks-before-compute" in self.faults:
             self.cache_blocks(req, min(total, max(len(self.req_tokens[req]),
                                                   self.num_computed[req])))

@@ -15,7 +15,8 @@ Faults consulted here: ``full-replay-not-restaged``, ``captured-buffer-rebound``
 ``mamba-pad-index-clamped-to-zero``, ``mamba-pad-index-to-last-slot``,
 ``resumed-blocks-appended``, ``offload-copy-skips-compute-wait``,
 ``spec-decodes-split-as-prefills``, ``mamba-all-boundary-on-chunk-grid``,
-``mamba-short-chunk-conv-to-source``.
+``mamba-short-chunk-conv-to-source``, ``mamba-align-spec-accepted-not-reset``,
+``mamba-align-spec-postprocess-bias-dropped``.
 """
 
 from __future__ import annotations
@@ -161,6 +162,16 @@ class RunnerFaults:
 
     def _conv_to_source(self) -> bool:
         return "mamba-short-chunk-conv-to-source" in self.faults or super()._conv_to_source()
+
+    def _resets_accepted(self) -> bool:
+        if "mamba-align-spec-accepted-not-reset" in self.faults:
+            return False  # the historical path: the count stays the previous step's
+        return super()._resets_accepted()
+
+    def _postprocess_bias(self, bias: int) -> int:
+        if "mamba-align-spec-postprocess-bias-dropped" in self.faults:
+            return 0  # the historical copy: the running column's state, not the accepted one's
+        return super()._postprocess_bias(bias)
 
     def _decode_threshold(self) -> int:
         if "spec-decodes-split-as-prefills" in self.faults:

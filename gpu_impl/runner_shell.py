@@ -470,20 +470,69 @@ class RunnerShell(abc.ABC):
         if not self.align:
             return
         bs = self.mamba_block_size
+        spec = bool(self.config.num_speculative_tokens)
+        accepted = self._row_accepted(len(batch)) if spec else None
         for b, (req, n, start) in enumerate(batch):
             prev = self.mamba_state_idx.get(req, (start - 1) // bs)
             curr = -(-(start + n) // bs) - 1
             self.mamba_state_idx[req] = curr
             if prev < 0 or prev == curr:
                 continue
-            for g in self.mamba_groups:
-                # Through the batch row of the block table, as the align-mode copy
-                # kernel reads it (block_table[row, column]): a column past the
-                # request's ids reads whatever the row holds there; past the
-                # row's width a GPU reads another row's memory — dropped here.
-                row = self.kernel_table(g)[b]
-                if prev < row.shape[0]:
-                    self.mamba_states[g][row[curr].long()] = self.mamba_states[g][row[prev].long()]
+            # With a drafter the running state sits ``accepted - 1`` columns past
+            # the previous running one (vLLM passes it as the copy's token bias);
+            # once moved, the next read is at offset 0.
+            src = prev + (max(int(accepted[b]), 1) - 1 if spec else 0)
+            self._copy_state_columns(b, src, curr)
+            if spec and self._resets_accepted():
+                self._set_accepted(req, 1)
+
+    def _copy_state_columns(self, b: int, src: int, dst: int) -> None:
+        """Every Mamba group's state of batch row ``b``'s column ``src`` into its
+        column ``dst``, through the batch row of the block table, as vLLM's
+        align-mode copy kernels read it (``block_table[row, column]``): a column
+        past the request's ids reads whatever the row holds there; past the
+        row's width a GPU reads another row's memory — dropped here."""
+        for g in self.mamba_groups:
+            row = self.kernel_table(g)[b]
+            if src < row.shape[0] and dst < row.shape[0]:
+                self.mamba_states[g][row[dst].long()] = self.mamba_states[g][row[src].long()]
+
+    def _resets_accepted(self) -> bool:
+        """Does the align-mode migration reset the accepted count to 1 (a fault's
+        path overrides it)?"""
+        return True
+
+    def _postprocess_bias(self, bias: int) -> int:
+        """Columns past the running one that the postprocess copy reads the
+        completed block's state from: the accepted-token bias (a fault's path
+        overrides it)."""
+        return bias
+
+    def _postprocess_mamba(self, batch: list, kept: list[int], decode_of: dict) -> list[int]:
+        """Align mode with a drafter, after the forward (vLLM's
+        ``postprocess_mamba_fused_kernel``): per batch row, with ``running =
+        num_computed + num_scheduled - num_drafts`` and ``aligned = (running +
+        accepted - 1) // block_size * block_size``, a row whose accepted tokens
+        reach ``aligned >= running`` copies the state of column ``running
+        column + (aligned - running)`` into column ``aligned // block_size - 1``,
+        the block they complete; when that is the running column the accepted
+        count becomes 1.  Returns the accepted counts to store, per row."""
+        if not self.align or not self.config.num_speculative_tokens:
+            return list(kept)
+        bs = self.mamba_block_size
+        out = list(kept)
+        for b, ((req, n, start), a) in enumerate(zip(batch, kept)):
+            running = start + (1 if decode_of[req] else n)
+            aligned = (running + a - 1) // bs * bs
+            if aligned < running:
+                continue
+            bias, src, dest = aligned - running, self.mamba_state_idx[req], aligned // bs - 1
+            if src == dest:
+                out[b] = 1
+                if bias == 0:
+                    continue
+            self._copy_state_columns(b, src + self._postprocess_bias(bias), dest)
+        return out
 
     def _mamba_seed_block_size(self) -> int:
         """Tokens per column a runner seeds a new request's running Mamba column
@@ -836,6 +885,10 @@ class RunnerShell(abc.ABC):
         self._build_attention_inputs(num_rows, tokens_padded, None, True)
         before = self._device_blocks() if in_flight else None
         self._run_forward(mode, num_rows, tokens_padded)
+        # The counts the next step reads its state with (align mode: the copy
+        # after the forward may reset them).
+        stored = self._postprocess_mamba(batch, [kept_of[req] for req, _, _ in batch],
+                                         decode_of)
         advanced = [(req, advance_of[req], start) for req, _, start in batch]
         if self.draft_group is not None:
             self._run_drafter(advanced, num_tokens, cudagraph_mode)
@@ -843,10 +896,9 @@ class RunnerShell(abc.ABC):
         for req, adv, start in advanced:
             self.requests[req].num_computed_tokens = start + adv
         if in_flight:
-            self.steps_in_flight.append((batch, [kept_of[req] for req, _, _ in batch],
-                                         self._written_since(before)))
+            self.steps_in_flight.append((batch, stored, self._written_since(before)))
         else:
-            self._store_accepted(batch, [kept_of[req] for req, _, _ in batch])
+            self._store_accepted(batch, stored)
         self.last_forward = ForwardInfo(False, mode, num_reqs, reqs_padded, num_tokens,
                                         tokens_padded, tuple(req for req, _, _ in batch))
 

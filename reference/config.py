@@ -197,8 +197,11 @@ class RunnerConfig:
       shares the longest registered prefix of its prompt (at most
       ``prompt_len - 1`` tokens, a multiple of every group's block size).
       With Mamba groups this is vLLM's ``mamba_cache_mode`` ``"align"`` or
-      ``"all"`` (:attr:`mamba_prefix_mode`; needs ``num_speculative_tokens``
-      0).  Needs DCP off.  Serialised only when true.
+      ``"all"`` (:attr:`mamba_prefix_mode`; all mode needs
+      ``num_speculative_tokens`` 0; align mode with a drafter needs a Mamba
+      block of at least ``1 + num_speculative_tokens`` tokens — see
+      :meth:`reference.ledger.align_growth`).  Needs DCP off.  Serialised
+      only when true.
     mamba_prefix_mode: which Mamba prefix caching a hybrid config with prefix
       caching runs (JSON ``"mamba_cache_mode"``): ``"align"`` (the default,
       not serialised) or ``"all"`` — see :attr:`mamba_cache_mode`.  ``"all"``
@@ -311,8 +314,9 @@ class RunnerConfig:
         state block per ``block_size`` tokens of ``max_model_len``, as vLLM's
         runner sizes the row: ``cdiv(max_model_len, block_size)``)."""
         if self.groups[group].kind == MAMBA:
-            if self.caches_state(group):
-                return -(-self.max_model_len // self.groups[group].block_size)
+            if self.caches_state(group):  # align mode: + the speculative state columns
+                return -(-self.max_model_len // self.groups[group].block_size) \
+                    + self.num_speculative_tokens
             return self.mamba_columns
         if self.groups[group].max_num_blocks:  # a row narrower than a request
             return self.groups[group].max_num_blocks
@@ -764,11 +768,18 @@ class RunnerConfig:
             if self.allocator != ENGINE:
                 raise ConfigError("enable_prefix_caching", "needs allocator 'engine' (the "
                                   "target's KV-cache manager keeps the prefix cache)")
-            if self.mamba_groups and self.num_speculative_tokens:
-                raise ConfigError("enable_prefix_caching", f"with Mamba groups "
-                                  f"({self.mamba_prefix_mode} mode) needs "
-                                  "num_speculative_tokens 0 (the speculative state blocks of "
-                                  "Mamba prefix caching are not modelled yet)")
+            if self.mamba_groups and self.num_speculative_tokens \
+                    and self.mamba_prefix_mode == ALL:
+                raise ConfigError("mamba_cache_mode", "'all' needs num_speculative_tokens 0 "
+                                  "(all mode's speculative state columns are not modelled; "
+                                  "align mode's are)")
+            for g in self.mamba_groups if self.num_speculative_tokens else ():
+                if 1 + self.num_speculative_tokens > self.groups[g].block_size:
+                    raise ConfigError(f"groups[{g}].block_size", "align mode with a drafter "
+                                      "needs a Mamba block of at least 1 + "
+                                      "num_speculative_tokens tokens (a verification crosses "
+                                      "at most one block boundary; vLLM's align-mode Mamba "
+                                      "blocks are hundreds of tokens)")
             if len({self.groups[g].block_size for g in self.mamba_groups}) > 1:
                 raise ConfigError("groups", f"{self.mamba_prefix_mode} mode needs one block "
                                   "size for every Mamba group (vLLM's hybrid models have one "

@@ -29,7 +29,7 @@ def choose_admit(ledger: Ledger, tokens: np.ndarray, num_new_tokens: int):
     prefix hit in tokens) for a new request with prompt ``tokens``."""
     hit, hit_blocks = ledger.expected_hit(tokens)
     cfg = ledger.config
-    needed = [ledger.blocks_needed(g, len(hit_blocks[g]), hit + num_new_tokens)
+    needed = [ledger.blocks_needed(g, len(hit_blocks[g]), hit + num_new_tokens, True)
               for g in range(len(cfg.groups))]
     if not ledger.fits(needed, hit_blocks):
         return None, hit
@@ -38,9 +38,8 @@ def choose_admit(ledger: Ledger, tokens: np.ndarray, num_new_tokens: int):
     for g in range(len(cfg.groups)):
         new = _pick(ledger, g, needed[g], set(hit_blocks[g]) | taken)
         taken |= set(new) if cfg.kv_sharing else set()
-        out.append(hit_blocks[g] + [NULL_BLOCK_ID] * ledger.null_pads(g, len(hit_blocks[g]),
-                                                                      hit + num_new_tokens)
-                   + new)
+        out.append(hit_blocks[g] + [NULL_BLOCK_ID] * ledger.null_pads(
+            g, len(hit_blocks[g]), hit + num_new_tokens, True) + new)
     return out, hit
 
 
@@ -64,6 +63,8 @@ def choose_allocate(ledger: Ledger, req: int, num_new_tokens: int):
     for g in range(len(cfg.groups)):
         new = _pick(ledger, g, needed[g], taken)
         taken |= set(new) if cfg.kv_sharing else set()
-        out.append([NULL_BLOCK_ID] * (ledger.null_pads(g, len(r.blocks[g]), total)
-                                      if needed[g] else 0) + new)
+        have = len(r.blocks[g])
+        moved = [r.blocks[g][c] for c in ledger.spec_moves(g, have, total)]
+        out.append([NULL_BLOCK_ID] * (ledger.null_pads(g, have, total) if needed[g] else 0)
+                   + moved + new)
     return out

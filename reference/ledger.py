@@ -82,6 +82,34 @@ def capacity_tokens(config: RunnerConfig, blocks) -> int:
                        and len(blocks[g]) >= config.blocks_per_req_max(g)))
 
 
+def align_growth(have: int, num_tokens: int, block_size: int, k: int,
+                 first: bool) -> tuple[list[int], int, int]:
+    """How an align-mode Mamba block list of ``have`` entries grows to cover
+    ``num_tokens`` tokens with ``k`` speculative state columns (vLLM's
+    ``MambaManager.allocate_new_blocks`` with ``mamba_cache_mode="align"``).
+
+    The list's last ``1 + k`` entries are the running state block (column
+    ``cdiv(num_tokens, block_size) - 1``, the last scheduled token's) and the
+    ``k`` speculative blocks after it; it needs ``cdiv(num_tokens,
+    block_size) + k`` entries.  When it is shorter it gets, appended in this
+    order: null blocks up to the new running column (``pads``), then each
+    speculative block that would fall before that column moves from its
+    column (which becomes the null block) to the end (``moves``, columns in
+    order), then ``new`` fresh blocks — ``1 + k`` on a request's first
+    allocation (``first``: a hit's state block is only read), one after.
+
+    Returns (moves, pads, new); ([], 0, 0) when the list is long enough (an
+    earlier step allocated for drafts that were rejected).  With ``k = 0``
+    this is align mode's one state block per column reached."""
+    required = -(-num_tokens // block_size) + k
+    if required <= have and not first:
+        return [], 0, 0
+    skipped = required - k - 1  # columns before the running one
+    pads = max(skipped - have, 0)
+    moves = [] if first else [c for c in range(max(have - k, 0), have) if c < skipped]
+    return moves, pads, required - have - pads - len(moves)
+
+
 @dataclass
 class Transfer:
     """One asynchronous KV transfer in flight: a load (``kv_load_begin``) — the
@@ -258,13 +286,15 @@ class Ledger:
                 best -= unit
             best = max(best, 0)
             drop = 0
-        if cfg.mamba_cache_mode != "none":  # align or all: the state block at the hit's end
+        if drop and best:  # the attention groups' hit, less the drafter's unit
+            best -= unit
+        # Align mode: then the longest length within it whose end has a state block
+        # (vLLM's MambaManager searches within the attention groups' hit).
+        if cfg.mamba_cache_mode != "none":
             while best and any(self.cached_block(g, self.block_key(
                     g, tokens, best // cfg.tokens_per_block(g) - 1)) is None
                     for g in cfg.mamba_groups):
                 best -= unit
-        if drop and best:
-            best -= unit
         blocks = [[] for _ in cfg.groups]
         for g in cfg.attention_groups:
             bs = cfg.tokens_per_block(g)
@@ -279,17 +309,18 @@ class Ledger:
                     self.cached_block(g, self.block_key(g, tokens, n - 1))]
         return best, blocks
 
-    def blocks_needed(self, group: int, have: int, num_tokens: int) -> int:
+    def blocks_needed(self, group: int, have: int, num_tokens: int,
+                      first: bool = False) -> int:
         """New blocks ``group`` needs for a request holding ``have`` blocks to
         cover ``num_tokens`` tokens plus the drafter's lookahead (at most
         ``max_model_len``); a Mamba group: its columns at admission, then none
-        — in align mode one state block whenever the tokens reach a column
-        past the ``have`` the request holds (null entries included; vLLM's
-        align-mode ``allocate_new_blocks`` pads the columns between with the
-        null block); in all mode one per column, as for attention."""
+        — in align mode :func:`align_growth`'s (``first``: the request's
+        first allocation, at admission); in all mode one per column, as for
+        attention."""
         cfg = self.config
         if cfg.pads_with_null(group):
-            return int(-(-num_tokens // cfg.tokens_per_block(group)) > have)
+            return align_growth(have, num_tokens, cfg.tokens_per_block(group),
+                                cfg.num_speculative_tokens, first)[2]
         if cfg.groups[group].kind == MAMBA and not cfg.caches_state(group):
             return cfg.mamba_columns if have == 0 else 0
         want = min(num_tokens + cfg.num_speculative_tokens, cfg.max_model_len)
@@ -323,13 +354,24 @@ class Ledger:
         c = -(-(window - 1) // bs)
         return max(hit // bs - (c if drafter else max(c, 1)), 0)
 
-    def null_pads(self, group: int, have: int, num_tokens: int) -> int:
+    def null_pads(self, group: int, have: int, num_tokens: int, first: bool = False) -> int:
         """Align mode: null entries a Mamba group's list gets before the state
         block :meth:`blocks_needed` asks for (the columns it skips); else 0."""
         cfg = self.config
         if not cfg.pads_with_null(group):
             return 0
-        return max(-(-num_tokens // cfg.tokens_per_block(group)) - 1 - have, 0)
+        return align_growth(have, num_tokens, cfg.tokens_per_block(group),
+                            cfg.num_speculative_tokens, first)[1]
+
+    def spec_moves(self, group: int, have: int, num_tokens: int) -> list[int]:
+        """Align mode with a drafter: the columns whose speculative state block
+        moves to the end of the list when a running request's list grows
+        (:func:`align_growth`); else []."""
+        cfg = self.config
+        if not cfg.pads_with_null(group):
+            return []
+        return align_growth(have, num_tokens, cfg.tokens_per_block(group),
+                            cfg.num_speculative_tokens, False)[0]
 
     def skipped_blocks(self, req: int) -> list[list[int]]:
         """Per group, the column indices of ``req``'s blocks wholly before
@@ -872,13 +914,16 @@ class Ledger:
         if mode == "none":
             return None
         end = start + n
+        k = cfg.num_speculative_tokens
         for g in cfg.mamba_groups:
             bs = cfg.tokens_per_block(g)
-            last = r.prompt_len // bs * bs
+            # With a drafter the last matched block is dropped from a hit (EAGLE),
+            # so vLLM's scheduler stops aligning one block earlier.
+            last = max(r.prompt_len // bs * bs - (bs if k else 0), 0)
             if start >= r.prompt_len:
-                if n != 1:
-                    return (f"request {r.req} decodes: one token per step in {mode} mode "
-                            f"(no drafter), not {n}")
+                if n > 1 + k:
+                    return (f"request {r.req} decodes: at most 1 + num_speculative_tokens "
+                            f"= {1 + k} token(s) per step in {mode} mode, not {n}")
             elif end > r.prompt_len:
                 return (f"request {r.req} prefills: a chunk stops at its prompt's end "
                         f"({r.prompt_len - start} tokens left), not {n}")
@@ -896,9 +941,13 @@ class Ledger:
                         f"prompt's last one; {end} is not")
             if step:
                 col = (end - 1) // bs
-                if col >= len(r.blocks[g]) or r.blocks[g][col] == NULL_BLOCK_ID:
-                    return (f"request {r.req} holds no Mamba state block in column {col} "
-                            f"(group {g}) for position {end - 1}: allocate those tokens first")
+                # A decode with a drafter writes the state after each of its
+                # tokens into the running column and the speculative ones after it.
+                for c in range(col, col + (n if k and start >= r.prompt_len else 1)):
+                    if c >= len(r.blocks[g]) or r.blocks[g][c] == NULL_BLOCK_ID:
+                        return (f"request {r.req} holds no Mamba state block in column {c} "
+                                f"(group {g}) for position {end - 1}: allocate those "
+                                "tokens first")
                 for c in range((start - 1) // bs + 1, col):
                     if r.blocks[g][c] != NULL_BLOCK_ID:
                         return (f"request {r.req}'s step would skip Mamba column {c} (group "
@@ -1101,10 +1150,20 @@ class Ledger:
         if blocks is None:
             return None
         r = self.requests[req]
+        out = []
         for g, ids in enumerate(blocks):
+            # Align mode with a drafter: a speculative block the request holds
+            # moves to the end of its list (:func:`align_growth`); its old
+            # column becomes the null block.
+            moved = [b for b in ids if b != NULL_BLOCK_ID and b in r.blocks[g]] \
+                if self.config.pads_with_null(g) else []
+            for b in moved:
+                r.blocks[g][r.blocks[g].index(b)] = NULL_BLOCK_ID
             r.blocks[g].extend(ids)
-            self._take(req, g, ids)
-        return [[b for b in ids if self.is_block(g, b)] for g, ids in enumerate(blocks)]
+            fresh = [b for b in ids if b not in moved]
+            self._take(req, g, fresh)
+            out.append([b for b in fresh if self.is_block(g, b)])
+        return out
 
     def register_computed(self, req: int) -> None:
         """Prefix caching: register ``req``'s full blocks whose every token is

@@ -512,6 +512,7 @@ class ReferenceRunnerBase(abc.ABC):
         self._stage_padding(num_reqs, reqs_padded, num_tokens, tokens_padded)
         self._build_slot_buffers(tokens_padded)
         spec = bool(self.config.num_speculative_tokens)
+        self._preprocess_mamba(batch)
         self.spec_rows[:] = False
         self.state_columns[:] = 0
         for b, (req, _, _) in enumerate(batch):
@@ -519,19 +520,20 @@ class ReferenceRunnerBase(abc.ABC):
             # The running column: the state after the last accepted token
             # (bounded: a count of 0 — a discarded prefill sample — reads column 0).
             self.state_columns[b] = max(self.num_accepted_of[req], 1) - 1 if spec else 0
-        self._preprocess_mamba(batch)
         self._stage_state_indices(num_reqs, reqs_padded)
         self._run_kernels(mode, reqs_padded if mode == FULL else num_reqs, tokens_padded)
+        # The accepted count each request's next step reads its state with.
+        next_accepted = self._postprocess_mamba(batch, kept_of, is_decode)
         self.draft_rows = None
         if spec:
             self._draft(batch, kept_of, is_decode, num_tokens, cudagraph_mode)
         self.ledger.step(scheduled, kept)
         if in_flight:
             self.ledger.steps_in_flight.append([req for req, _, _ in batch])
-            self.results_in_flight.append({req: kept_of[req] for req, _, _ in batch})
+            self.results_in_flight.append({req: next_accepted[req] for req, _, _ in batch})
         for req, n, row in batch:
             if not in_flight:
-                self.num_accepted_of[req] = kept_of[req]
+                self.num_accepted_of[req] = next_accepted[req]
             self._row_progress(req, self.ledger.requests[req].num_computed_tokens)
         self.last_forward = ForwardInfo(False, mode, num_reqs, reqs_padded, num_tokens,
                                         tokens_padded, tuple(req for req, _, _ in batch))
@@ -559,17 +561,59 @@ class ReferenceRunnerBase(abc.ABC):
         if cfg.mamba_cache_mode != ALIGN:
             return
         bs = cfg.tokens_per_block(cfg.mamba_groups[0])  # one block size (validated)
+        spec = bool(cfg.num_speculative_tokens)
         for req, n, _ in batch:
             start = self.ledger.requests[req].num_computed_tokens
             first = req not in self.mamba_state_idx
             prev = self.mamba_state_idx.get(req, (start - 1) // bs)
             curr = -(-(start + n) // bs) - 1
             if prev >= 0 and prev != curr:
-                self.mamba_copies.append((req, prev, curr, first))
+                # With a drafter the state after the last accepted token is in
+                # the column ``accepted - 1`` past the running one; once moved,
+                # the next read is at offset 0 (the count resets to 1).
+                bias = max(self.num_accepted_of[req], 1) - 1 if spec else 0
+                self.mamba_copies.append((req, prev + bias, curr, first))
                 for g in cfg.mamba_groups:
                     ids = self.runner_blocks[req][g]
-                    self.mamba_state[g][ids[curr]] = self.mamba_state[g][ids[prev]]
+                    self.mamba_state[g][ids[curr]] = self.mamba_state[g][ids[prev + bias]]
+                if spec:
+                    self.num_accepted_of[req] = 1
             self.mamba_state_idx[req] = curr
+
+    def _postprocess_mamba(self, batch: list, kept_of: dict, is_decode: dict) -> dict:
+        """Align mode with a drafter, after the forward (vLLM's align-mode
+        ``postprocess_mamba``): a request whose accepted tokens reach a Mamba
+        block boundary ``B = (num_computed + accepted) // block_size *
+        block_size`` at or past its first scheduled token's end gets the state
+        at ``B`` — written by the kernel into the column ``B - 1 - (num_computed
+        + n - drafts) + 1`` past the running one — copied into column ``B //
+        block_size - 1``, the block those tokens complete, so that block holds
+        the state at its end before it is registered; when that block is the
+        running one, the next step reads it at offset 0.  Returns, per
+        request of ``batch``, the accepted count its next step reads its state
+        with (the kept count, or 1 after a copy into the running column)."""
+        cfg = self.config
+        out = {req: kept_of[req] for req, _, _ in batch}
+        if cfg.mamba_cache_mode != ALIGN or not cfg.num_speculative_tokens:
+            return out
+        bs = cfg.tokens_per_block(cfg.mamba_groups[0])
+        for req, n, _ in batch:
+            start = self.ledger.requests[req].num_computed_tokens
+            running = start + (1 if is_decode[req] else n)  # tokens before the drafts
+            done = running + kept_of[req] - 1
+            aligned = done // bs * bs
+            if aligned < running:
+                continue
+            bias, src, dest = aligned - running, self.mamba_state_idx[req], aligned // bs - 1
+            if src == dest:
+                out[req] = 1
+                if bias == 0:
+                    continue
+            self.mamba_copies.append((req, src + bias, dest, False))
+            for g in cfg.mamba_groups:
+                ids = self.runner_blocks[req][g]
+                self.mamba_state[g][ids[dest]] = self.mamba_state[g][ids[src + bias]]
+        return out
 
     def _stage_state_indices(self, num_rows: int, rows_padded: int) -> None:
         """Mamba state columns of batch rows [0, rows_padded): the device table's

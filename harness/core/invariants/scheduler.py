@@ -69,13 +69,13 @@ def facts_before(config, ledger, op: dict, recorded_choice) -> ChoiceFacts:
     if op["op"] == "admit":
         tokens = ledger.prompt_tokens(op["req"], op["prompt_len"], op["prefix"])
         hit, hit_blocks = ledger.expected_hit(tokens)
-        want = [ledger.blocks_needed(g, len(hit_blocks[g]), hit + op["num_new_tokens"])
+        want = [ledger.blocks_needed(g, len(hit_blocks[g]), hit + op["num_new_tokens"], True)
                 for g in groups]
         fits = ledger.fits(want, hit_blocks)
         h = op.get("num_cached_tokens")
         h = h if isinstance(h, int) and not isinstance(h, bool) else hit
-        needed = [ledger.blocks_needed(g, config.hit_columns(g, h), h + op["num_new_tokens"])
-                  for g in groups]
+        needed = [ledger.blocks_needed(g, config.hit_columns(g, h), h + op["num_new_tokens"],
+                                       True) for g in groups]
         return ChoiceFacts(compare, chosen, hit, tokens, needed, fits)
     r = ledger.requests[op["req"]]
     needed = [ledger.blocks_needed(g, len(r.blocks[g]),
@@ -132,8 +132,12 @@ def _malformed_blocks(config, ledger, op: dict):
         start = hit if op["op"] == "admit" else ledger.requests[op["req"]].num_computed_tokens
         # Align mode: a Mamba list is null blocks up to the state block at the
         # hit's end, then null pads up to the new state block.
-        pads = ledger.null_pads(g, len(before) + n_hit, start + op["num_new_tokens"]) \
+        admit = op["op"] == "admit"
+        pads = ledger.null_pads(g, len(before) + n_hit, start + op["num_new_tokens"], admit) \
             if facts.needed[g] else 0
+        # Align mode with a drafter: speculative blocks that move to the end.
+        moves = [] if admit else [before[c] for c in ledger.spec_moves(
+            g, len(before), start + op["num_new_tokens"])]
         # A sliding-window hit: null blocks before the window of its first new token.
         window_nulls = ledger.hit_first_block(g, hit) if op["op"] == "admit" else 0
         for k, b in enumerate(ids):
@@ -141,6 +145,12 @@ def _malformed_blocks(config, ledger, op: dict):
                 return f"group {g}: block id {b!r} is not in the pool [0, {config.num_blocks})"
             # Mamba prefix caching: a hit's columns before its state block are
             # null; align mode also pads the columns up to a new state block.
+            if 0 <= k - n_hit - pads < len(moves):
+                if b != moves[k - n_hit - pads]:
+                    return (f"group {g}: request {op['req']}'s block list {ids} holds block "
+                            f"{b} as entry {k}, where its speculative state block "
+                            f"{moves[k - n_hit - pads]} moves to (align mode with a drafter)")
+                continue
             pad = (config.caches_state(g) and k < n_hit - 1) \
                 or (config.pads_with_null(g) and n_hit <= k < n_hit + pads)
             if (b == null) != pad and not (b == null and k < window_nulls):
@@ -149,10 +159,10 @@ def _malformed_blocks(config, ledger, op: dict):
                 return (f"group {g}: request {op['req']}'s block list {ids} holds block {b} "
                         f"as entry {k}, a column Mamba prefix caching leaves to the null "
                         "block")
-        real = [b for b in ids if b != null]
+        real = [b for b in ids if b != null and b not in moves]
         if len(set(real)) != len(real) or set(real) & set(held):
             return f"group {g}: request {op['req']} was handed block(s) {ids} twice"
-        new = len(ids) - n_hit - pads
+        new = len(ids) - n_hit - pads - len(moves)
         if new != facts.needed[g]:
             return (f"group {g}: request {op['req']} was handed {max(new, 0)} new block(s) "
                     f"({ids}, {n_hit} of them its prefix hit); it needs {facts.needed[g]}")
