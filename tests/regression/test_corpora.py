@@ -142,3 +142,26 @@ def test_all_mode_short_chunk_conv_state_is_judged_on_the_shared_block():
                                                                    "step", 1)
     v = replay(trace, trace.faults, skip={"MATCHES_REFERENCE", "CACHED_BLOCKS_IMMUTABLE"}).violation
     assert (v.invariant, trace.ops[v.op_index]["op"]) == ("PREFIX_CONTENT", "admit")
+
+
+def test_align_spec_stale_accepted_count_reads_an_unwritten_column():
+    """The migration before the forward without the accepted count's reset: the
+    kernel reads its initial state from a speculative column past the moved
+    state (the rows it reads differ from the reference's); the fixed runner
+    reads the moved state at offset 0."""
+    trace = load(CORPORA / "seeds" / "mamba-align-spec-accepted-not-reset.json")
+    assert replay(trace).violation is None
+    v = replay(trace, trace.faults).violation
+    assert (v.invariant, trace.ops[v.op_index]["op"]) == ("MATCHES_REFERENCE", "spec_step")
+    assert v.detail.startswith("state_indices[1]"), v.line()
+
+
+def test_align_spec_completed_block_keeps_the_state_at_its_end():
+    """The copy after the forward without the accepted-token bias: the block the
+    accepted tokens complete keeps the state after the step's first token —
+    the state kept in the pool differs, not only metadata."""
+    trace = load(CORPORA / "seeds" / "mamba-align-spec-postprocess-bias-dropped.json")
+    assert replay(trace).violation is None
+    v = replay(trace, trace.faults).violation
+    assert (v.invariant, trace.ops[v.op_index]["op"]) == ("MATCHES_REFERENCE", "spec_step")
+    assert v.detail.startswith("mamba_state[1] block"), v.line()
