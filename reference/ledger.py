@@ -922,8 +922,9 @@ class Ledger:
             last = max(r.prompt_len // bs * bs - (bs if k else 0), 0)
             if start >= r.prompt_len:
                 if n > 1 + k:
-                    return (f"request {r.req} decodes: at most 1 + num_speculative_tokens "
-                            f"= {1 + k} token(s) per step in {mode} mode, not {n}")
+                    most = f"at most 1 + num_speculative_tokens = {1 + k} tokens" if k \
+                        else "one token"
+                    return f"request {r.req} decodes: {most} per step in {mode} mode, not {n}"
             elif end > r.prompt_len:
                 return (f"request {r.req} prefills: a chunk stops at its prompt's end "
                         f"({r.prompt_len - start} tokens left), not {n}")
