@@ -789,9 +789,10 @@ class RunnerConfig:
                     raise ConfigError(f"groups[{g}].block_size", "align mode needs a Mamba "
                                       "block size <= max_num_batched_tokens (a prefill chunk "
                                       "ends on a Mamba block boundary)")
-            if self.mamba_groups and self.reorder_batch_threshold > 1:
+            if self.mamba_groups and self.reorder_batch_threshold > 1 + self.num_speculative_tokens:
                 raise ConfigError("reorder_batch_threshold", f"{self.mamba_prefix_mode} mode "
-                                  "decodes one token per step: use 0 or 1")
+                                  "decodes at most 1 + num_speculative_tokens tokens per step: "
+                                  f"use at most {1 + self.num_speculative_tokens}")
             if self.dcp_world_size != 1:
                 raise ConfigError("enable_prefix_caching", "needs dcp_world_size 1 (prefix "
                                   "caching under DCP is not modelled)")

@@ -199,6 +199,7 @@ class ReferenceRunnerBase(abc.ABC):
         # after its latest step (vLLM's runner-side ``mamba_state_idx``).
         self.mamba_state_idx: dict[int, int] = {}
         self.mamba_copies: list[tuple[int, int, int, bool]] = []  # last step's (req, src, dst, first)
+        self.mamba_events: list[str] = []
         self.draft_kv_cache = {}
         if cfg.draft_group is not None:
             self.draft_kv_cache[cfg.draft_group] = self.kv_cache[cfg.draft_group].copy()
@@ -558,6 +559,7 @@ class ReferenceRunnerBase(abc.ABC):
         (vLLM's ``preprocess_mamba`` / ``collect_mamba_copy_meta``)."""
         cfg = self.config
         self.mamba_copies = []
+        self.mamba_events = []  # align mode with a drafter: what the copies did (coverage)
         if cfg.mamba_cache_mode != ALIGN:
             return
         bs = cfg.tokens_per_block(cfg.mamba_groups[0])  # one block size (validated)
@@ -578,6 +580,8 @@ class ReferenceRunnerBase(abc.ABC):
                     self.mamba_state[g][ids[curr]] = self.mamba_state[g][ids[prev + bias]]
                 if spec:
                     self.num_accepted_of[req] = 1
+                    if bias:
+                        self.mamba_events.append("carried-with-bias")
             self.mamba_state_idx[req] = curr
 
     def _postprocess_mamba(self, batch: list, kept_of: dict, is_decode: dict) -> dict:
@@ -610,6 +614,7 @@ class ReferenceRunnerBase(abc.ABC):
                 if bias == 0:
                     continue
             self.mamba_copies.append((req, src + bias, dest, False))
+            self.mamba_events.append("completed-after-forward")
             for g in cfg.mamba_groups:
                 ids = self.runner_blocks[req][g]
                 self.mamba_state[g][ids[dest]] = self.mamba_state[g][ids[src + bias]]

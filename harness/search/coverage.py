@@ -134,6 +134,16 @@ FEATURES: dict[str, str] = {
                         "batch of 1 + k tokens per row",
     "placeholder-drafts": "a spec_step with placeholder drafts: a decode padded to 1 + k "
                           "tokens, none of them accepted",
+    "mamba-state-carried-with-bias": "align mode with a drafter: a running state moved "
+                                     "across a Mamba block boundary from the column past the "
+                                     "old running one where the last accepted token left it "
+                                     "(the accepted-token bias), the accepted count reset",
+    "mamba-block-completed-by-accepted": "align mode with a drafter: accepted tokens complete "
+                                         "a Mamba block, and the state at its end is copied "
+                                         "into it after the forward",
+    "mamba-spec-block-moved": "align mode with a drafter: a growing Mamba list moves a "
+                              "speculative state block to its end (its old entry nulled; the "
+                              "runner's row keeps the old id there)",
     "mamba-state-block-completed": "all mode: a chunk that starts inside a Mamba state block "
                                    "crosses its end, so that block's end state is written "
                                    "by a later chunk than the one that began it (vLLM PR "
@@ -385,6 +395,11 @@ class Tracker:
             out.append("window-blocks-freed")
         if blocks is None:
             return out + ["allocation-refused"]
+        if op["op"] == "allocate" and any(
+                self.config.pads_with_null(g) and any(0 < b < len(refs[g]) and refs[g][b]
+                                                      for b in ids)
+                for g, ids in enumerate(blocks)):
+            out.append("mamba-spec-block-moved")  # an id the request held: moved to the end
         if hit:
             out.append("prefix-hit")
             if any(self.config.groups[g].sliding_window and ids and ids[0] == 0
@@ -463,6 +478,10 @@ class Tracker:
                 hit.append("mamba-state-restored" if first else "mamba-state-carried")
                 if first and self._larger_state_blocks:
                     hit.append("mamba-state-restored-larger-block")
+        if not fwd.dummy and reference is not None:
+            for e in getattr(reference, "mamba_events", ()):
+                hit.append("mamba-state-carried-with-bias" if e == "carried-with-bias"
+                           else "mamba-block-completed-by-accepted")
         if not fwd.dummy and reference is not None and cfg.mamba_cache_mode == "all":
             hit += self._all_mode_hits(fwd, reference)
         if (fwd.metadata and fwd.num_tokens_padded > fwd.num_tokens
@@ -529,6 +548,11 @@ def _window(c) -> bool:
     return any(g.sliding_window for g in c.groups)
 
 
+def _align_drafter(c) -> bool:
+    """Align mode with a drafter (speculative state columns at a Mamba list's end)."""
+    return c.mamba_cache_mode == "align" and c.num_speculative_tokens > 0
+
+
 def _state_blocks_larger(c) -> bool:
     """Align mode with a Mamba state block larger than some attention group's block."""
     return c.mamba_cache_mode == "align" and bool(c.attention_groups) and \
@@ -569,6 +593,9 @@ NEEDS = {
     "mamba-state-carried": lambda c: c.mamba_cache_mode == "align",
     "page-reused-across-groups": lambda c: c.kv_sharing,
     "position-past-narrow-row": lambda c: bool(c.narrow_groups),
+    "mamba-state-carried-with-bias": lambda c: _align_drafter(c),
+    "mamba-block-completed-by-accepted": lambda c: _align_drafter(c),
+    "mamba-spec-block-moved": lambda c: _align_drafter(c),
     "mamba-state-block-completed": lambda c: c.mamba_cache_mode == "all",
     "mamba-state-read-from-hit": lambda c: c.mamba_cache_mode == "all",
     "mamba-short-prefill-across-blocks": lambda c: c.mamba_cache_mode == "all" and any(

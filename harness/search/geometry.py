@@ -284,10 +284,12 @@ def runner_configs(draw, runner: str | None = None,
         cudagraph_capture_sizes=tuple(s for s in sizes if s <= max_num_batched_tokens),
     )
     return _mamba_mode(config, align, random.Random(
-        zlib.crc32(repr(("mamba-mode", rng.random())).encode())))
+        zlib.crc32(repr(("mamba-mode", rng.random())).encode())),
+        drafter=bool(spec) and not (spec_fits_graphs and sizes and max(sizes) < 2))
 
 
-def _mamba_mode(config: RunnerConfig, align: bool, rng: random.Random) -> RunnerConfig:
+def _mamba_mode(config: RunnerConfig, align: bool, rng: random.Random,
+                drafter: bool = True) -> RunnerConfig:
     """Which Mamba prefix caching a hybrid config with prefix caching runs:
     vLLM's all mode in one such config in two, else
     align mode — with a conv state of 3 tokens in one all-mode config in two
@@ -296,9 +298,20 @@ def _mamba_mode(config: RunnerConfig, align: bool, rng: random.Random) -> Runner
     (``max_model_len`` tokens) still spans four of them (it may pass the token
     budget, which align mode's chunk rule forbids).  Chosen by a generator of
     its own, as :func:`_narrowed` is, so no other draw moved when it came.
-    Returns ``config`` (align mode) or its all-mode variant."""
-    if not align or rng.random() < 0.5:
+    Align mode keeps a drafter of 1 or 2 tokens in one config in two
+    (``drafter``: where the target runs one; the Mamba block at least ``1 +
+    k`` tokens), decodes then verifying ``1 + k`` tokens.
+    Returns ``config`` (align mode, maybe with a drafter) or its all-mode variant."""
+    if not align:
         return config
+    if rng.random() < 0.5:
+        k = rng.choice([1, 2])
+        if not drafter or rng.random() < 0.5 or any(
+                g.block_size < 1 + k for g in config.groups if g.kind == MAMBA):
+            return config
+        return dataclasses.replace(
+            config, num_speculative_tokens=k,
+            reorder_batch_threshold=(1 + k) if config.reorder_batch_threshold else 0)
     groups = list(config.groups)
     if rng.random() < 0.5:
         groups = [dataclasses.replace(g, conv_size=CONV_SIZE_MAX) if g.kind == MAMBA else g
