@@ -70,6 +70,9 @@ class RunnerTarget:
         """A running request's next tokens: the manager frees what its sliding
         windows left (poisoned; the runner's row keeps the ids, as vLLM's does)
         and picks new blocks."""
+        # Align mode with a drafter: a speculative block the request holds may
+        # move to the end of its list — handed again, not new (not poisoned).
+        held = [set(ids) for ids in self.manager.req_blocks[req]]
         new, freed = self.manager.allocate(req, num_new_tokens)
         # A block freed is poisoned where it was freed, as it was then: free (and
         # unregistered), even if this allocation handed it to another group of
@@ -80,7 +83,8 @@ class RunnerTarget:
                                           if self.manager.is_free(g, b) or b in retaken])
         if new is not None:
             for g, ids in enumerate(new):
-                self.runner.poison_blocks(g, [b for b in ids if b != self.config.null_block(g)])
+                self.runner.poison_blocks(g, [b for b in ids if b != self.config.null_block(g)
+                                              and b not in held[g] - set(freed[g])])
             self.runner.append_blocks(req, new)
         return {"blocks": new, "freed": freed}
 
