@@ -300,7 +300,8 @@ def _mamba_mode(config: RunnerConfig, align: bool, rng: random.Random,
     its own, as :func:`_narrowed` is, so no other draw moved when it came.
     Align mode keeps a drafter of 1 or 2 tokens in one config in two
     (``drafter``: where the target runs one; the Mamba block at least ``1 +
-    k`` tokens), decodes then verifying ``1 + k`` tokens.
+    k`` tokens), decodes then verifying ``1 + k`` tokens, with a Mamba block
+    as small as the attention block in three such configs in four.
     Returns ``config`` (align mode, maybe with a drafter) or its all-mode variant."""
     if not align:
         return config
@@ -309,8 +310,18 @@ def _mamba_mode(config: RunnerConfig, align: bool, rng: random.Random,
         if not drafter or rng.random() < 0.5 or any(
                 g.block_size < 1 + k for g in config.groups if g.kind == MAMBA):
             return config
+        groups = list(config.groups)
+        # Mostly a Mamba block as small as the attention block (at least 1 + k):
+        # decodes verifying drafts then cross state-block boundaries within a
+        # few steps (where the running state moves and accepted tokens complete
+        # a block).
+        small = min(config.tokens_per_block(g) for g in config.attention_groups)
+        if rng.random() < 0.75 and small >= 1 + k:
+            groups = [dataclasses.replace(g, block_size=min(g.block_size, small),
+                                          kernel_block_size=min(g.block_size, small))
+                      if g.kind == MAMBA else g for g in groups]
         return dataclasses.replace(
-            config, num_speculative_tokens=k,
+            config, groups=tuple(groups), num_speculative_tokens=k,
             reorder_batch_threshold=(1 + k) if config.reorder_batch_threshold else 0)
     groups = list(config.groups)
     if rng.random() < 0.5:

@@ -222,14 +222,28 @@ def _allocatable(m) -> list[int]:
             if s.num_computed_tokens < m.cfg.max_model_len]
 
 
+def _state_column_missing(m, r) -> bool:
+    """Align mode: ``r`` decodes, and a decode of ``1 + k`` tokens (at most
+    what ``max_model_len`` leaves) would need a Mamba state block its list
+    does not hold yet."""
+    if m.cfg.mamba_cache_mode != "align" or not r.is_decode():
+        return False
+    n = min(1 + m.cfg.num_speculative_tokens, m.cfg.max_model_len - r.num_computed_tokens)
+    return n > 0 and m.ledger.align_problem(r, r.num_computed_tokens, n, step=True) is not None
+
+
 def _draw_allocate(m, data) -> dict:
 
     cands = _allocatable(m)
     # Mostly a request whose blocks do not cover its prompt, or that has no room
-    # left to step: the scheduler's next chunk, the next decode block.
+    # left to step: the scheduler's next chunk, the next decode block — in align
+    # mode also a decode whose next 1 + k tokens reach a Mamba column without a
+    # state block (its attention blocks may have room).
+    k = m.cfg.num_speculative_tokens
     short = [r for r in cands if m.ledger.requests[r].capacity_tokens(m.cfg)
              < max(m.ledger.requests[r].prompt_len,
-                   m.ledger.requests[r].num_computed_tokens + 1 + m.cfg.num_speculative_tokens)]
+                   m.ledger.requests[r].num_computed_tokens + 1 + k)
+             or _state_column_missing(m, m.ledger.requests[r])]
     req = data.choice(short if short and data.boolean() else cands)
     r = m.ledger.requests[req]
     most = min(m.cfg.max_model_len - r.num_computed_tokens, m.cfg.max_num_batched_tokens)
