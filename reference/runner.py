@@ -198,7 +198,11 @@ class ReferenceRunnerBase(abc.ABC):
         # Align mode: the column holding each request's running Mamba state
         # after its latest step (vLLM's runner-side ``mamba_state_idx``).
         self.mamba_state_idx: dict[int, int] = {}
-        self.mamba_copies: list[tuple[int, int, int, bool]] = []  # last step's (req, src, dst, first)
+        # The last step's Mamba state copies in align mode: (req, src column, dst
+        # column, kind): "restored" (a first step from its hit's state block),
+        # "carried" (across a block boundary, before the forward) or
+        # "completed" (into the block accepted tokens completed, after it).
+        self.mamba_copies: list[tuple[int, int, int, str]] = []
         self.mamba_events: list[str] = []
         self.draft_kv_cache = {}
         if cfg.draft_group is not None:
@@ -574,7 +578,8 @@ class ReferenceRunnerBase(abc.ABC):
                 # the column ``accepted - 1`` past the running one; once moved,
                 # the next read is at offset 0 (the count resets to 1).
                 bias = max(self.num_accepted_of[req], 1) - 1 if spec else 0
-                self.mamba_copies.append((req, prev + bias, curr, first))
+                self.mamba_copies.append((req, prev + bias, curr,
+                                          "restored" if first else "carried"))
                 for g in cfg.mamba_groups:
                     ids = self.runner_blocks[req][g]
                     self.mamba_state[g][ids[curr]] = self.mamba_state[g][ids[prev + bias]]
@@ -613,7 +618,7 @@ class ReferenceRunnerBase(abc.ABC):
                 out[req] = 1
                 if bias == 0:
                     continue
-            self.mamba_copies.append((req, src + bias, dest, False))
+            self.mamba_copies.append((req, src + bias, dest, "completed"))
             self.mamba_events.append("completed-after-forward")
             for g in cfg.mamba_groups:
                 ids = self.runner_blocks[req][g]

@@ -474,7 +474,10 @@ class Tracker:
         if fwd.cudagraph_mode == "FULL" and fwd.num_tokens != fwd.num_reqs * cfg.uniform_query_len:
             hit.append("full-replay-mixed-batch")
         if not fwd.dummy and reference is not None:
-            for _, _, _, first in getattr(reference, "mamba_copies", ()):
+            for _, _, _, kind in getattr(reference, "mamba_copies", ()):
+                if kind == "completed":
+                    continue  # mamba-block-completed-by-accepted, below
+                first = kind == "restored"
                 hit.append("mamba-state-restored" if first else "mamba-state-carried")
                 if first and self._larger_state_blocks:
                     hit.append("mamba-state-restored-larger-block")

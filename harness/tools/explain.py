@@ -92,19 +92,20 @@ def explain(trace: Trace, faults=(), device: str | None = None, target: str = "g
 
 
 def _copies(session: Session, op: dict) -> list[dict]:
-    """Align mode: the running-state copies the reference's step made before its
-    forward (which column, which block, to which), what the target's should be."""
+    """Align mode: the running-state copies the reference's step made around its
+    forward (which column, which block, to which, and why:
+    ``ReferenceRunnerBase.mamba_copies``), what the target's should be."""
     from harness.core.ops import spec_of
 
     ref = session.reference
     if not spec_of(op).forward or ref.config.mamba_cache_mode != "align":
         return []
     out = []
-    for req, src, dst, first in getattr(ref, "mamba_copies", ()):
+    for req, src, dst, kind in getattr(ref, "mamba_copies", ()):
         for g in ref.config.mamba_groups:
             ids = ref.runner_blocks[req][g]
             out.append({"req": req, "group": g, "from_column": src, "from_block": ids[src],
-                        "to_column": dst, "to_block": ids[dst], "restored": first})
+                        "to_column": dst, "to_block": ids[dst], "kind": kind})
     return out
 
 
@@ -139,8 +140,9 @@ def _rows_text(rows: list[dict] | None) -> str:
 def _writes_text(writes: list[dict] | None, copies=()) -> str:
     if writes is None:
         return "(not observed)"
-    lines = [f"reference: req {c['req']} g{c['group']} state "
-             f"{'restored from its hit' if c['restored'] else 'carried'}: column "
+    what = {"restored": "restored from its hit", "carried": "carried",
+            "completed": "copied after the forward into the block accepted tokens completed"}
+    lines = [f"reference: req {c['req']} g{c['group']} state {what[c['kind']]}: column "
              f"{c['from_column']} (block {c['from_block']}) -> column {c['to_column']} "
              f"(block {c['to_block']})" for c in copies]
     return "\n".join(lines + [

@@ -72,7 +72,7 @@ def test_explain_shows_align_mode_state_copies():
     last = records[-1]
     assert last["violations"][0]["invariant"] == "MATCHES_REFERENCE"
     assert last["copies"] == [{"req": 1, "group": 1, "from_column": 1, "from_block": 1,
-                               "to_column": 2, "to_block": 2, "restored": True}]
+                               "to_column": 2, "to_block": 2, "kind": "restored"}]
 
 
 def test_text_table_never_folds_across_a_json_key_and_names_the_drafter_layer():
