@@ -898,14 +898,20 @@ class Ledger:
     def align_problem(self, r: RequestLedger, start: int, n: int, step: bool) -> str | None:
         """Why ``n`` tokens from position ``start`` of request ``r`` are not a
         chunk align mode schedules (None: they are, or not align mode):
-        a prefill chunk stops at the prompt's end and, until the prompt's last
-        Mamba block boundary, ends on a boundary (vLLM's
-        ``_mamba_block_aligned_split``: only there is a state materialised to
-        cache); a decode runs one token; and a step's last token lands in a
-        column that holds a state block (``step``: vLLM's scheduler allocates
-        exactly what it schedules), and skips no column that holds a state
-        block (two allocations before one step would leave one unwritten, then
-        registered as if it held the state at its end).  All mode: a prefill
+        a prefill chunk stops at the prompt's end, does not run past the last
+        Mamba block boundary whose state is cached (the prompt's last one; with
+        a drafter one block before it, as EAGLE's hit drops a block), and ends
+        on a boundary unless it ends the prompt (vLLM's
+        ``_mamba_block_aligned_split`` since 0.27.0, PR #51113: only at a chunk's
+        end is a state materialised, and a block a chunk ended inside would be
+        cached as full once a later chunk crossed it); a decode runs one token,
+        up to ``1 + k`` with a drafter; and a step (``step``: vLLM's scheduler
+        allocates for every step it schedules) finds the Mamba list holding
+        ``cdiv(end, block_size) + k`` entries, its last token's column (and
+        with a drafter a decode's speculative columns after it) holding state
+        blocks, and skips no column that holds a state block (two allocations
+        before one step would leave one unwritten, then registered as if it
+        held the state at its end).  All mode: a prefill
         chunk ends anywhere up to the prompt's end, a decode runs one token,
         and a step's every column, from its last computed token's (the state
         it reads) to its last token's, holds a state block."""
@@ -936,11 +942,25 @@ class Ledger:
                                     f"{c} (group {g}), which its step from position {start} "
                                     "reads or writes: allocate those tokens first")
                 continue
-            if start < r.prompt_len and start < last and (end > last or end % bs):
-                return (f"request {r.req} prefills: in align mode a chunk from {start} ends "
-                        f"on a Mamba block boundary (multiple of {bs}) up to {last}, the "
-                        f"prompt's last one; {end} is not")
+            if start < r.prompt_len and start < last < end:
+                return (f"request {r.req} prefills: in align mode a chunk from {start} stops "
+                        f"at {last}, the last Mamba block boundary whose state is cached"
+                        + (" (one block before the prompt's last: the drafter's hit drops a "
+                           "block)" if k else "") + f"; {end} runs past it")
+            if start < r.prompt_len and end < r.prompt_len and end % bs:
+                # vLLM >= 0.27 (PR #51113): a chunk that ends inside a block would
+                # leave that block's state short of its end, then cached as full
+                # once a later chunk crosses it.
+                return (f"request {r.req} prefills: in align mode a chunk ends on a Mamba "
+                        f"block boundary (multiple of {bs}) unless it ends the prompt "
+                        f"({r.prompt_len}); {end} does neither")
             if step:
+                want = -(-end // bs) + k
+                if len(r.blocks[g]) < want:  # vLLM allocates for every step it schedules
+                    return (f"request {r.req}'s Mamba list (group {g}) has {len(r.blocks[g])} "
+                            f"entries; a step to position {end} needs {want} (the running "
+                            f"state block and {k} speculative one(s) at its end): allocate "
+                            "those tokens first")
                 col = (end - 1) // bs
                 # A decode with a drafter writes the state after each of its
                 # tokens into the running column and the speculative ones after it.

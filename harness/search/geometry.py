@@ -301,7 +301,7 @@ def _mamba_mode(config: RunnerConfig, align: bool, rng: random.Random,
     Align mode keeps a drafter of 1 or 2 tokens in one config in two
     (``drafter``: where the target runs one; the Mamba block at least ``1 +
     k`` tokens), decodes then verifying ``1 + k`` tokens, with a Mamba block
-    as small as the attention block in three such configs in four.
+    as small as the attention block where that holds ``1 + k`` tokens.
     Returns ``config`` (align mode, maybe with a drafter) or its all-mode variant."""
     if not align:
         return config
@@ -311,12 +311,14 @@ def _mamba_mode(config: RunnerConfig, align: bool, rng: random.Random,
                 g.block_size < 1 + k for g in config.groups if g.kind == MAMBA):
             return config
         groups = list(config.groups)
-        # Mostly a Mamba block as small as the attention block (at least 1 + k):
-        # decodes verifying drafts then cross state-block boundaries within a
-        # few steps (where the running state moves and accepted tokens complete
-        # a block).
+        # A Mamba block as small as the attention block where it holds 1 + k
+        # tokens: decodes verifying drafts then cross state-block boundaries
+        # within a few steps (where the running state moves and accepted tokens
+        # complete a block), and a drafter's hit drops one block of each kind,
+        # as vLLM's does (with larger Mamba blocks vLLM drops one attention
+        # block and looks for finer hits, which the model does not: docs/scope.md).
         small = min(config.tokens_per_block(g) for g in config.attention_groups)
-        if rng.random() < 0.75 and small >= 1 + k:
+        if small >= 1 + k:
             groups = [dataclasses.replace(g, block_size=min(g.block_size, small),
                                           kernel_block_size=min(g.block_size, small))
                       if g.kind == MAMBA else g for g in groups]

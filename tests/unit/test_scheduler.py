@@ -9,6 +9,7 @@ the line a bug would live), and legality errors name their field.
 
 import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +19,8 @@ from harness.core.session import Session, replay
 from harness.core.trace import Trace, TraceError, parse
 from reference import SENTINEL, ConfigError, GroupSpec, OpError, RunnerConfig
 from reference.payload import token_payload
+
+CORPORA = Path(__file__).resolve().parents[2] / "corpora"
 
 CFG = RunnerConfig(groups=(GroupSpec("attention", 4, 4),), num_blocks=12, max_num_reqs=4,
                    max_num_blocks_per_req=4, max_num_batched_tokens=16,
@@ -494,3 +497,50 @@ def test_all_mode_allocates_every_column_and_chunks_end_anywhere():
                                         "cudagraph_mode": "NONE"},
                        {"op": "allocate", "req": 0, "num_new_tokens": 1},
                        {"op": "step", "scheduled": [[0, 2]], "cudagraph_mode": "NONE"}]})
+
+
+def test_align_mode_chunk_ends_on_a_boundary_unless_it_ends_the_prompt():
+    """vLLM >= 0.27's chunk rule (PR #51113): with a drafter, the EAGLE back-off
+    once let a chunk end inside a block before the prompt's end; a later chunk
+    then crossed that block's end and the block was cached holding a state
+    short of it (a later hit restored it: PREFIX_CONTENT with no fault on, found
+    by an attack on the first version of align mode with a drafter).  Such a
+    chunk is refused in one line, at the allocation and at the step."""
+    cfg = {"allocator": "engine", "enable_prefix_caching": True, "num_speculative_tokens": 1,
+           "groups": [{"block_size": 2, "kind": "attention"}, {"block_size": 2, "kind": "mamba"}],
+           "num_blocks": 15, "max_num_reqs": 3, "max_num_blocks_per_req": 7,
+           "max_num_batched_tokens": 15, "cudagraph_capture_sizes": [], "runner": "v1"}
+    head = [{"op": "admit", "req": 0, "prompt_len": 5, "prefix": [], "num_new_tokens": 2},
+            {"op": "step", "scheduled": [[0, 2]], "cudagraph_mode": "NONE"}]
+    mid = {"op": "allocate", "req": 0, "num_new_tokens": 1}
+    with pytest.raises(TraceError, match=r"ops\[2\] \(allocate\).num_new_tokens: .*ends on a "
+                                         r"Mamba block boundary .* unless it ends the prompt"):
+        parse({"format": "blockfuzz-trace", "version": 1, "config": cfg, "ops": head + [mid]})
+    # The step without the allocation is refused too: vLLM allocates for every step.
+    step = {"op": "step", "scheduled": [[0, 2]], "cudagraph_mode": "NONE"}
+    with pytest.raises(TraceError, match=r"ops\[2\] \(step\).*needs 3 .*allocate those tokens"):
+        parse({"format": "blockfuzz-trace", "version": 1, "config": cfg, "ops": head + [step]})
+    # Running to the prompt's end (crossing a boundary mid-chunk) is what the rule allows.
+    ok = head + [{"op": "allocate", "req": 0, "num_new_tokens": 3},
+                 {"op": "step", "scheduled": [[0, 3]], "cudagraph_mode": "NONE"}]
+    trace = parse({"format": "blockfuzz-trace", "version": 1, "config": cfg, "ops": ok})
+    assert replay(trace).violation is None
+
+
+def test_align_mode_drafter_moved_block_handed_again_as_new_is_malformed():
+    """A growing Mamba list moves its speculative block to the end; a manager that
+    also hands that block as the new one hands it twice (POOL_ACCOUNTING), and
+    the ledger never mirrors such a choice."""
+    from harness.core.invariants.scheduler import malformed
+
+    trace = parse(json.loads((CORPORA / "regressions" / "v1-align-spec-drafter-states.json")
+                             .read_text()))
+    session = Session(trace.config, (), "gpu_impl", None, (), True)
+    for op in trace.ops[:2]:
+        assert not session.apply(op)
+    good = dict(trace.ops[2])
+    assert good["blocks"][1] == [2, 4]  # the moved speculative block 2, then a new one
+    assert malformed(trace.config, session.ledger, good) is None
+    for bad, why in (([2, 2], "twice"), ([4, 2], "speculative state block 2 moves to")):
+        v = malformed(trace.config, session.ledger, dict(good, blocks=[good["blocks"][0], bad]))
+        assert v is not None and v[0] == "POOL_ACCOUNTING" and why in v[1], v

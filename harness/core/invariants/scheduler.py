@@ -159,8 +159,8 @@ def _malformed_blocks(config, ledger, op: dict):
                 return (f"group {g}: request {op['req']}'s block list {ids} holds block {b} "
                         f"as entry {k}, a column Mamba prefix caching leaves to the null "
                         "block")
-        real = [b for b in ids if b != null and b not in moves]
-        if len(set(real)) != len(real) or set(real) & set(held):
+        real = [b for b in ids if b != null]
+        if len(set(real)) != len(real) or (set(real) - set(moves)) & set(held):
             return f"group {g}: request {op['req']} was handed block(s) {ids} twice"
         new = len(ids) - n_hit - pads - len(moves)
         if new != facts.needed[g]:
