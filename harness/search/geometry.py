@@ -322,9 +322,11 @@ def _mamba_mode(config: RunnerConfig, align: bool, rng: random.Random,
             groups = [dataclasses.replace(g, block_size=min(g.block_size, small),
                                           kernel_block_size=min(g.block_size, small))
                       if g.kind == MAMBA else g for g in groups]
-        return dataclasses.replace(
+        out = dataclasses.replace(
             config, groups=tuple(groups), num_speculative_tokens=k,
             reorder_batch_threshold=(1 + k) if config.reorder_batch_threshold else 0)
+        # A drafter's hit drops a unit: rows hold three, or no hit is possible.
+        return out if out.max_model_len > 3 * out.prefix_unit else config
     groups = list(config.groups)
     if rng.random() < 0.5:
         groups = [dataclasses.replace(g, conv_size=CONV_SIZE_MAX) if g.kind == MAMBA else g
