@@ -622,6 +622,8 @@ NARROWS = {
     "mamba-state-restored-larger-block": "prefix-hit",
     "mamba-short-prefill-across-blocks": "prefix-hit",
     "mamba-state-read-from-hit": "prefix-hit",
+    "mamba-state-carried-with-bias": "mamba-state-carried",
+    "mamba-block-completed-by-accepted": "mamba-running-column",
     "spec-count-foreign-next-forward": "spec-row-count-foreign",
     "onboard-from-host": "host-block-stored",
     "offload-meets-pinned-host-block": "onboard-from-host",
