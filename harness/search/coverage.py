@@ -622,7 +622,7 @@ NARROWS = {
     "mamba-state-restored-larger-block": "prefix-hit",
     "mamba-short-prefill-across-blocks": "prefix-hit",
     "mamba-state-read-from-hit": "prefix-hit",
-    "mamba-state-carried-with-bias": "mamba-state-carried",
+    "mamba-state-carried-with-bias": "mamba-running-column",
     "mamba-block-completed-by-accepted": "mamba-running-column",
     "spec-count-foreign-next-forward": "spec-row-count-foreign",
     "onboard-from-host": "host-block-stored",

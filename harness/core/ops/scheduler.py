@@ -273,4 +273,8 @@ ALLOCATE = register(OpSpec(
     rename=lambda op, req, block: dict(copy.deepcopy(op), req=req(op["req"])),
     sizes=_allocate_sizes, permit=_permit_new_blocks, family="scheduler",
     records=("blocks", "freed"),
+    # vLLM's scheduler allocates before every step it schedules: a decode whose
+    # next tokens need a Mamba state block gets it as soon as it can (align mode).
+    eager=lambda m: any(_state_column_missing(m, m.ledger.requests[r])
+                        for r in _allocatable(m)),
     check=lambda ref, op: ref.ledger.check_allocate(op["req"], op["num_new_tokens"])))
