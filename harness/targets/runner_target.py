@@ -72,7 +72,9 @@ class RunnerTarget:
         and picks new blocks."""
         # Align mode with a drafter: a speculative block the request holds may
         # move to the end of its list — handed again, not new (not poisoned).
-        held = [set(ids) for ids in self.manager.req_blocks[req]]
+        moves = self.config.mamba_cache_mode == "align" and self.config.num_speculative_tokens
+        held = [set(ids) for ids in self.manager.req_blocks[req]] if moves \
+            else [set() for _ in self.config.groups]
         new, freed = self.manager.allocate(req, num_new_tokens)
         # A block freed is poisoned where it was freed, as it was then: free (and
         # unregistered), even if this allocation handed it to another group of
