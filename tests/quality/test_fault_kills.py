@@ -62,6 +62,14 @@ KNOWN_MISSES: dict = {
         "seed 0 misses it since all mode was drawn (2026-12-03); pinned to v1 it is found "
         "on seeds 2, 3, 4, 5 and 6 within 200 examples (59 to 170), missed on seed 1: a "
         "marginal find, as its 16-op shrink (LONGER_SHRINKS) already said"),
+    # Align mode with a drafter (drawn since 2026-12-03): its faults need one request
+    # decoding across several Mamba state blocks, which the machine's examples
+    # (admit/remove churn) rarely do; each was found from seed 0 on the other runner.
+    ("mamba-align-spec-accepted-not-reset", "v2"): (
+        "missed from seed 0 within 200 examples (2026-12-03); found on v1 at example 147"),
+    ("mamba-align-spec-postprocess-bias-dropped", "v1"): (
+        "missed from seed 0 within 200 examples (2026-12-03, after allocations became "
+        "eager; an earlier draw found it); found on v2 at example 184"),
 }
 # Findings whose shortest form in the geometry seed 0 drew is longer than the hand-written
 # trace's (+1): {(fault, runner): (ops allowed beyond the hand-written length, why)}.
