@@ -203,6 +203,8 @@ class ReferenceRunnerBase(abc.ABC):
         # "carried" (across a block boundary, before the forward) or
         # "completed" (into the block accepted tokens completed, after it).
         self.mamba_copies: list[tuple[int, int, int, str]] = []
+        # Which of those copies read past the running column, by the accepted-token
+        # bias (coverage): "carried-with-bias", "completed-with-bias".
         self.mamba_events: list[str] = []
         self.draft_kv_cache = {}
         if cfg.draft_group is not None:
@@ -619,7 +621,8 @@ class ReferenceRunnerBase(abc.ABC):
                 if bias == 0:
                     continue
             self.mamba_copies.append((req, src + bias, dest, "completed"))
-            self.mamba_events.append("completed-after-forward")
+            if bias:  # the state comes from a column past the running one
+                self.mamba_events.append("completed-with-bias")
             for g in cfg.mamba_groups:
                 ids = self.runner_blocks[req][g]
                 self.mamba_state[g][ids[dest]] = self.mamba_state[g][ids[src + bias]]

@@ -138,9 +138,11 @@ FEATURES: dict[str, str] = {
                                      "across a Mamba block boundary from the column past the "
                                      "old running one where the last accepted token left it "
                                      "(the accepted-token bias), the accepted count reset",
-    "mamba-block-completed-by-accepted": "align mode with a drafter: accepted tokens complete "
-                                         "a Mamba block, and the state at its end is copied "
-                                         "into it after the forward",
+    "mamba-block-completed-with-bias": "align mode with a drafter: accepted tokens past the "
+                                       "first complete a Mamba block, and the state at its "
+                                       "end is copied into it after the forward from the "
+                                       "column where the last of them left it (the "
+                                       "accepted-token bias)",
     "mamba-spec-block-moved": "align mode with a drafter: a growing Mamba list moves a "
                               "speculative state block to its end (its old entry nulled; the "
                               "runner's row keeps the old id there)",
@@ -476,7 +478,7 @@ class Tracker:
         if not fwd.dummy and reference is not None:
             for _, _, _, kind in getattr(reference, "mamba_copies", ()):
                 if kind == "completed":
-                    continue  # mamba-block-completed-by-accepted, below
+                    continue  # mamba-block-completed-with-bias, below
                 first = kind == "restored"
                 hit.append("mamba-state-restored" if first else "mamba-state-carried")
                 if first and self._larger_state_blocks:
@@ -484,7 +486,7 @@ class Tracker:
         if not fwd.dummy and reference is not None:
             for e in getattr(reference, "mamba_events", ()):
                 hit.append("mamba-state-carried-with-bias" if e == "carried-with-bias"
-                           else "mamba-block-completed-by-accepted")
+                           else "mamba-block-completed-with-bias")
         if not fwd.dummy and reference is not None and cfg.mamba_cache_mode == "all":
             hit += self._all_mode_hits(fwd, reference)
         if (fwd.metadata and fwd.num_tokens_padded > fwd.num_tokens
@@ -597,7 +599,7 @@ NEEDS = {
     "page-reused-across-groups": lambda c: c.kv_sharing,
     "position-past-narrow-row": lambda c: bool(c.narrow_groups),
     "mamba-state-carried-with-bias": lambda c: _align_drafter(c),
-    "mamba-block-completed-by-accepted": lambda c: _align_drafter(c),
+    "mamba-block-completed-with-bias": lambda c: _align_drafter(c),
     "mamba-spec-block-moved": lambda c: _align_drafter(c),
     "mamba-state-block-completed": lambda c: c.mamba_cache_mode == "all",
     "mamba-state-read-from-hit": lambda c: c.mamba_cache_mode == "all",
@@ -623,7 +625,7 @@ NARROWS = {
     "mamba-short-prefill-across-blocks": "prefix-hit",
     "mamba-state-read-from-hit": "prefix-hit",
     "mamba-state-carried-with-bias": "mamba-running-column",
-    "mamba-block-completed-by-accepted": "mamba-running-column",
+    "mamba-block-completed-with-bias": "mamba-running-column",
     "spec-count-foreign-next-forward": "spec-row-count-foreign",
     "onboard-from-host": "host-block-stored",
     "offload-meets-pinned-host-block": "onboard-from-host",

@@ -113,7 +113,10 @@ def _draw_step(m, data) -> dict:
             sizes = _sizes(m, req, 1 + min(_room(m, req) - 1, budget))
             if not sizes:
                 continue
-            n = sizes[0] if decode_only else data.choice(sizes)
+            # A uniform decode batch: 1 + k tokens where the request may run them
+            # (a decode verifies its drafts), else its shortest legal chunk.
+            n = max((s for s in sizes if s <= q), default=sizes[0]) if decode_only \
+                else data.choice(sizes)
         else:
             most = 1 + min(_room(m, req) - 1, budget)
             n = min(q, most) if decode_only else data.integer(1, most)

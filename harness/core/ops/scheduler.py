@@ -248,7 +248,12 @@ def _draw_allocate(m, data) -> dict:
     r = m.ledger.requests[req]
     most = min(m.cfg.max_model_len - r.num_computed_tokens, m.cfg.max_num_batched_tokens)
     sizes = _chunk_sizes(m.ledger, r, r.num_computed_tokens, most)
-    chunk = min(max(r.prompt_len - r.num_computed_tokens, 1), most)
+    # The next chunk of the prompt, or a decode's next step.  In align mode with
+    # a drafter that step verifies 1 + k tokens, and the scheduler allocates
+    # for all of them (vLLM's ``allocate_slots`` with the scheduled drafts), or
+    # the decode could run one token only; other configs keep one token.
+    step = 1 + k if k and m.cfg.mamba_cache_mode == "align" and r.is_decode() else 1
+    chunk = min(max(r.prompt_len - r.num_computed_tokens, step), most)
     chunk = max([n for n in sizes if n <= chunk] or sizes[:1])
     n = chunk if data.boolean() else data.choice(sizes)
     return {"op": "allocate", "req": req, "num_new_tokens": n}
