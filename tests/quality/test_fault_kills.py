@@ -69,7 +69,7 @@ KNOWN_MISSES: dict = {
     ("mamba-align-spec-accepted-not-reset", "v2"): (
         "missed from seed 0 after the completed-block feature was narrowed to copies "
         "with the bias (2026-12-03); the draw just before it found it at example 132, "
-        "and v1 finds it from seed 0"),
+        "v2 from seed 1 finds it at example 42, and v1 finds it from seed 0"),
 }
 # Findings whose shortest form in the geometry seed 0 drew is longer than the hand-written
 # trace's (+1): {(fault, runner): (ops allowed beyond the hand-written length, why)}.
