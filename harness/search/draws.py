@@ -10,6 +10,12 @@ the choice (kind and constraints) that ``st.integers`` / ``st.sampled_from``
 / ``st.booleans`` would, so a seed draws the same examples as before; any
 other strategy goes through :meth:`draw`.  Choices still come from
 Hypothesis, so its engine records and replays them.
+
+:meth:`Draws.permutation` and :meth:`Draws.unique_sample` make the choices of
+``st.permutations`` and ``st.lists(st.sampled_from(..), unique=True)`` the
+same way, through the helpers those strategies use.  Building a strategy
+per draw also left reference cycles (its cached properties' closures) for the
+garbage collector: a step's batch draw made about 80 such objects.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hypothesis import strategies as st
+from hypothesis.internal.conjecture import utils as cu
+from hypothesis.internal.conjecture.junkdrawer import LazySequenceCopy
 
 # st.integers(lo, hi) weights its bounds when hi - lo exceeds this; such draws
 # go through the strategy, so the choice stays the one it would make.
@@ -53,6 +61,39 @@ class Draws:
     def boolean(self) -> bool:
         """True or False (as ``st.booleans()``)."""
         return self._cd.draw_boolean()
+
+    def permutation(self, seq: Sequence) -> list:
+        """A shuffled copy of ``seq`` (as ``st.permutations(seq)``: the same
+        Fisher-Yates choices)."""
+        out = list(seq)
+        cu.fisher_yates_shuffle(self._cd, out)
+        return out
+
+    def unique_sample(self, seq: Sequence, min_size: int = 0, max_size: int | None = None) -> list:
+        """Distinct elements of ``seq``, in drawn order (as ``st.lists(st.sampled_from(seq),
+        min_size=.., max_size=.., unique=True)``, whose choices it makes the same way).
+        ValueError when ``min_size`` exceeds ``len(seq)``."""
+        n = len(seq)
+        if min_size > n:
+            raise ValueError(f"{min_size} distinct elements from {n}")
+        if n < 2 or max_size == 0:  # Hypothesis builds other strategies here: draw through them
+            return self._cd.draw(st.lists(st.sampled_from(seq), min_size=min_size,
+                                          max_size=max_size, unique=True))
+        max_size = n if max_size is None else min(max_size, n)
+        average = min(max(min_size * 2, min_size + 5), 0.5 * (min_size + max_size))
+        remaining, seen, out = LazySequenceCopy(tuple(seq)), set(), []
+        with cu.many(self._cd, min_size=min_size, max_size=max_size,
+                     average_size=average) as elements:
+            for _ in elements:
+                value = remaining.pop(self._cd.draw_integer(0, len(remaining) - 1))
+                if value in seen:
+                    elements.reject("value already seen")
+                else:
+                    seen.add(value)
+                    out.append(value)
+                if not remaining:
+                    break
+        return out
 
     def draw(self, strategy, label=None):
         """A value of any Hypothesis ``strategy`` (``label`` is accepted for

@@ -77,18 +77,16 @@ def _steppable(m) -> list[int]:
 
 
 def _draw_step(m, data) -> dict:
-    from hypothesis import strategies as st  # search only: reproducers import no Hypothesis
 
     cands = _steppable(m)
     most = min(len(cands), m.cfg.max_num_batched_tokens)
     if m.swarm.whole_batch(data):  # every steppable request (in a drawn order)
-        reqs = data.draw(st.permutations(cands))[:most]
+        reqs = data.permutation(cands)[:most]
     elif m.swarm.boundary_eighths:  # a batch size at a padding boundary, when one fits
         k = m.swarm.size(data, 1, most, m.cfg, m.session.reference.last_forward, "num_reqs")
-        reqs = data.draw(st.permutations(cands))[:k]
+        reqs = data.permutation(cands)[:k]
     else:
-        reqs = data.draw(st.lists(st.sampled_from(cands), min_size=1, max_size=most,
-                                  unique=True))
+        reqs = data.unique_sample(cands, 1, most)
     # A request admitted with a prefix hit runs in the next step, as in vLLM's
     # scheduler, which admits a waiting request as part of the step it first
     # runs in: what its hit left (cached KV, a restored Mamba state) is read

@@ -46,7 +46,6 @@ def _can_add(m) -> bool:
 
 
 def _draw_add(m, data) -> dict:
-    from hypothesis import strategies as st  # search only: reproducers import no Hypothesis
 
     cfg = m.cfg
     blocks, taken = [], set()
@@ -57,9 +56,8 @@ def _draw_add(m, data) -> dict:
                              if cfg.kv_sharing else 0)
         # A Mamba group: one state block per column (1 + num_speculative_tokens).
         size = cfg.mamba_columns if spec.kind == "mamba" else None
-        blocks.append(data.draw(st.lists(
-            st.sampled_from(free), min_size=size or 1,
-            max_size=size or min(cfg.blocks_per_req_max(g), spare), unique=True)))
+        blocks.append(data.unique_sample(
+            free, size or 1, size or min(cfg.blocks_per_req_max(g), spare)))
         if cfg.kv_sharing:
             taken |= set(blocks[-1])
     # What the ledger admits: this rank's blocks cover block_size * dcp_world_size positions.

@@ -25,10 +25,8 @@ def _occupied_rows(m) -> list[int]:
 
 
 def _draw_swap(m, data) -> dict:
-    from hypothesis import strategies as st  # search only: reproducers import no Hypothesis
 
-    i, j = data.draw(st.lists(st.sampled_from(_occupied_rows(m)), min_size=2, max_size=2,
-                              unique=True))
+    i, j = data.unique_sample(_occupied_rows(m), 2, 2)
     return {"op": "swap", "i": i, "j": j}
 
 

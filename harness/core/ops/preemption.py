@@ -56,7 +56,6 @@ def _resumable(m) -> list[int]:
 
 
 def _draw_resume(m, data) -> dict:
-    from hypothesis import strategies as st  # search only: reproducers import no Hypothesis
 
     cfg = m.cfg
     req = data.choice(_resumable(m))
@@ -69,8 +68,7 @@ def _draw_resume(m, data) -> dict:
                              if cfg.kv_sharing else 0)
         most = least if spec.kind == "mamba" else max(least, min(cfg.blocks_per_req_max(g),
                                                                  spare))
-        blocks.append(data.draw(st.lists(st.sampled_from(free), min_size=least,
-                                         max_size=most, unique=True)))
+        blocks.append(data.unique_sample(free, least, most))
         if cfg.kv_sharing:
             taken |= set(blocks[-1])
     return {"op": "resume", "req": req, "blocks": blocks}

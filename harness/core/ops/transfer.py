@@ -65,7 +65,6 @@ def _transfer_loadable(m) -> list[int]:
 
 
 def _draw_kv_load_begin(m, data) -> dict:
-    from hypothesis import strategies as st  # search only: reproducers import no Hypothesis
 
     req = data.choice(_transfer_loadable(m))
     avail = _open_columns(m, req)
@@ -79,8 +78,7 @@ def _draw_kv_load_begin(m, data) -> dict:
                 lo = data.integer(0, len(ids) - 1)
                 blocks.append(ids[lo:data.integer(lo, len(ids) - 1) + 1])
             else:
-                blocks.append(data.draw(st.lists(st.sampled_from(ids), unique=True,
-                                                 max_size=len(ids))))
+                blocks.append(data.unique_sample(ids, 0, len(ids)))
     if not any(blocks):
         g = next(g for g, ids in enumerate(avail) if ids)
         blocks[g] = [avail[g][0]]
