@@ -113,7 +113,7 @@ class BlockFuzzMachine(RuleBasedStateMachine):
         config = prefix.config if prefix is not None else self.config or data.draw(
             runner_configs(self.runner, **target_limits(self.target)), label="config")
         self.cfg = config
-        self.swarm = (data.draw(swarm_mod.swarms(list(drawable())), label="swarm")
+        self.swarm = (swarm_mod.draw_swarm(data, list(drawable()))
                       if self.use_swarm else swarm_mod.DEFAULT)
         self.session = Session(config, self.faults, self.target, self.device, record=True)
         self.coverage = Tracker(config)
@@ -146,8 +146,9 @@ class BlockFuzzMachine(RuleBasedStateMachine):
         return self.session.ledger
 
     def free(self, g: int) -> list[int]:
-        """Free block ids of group ``g`` (the whole pool: freed blocks get reused)."""
-        return self.ledger.free_blocks(g)
+        """Free block ids of group ``g`` (the whole pool: freed blocks get reused);
+        once per state (the list is shared: do not mutate it)."""
+        return self.per_state(("free", g), lambda: self.ledger.free_blocks(g))
 
     def per_state(self, name: str, compute):
         """``compute()``, once per state: the machine's state (ledger, session)

@@ -75,23 +75,20 @@ class Swarm:
 DEFAULT = Swarm()
 
 
-def swarms(op_names: list[str]):
-    """Strategy for a :class:`Swarm` over the drawable ``op_names``."""
-    from hypothesis import strategies as st
-
-    @st.composite
-    def draw(d):
-        weights = {}
-        for name in op_names:
-            w = d(st.sampled_from(WEIGHTS))
-            weights[name] = max(w, 1) if name in ALWAYS_ON else w
-        return Swarm(weights=weights,
-                     modes=d(st.sampled_from(MODE_SETS)),
-                     decode_eighths=d(st.sampled_from([4, 7, 2, 8])),
-                     whole_batch_eighths=d(st.sampled_from([0, 4, 0, 2])),
-                     boundary_eighths=d(st.sampled_from([0, 6, 3])))
-
-    return draw()
+def draw_swarm(data, op_names: list[str]) -> Swarm:
+    """One example's :class:`Swarm` over the drawable ``op_names``; ``data``: the
+    machine's :class:`~harness.search.draws.Draws` (each knob one ``choice``, the
+    choice ``st.sampled_from`` makes, so a seed draws the swarms it drew as a
+    strategy)."""
+    weights = {}
+    for name in op_names:
+        w = data.choice(WEIGHTS)
+        weights[name] = max(w, 1) if name in ALWAYS_ON else w
+    return Swarm(weights=weights,
+                 modes=data.choice(MODE_SETS),
+                 decode_eighths=data.choice((4, 7, 2, 8)),
+                 whole_batch_eighths=data.choice((0, 4, 0, 2)),
+                 boundary_eighths=data.choice((0, 6, 3)))
 
 
 def pick(ops: list, swarm: Swarm, data, machine=None):

@@ -133,17 +133,32 @@ def structural_ids() -> tuple[str, ...]:
     return tuple(i for i, e in REGISTRY.items() if e.structural)
 
 
+# (op name or None, skip) -> (the registry's entries then, the op's spec, the applicable ones)
+_APPLICABLE: dict = {}
+
+
+def _applicable(spec, skip) -> tuple:
+    """The entries that judge an op of ``spec`` (None: start-up), in check order,
+    less ``skip``; worked out once per (op, skip) while the registry holds the
+    same entries (a test may patch one in)."""
+    entries = tuple(REGISTRY.values())
+    key = (None if spec is None else spec.name, skip)
+    hit = _APPLICABLE.get(key)
+    if hit is None or hit[1] is not spec or hit[0] != entries:
+        hit = _APPLICABLE[key] = (entries, spec, tuple(
+            e for e in entries if e.id not in skip
+            and (e.at_startup if spec is None else e.applies(spec))))
+    return hit[2]
+
+
 def check(ctx: CheckContext, skip=frozenset()) -> list[Violation]:
     """Every applicable invariant not in ``skip``, in order; their violations."""
     from harness.core.ops import REGISTRY as OPS
 
     spec = None if ctx.op is None else OPS[ctx.op["op"]]
     found = []
-    for entry in REGISTRY.values():
-        if entry.id in skip:
-            continue
-        if (entry.at_startup if spec is None else entry.applies(spec)):
-            found += entry.check(ctx)
+    for entry in _applicable(spec, frozenset(skip)):
+        found += entry.check(ctx)
     return found
 
 
