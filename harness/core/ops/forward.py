@@ -77,7 +77,6 @@ def _steppable(m) -> list[int]:
 
 
 def _draw_step(m, data) -> dict:
-
     cands = _steppable(m)
     most = min(len(cands), m.cfg.max_num_batched_tokens)
     if m.swarm.whole_batch(data):  # every steppable request (in a drawn order)
@@ -233,7 +232,6 @@ register(OpSpec(
 
 
 def _draw_dummy(m, data) -> dict:
-
     cfg, last = m.cfg, m.session.reference.last_forward
     num_reqs = m.swarm.size(data, 1, cfg.max_num_reqs, cfg, last, "num_reqs")
     uniform = m.swarm.decode(data)  # num_tokens == num_reqs * (1 + k): FULL applies

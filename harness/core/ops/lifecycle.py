@@ -46,7 +46,6 @@ def _can_add(m) -> bool:
 
 
 def _draw_add(m, data) -> dict:
-
     cfg = m.cfg
     blocks, taken = [], set()
     for g, spec in enumerate(cfg.groups):
@@ -114,7 +113,6 @@ def _appendable(m) -> list[int]:
 
 
 def _draw_append(m, data) -> dict:
-
     req = data.choice(_appendable(m))
     blocks, taken = [[] for _ in m.cfg.groups], set()
     r = m.ledger.requests[req]
@@ -137,7 +135,6 @@ register(OpSpec(
 
 # -- remove ----------------------------------------------------------------------------
 def _draw_remove(m, data) -> dict:
-
     return {"op": "remove", "req": data.choice(m.ledger.live())}
 
 

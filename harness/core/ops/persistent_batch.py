@@ -25,7 +25,6 @@ def _occupied_rows(m) -> list[int]:
 
 
 def _draw_swap(m, data) -> dict:
-
     i, j = data.unique_sample(_occupied_rows(m), 2, 2)
     return {"op": "swap", "i": i, "j": j}
 

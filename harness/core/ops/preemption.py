@@ -56,7 +56,6 @@ def _resumable(m) -> list[int]:
 
 
 def _draw_resume(m, data) -> dict:
-
     cfg = m.cfg
     req = data.choice(_resumable(m))
     prompt_len = m.ledger.preempted[req]

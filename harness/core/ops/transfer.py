@@ -22,7 +22,6 @@ def _loadable(m) -> list[int]:
 
 
 def _draw_kv_load(m, data) -> dict:
-
     return {"op": "kv_load", "req": data.choice(_loadable(m))}
 
 
@@ -65,7 +64,6 @@ def _transfer_loadable(m) -> list[int]:
 
 
 def _draw_kv_load_begin(m, data) -> dict:
-
     req = data.choice(_transfer_loadable(m))
     avail = _open_columns(m, req)
     whole = data.integer(0, 2) == 0  # sometimes one transfer of everything left
