@@ -13,7 +13,7 @@ Hypothesis, so its engine records and replays them.
 
 :meth:`Draws.permutation` and :meth:`Draws.unique_sample` make the choices of
 ``st.permutations`` and ``st.lists(st.sampled_from(..), unique=True)`` the
-same way, through the helpers those strategies use.  Building a strategy
+same way, as those strategies' loops do in the installed Hypothesis release.  Building a strategy
 per draw also left reference cycles (its cached properties' closures) for the
 garbage collector: a step's batch draw made about 80 such objects.
 """
@@ -66,7 +66,9 @@ class Draws:
         """A shuffled copy of ``seq`` (as ``st.permutations(seq)``: the same
         Fisher-Yates choices)."""
         out = list(seq)
-        cu.fisher_yates_shuffle(self._cd, out)
+        for i in range(len(out) - 1):  # reversed Fisher-Yates, as the strategy shuffles
+            j = self._cd.draw_integer(i, len(out) - 1)
+            out[i], out[j] = out[j], out[i]
         return out
 
     def unique_sample(self, seq: Sequence, min_size: int = 0, max_size: int | None = None) -> list:
@@ -82,15 +84,23 @@ class Draws:
         max_size = n if max_size is None else min(max_size, n)
         average = min(max(min_size * 2, min_size + 5), 0.5 * (min_size + max_size))
         remaining, seen, out = LazySequenceCopy(tuple(seq)), set(), []
-        with cu.many(self._cd, min_size=min_size, max_size=max_size,
-                     average_size=average) as elements:
+        elements = cu.many(self._cd, min_size=min_size, max_size=max_size, average_size=average)
+
+        def take() -> None:
+            value = remaining.pop(self._cd.draw_integer(0, len(remaining) - 1))
+            if value in seen:
+                elements.reject("value already seen")
+            else:
+                seen.add(value)
+                out.append(value)
+
+        if not hasattr(elements, "__enter__"):  # Hypothesis before many() was a context
+            while remaining and elements.more():  # manager: its strategy's loop
+                take()
+            return out
+        with elements:
             for _ in elements:
-                value = remaining.pop(self._cd.draw_integer(0, len(remaining) - 1))
-                if value in seen:
-                    elements.reject("value already seen")
-                else:
-                    seen.add(value)
-                    out.append(value)
+                take()
                 if not remaining:
                     break
         return out
