@@ -85,7 +85,6 @@ def _fuzz_once(config, args, device):
     """One fuzz-loop run from the seed: (ops of each example, steps, seconds,
     seconds inside gpu_impl)."""
     from hypothesis import seed
-    from hypothesis.stateful import run_state_machine_as_test
 
     from harness import targets
     from harness.search import machine as machine_mod
@@ -101,7 +100,7 @@ def _fuzz_once(config, args, device):
         seed(args.seed)(m)
         start = time.perf_counter()
         # What `blockfuzz fuzz` runs: its backend (every example drawn afresh), no shrinking.
-        run_state_machine_as_test(m, settings=profiles.search_settings("dev", args.examples))
+        machine_mod.run(m, profiles.search_settings("dev", args.examples))
         fuzz_s = time.perf_counter() - start
     finally:
         targets.GpuImplTarget = original

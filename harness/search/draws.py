@@ -1,26 +1,27 @@
-"""The state machine's draws: Hypothesis choices without a strategy per draw.
+"""The state machine's draws: Hypothesis choices for an example's start, a seeded
+generator for its ops.
 
-An op's ``draw`` (:mod:`harness.core.ops`) picks a batch, a request, a size
-many times per step.  Drawing each through ``st.data().draw(st.integers(..))``
-costs a strategy lookup, a span, a random-state check and a note per draw —
-measured at about 9x the choice itself (``bench/profile_fuzz.py``).
-:class:`Draws` makes the same choices straight on the example's
-``ConjectureData``: ``integer``, ``choice`` and ``boolean`` ask for exactly
-the choice (kind and constraints) that ``st.integers`` / ``st.sampled_from``
-/ ``st.booleans`` would, so a seed draws the same examples as before; any
-other strategy goes through :meth:`draw`.  Choices still come from
-Hypothesis, so its engine records and replays them.
+An example's start (steering prefix, geometry, swarm) is drawn by
+:class:`Draws`, straight on the example's ``ConjectureData``: ``integer``,
+``choice`` and ``boolean`` ask for exactly the choice (kind and constraints)
+that ``st.integers`` / ``st.sampled_from`` / ``st.booleans`` would, without
+building a strategy per draw (a strategy lookup, a span, a random-state check
+and a note: about 9x the choice itself); any other strategy goes through
+:meth:`Draws.draw`.  :meth:`Draws.permutation` and :meth:`Draws.unique_sample`
+make the choices of ``st.permutations`` and ``st.lists(st.sampled_from(..),
+unique=True)`` as those strategies' loops do in the installed Hypothesis
+release (an op draw run from a test's ``st.data()`` uses them).
 
-:meth:`Draws.permutation` and :meth:`Draws.unique_sample` make the choices of
-``st.permutations`` and ``st.lists(st.sampled_from(..), unique=True)`` the
-same way, as those strategies' loops do in the installed Hypothesis release.  Building a strategy
-per draw also left reference cycles (its cached properties' closures) for the
-garbage collector: a step's batch draw made about 80 such objects.
+Its ops are drawn by :class:`ExampleDraws`, the same API on a pseudo-random
+generator seeded by one more Hypothesis choice (:func:`example_seed`): a
+Hypothesis choice costs about 20 us and a step made about six.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
+from functools import lru_cache
 
 from hypothesis import strategies as st
 from hypothesis.internal.conjecture import utils as cu
@@ -109,3 +110,89 @@ class Draws:
         """A value of any Hypothesis ``strategy`` (``label`` is accepted for
         ``st.data().draw``'s signature and not used)."""
         return self._cd.draw(strategy)
+
+
+def example_seed(data) -> int:
+    """One example's op-draw seed, a single Hypothesis choice on ``data`` (the
+    rule's ``st.data()``): eight bytes, which Hypothesis draws uniformly (no
+    bytes constants are mixed in, unlike a wide integer's bounds and constants,
+    which would repeat seeds)."""
+    return int.from_bytes(data.conjecture_data.draw(st.binary(min_size=8, max_size=8)), "big")
+
+
+@lru_cache(maxsize=4096)
+def _p_continue(average: float, span: int) -> float:
+    """The chance to draw one more element so a list averages ``average``
+    elements past its minimum, at most ``span`` (Hypothesis's own estimate)."""
+    return cu._calc_p_continue(average, span)
+
+
+class ExampleDraws:
+    """One example's op draws from a pseudo-random generator seeded by one
+    Hypothesis choice (:func:`example_seed`): the API of :class:`Draws`, with the
+    distributions Hypothesis gives them, at a Python ``random`` call each.
+
+    A Hypothesis choice costs about 20 us (a span, the provider, a record),
+    and a step made about six; the op draws now cost about 1 us each.  The
+    search loses nothing it used: its backend draws every example afresh (no
+    span mutation) and its shrink phase is off (:mod:`harness.search.shrink`
+    shrinks traces), so Hypothesis only ever needed an example's choices to
+    replay it, and the seed replays it.  Distributions: ``integer`` is uniform
+    and, over more than 128 values, puts 6/128 on the bounds and their
+    neighbours as ``st.integers`` does; ``unique_sample``'s length follows the
+    geometric law of ``st.lists`` (same average).  ``seed``: any int.
+    """
+
+    __slots__ = ("_rng",)
+
+    def __init__(self, seed: int) -> None:
+        self._rng = random.Random(seed)
+
+    def integer(self, lo: int, hi: int) -> int:
+        """An int in [lo, hi]; ValueError when lo > hi."""
+        if lo > hi:
+            raise ValueError(f"empty range [{lo}, {hi}]")
+        if hi - lo > _UNWEIGHTED_SPAN:
+            u = self._rng.random() * 128  # the bounds' weights of st.integers
+            if u < 6:
+                return (lo, lo, lo + 1, hi - 1, hi, hi)[int(u)]
+        return self._rng.randint(lo, hi)
+
+    def choice(self, seq: Sequence):
+        """One element of ``seq``; ValueError when ``seq`` is empty."""
+        n = len(seq)
+        if n == 0:
+            raise ValueError("choice from an empty sequence")
+        return seq[0] if n == 1 else seq[self._rng.randrange(n)]
+
+    def boolean(self) -> bool:
+        """True or False, evenly."""
+        return self._rng.random() < 0.5
+
+    def permutation(self, seq: Sequence) -> list:
+        """A shuffled copy of ``seq``."""
+        out = list(seq)
+        self._rng.shuffle(out)
+        return out
+
+    def unique_sample(self, seq: Sequence, min_size: int = 0, max_size: int | None = None) -> list:
+        """Distinct elements of ``seq`` in drawn order: ``min_size`` plus a geometric
+        number more (the average ``st.lists(.., unique=True)`` uses), at most
+        ``max_size``.  ValueError when ``min_size`` exceeds ``len(seq)``."""
+        n = len(seq)
+        if min_size > n:
+            raise ValueError(f"{min_size} distinct elements from {n}")
+        max_size = n if max_size is None else min(max_size, n)
+        size = min_size
+        if max_size > min_size:
+            average = min(max(min_size * 2, min_size + 5), 0.5 * (min_size + max_size))
+            p = _p_continue(average - min_size, max_size - min_size)
+            rand = self._rng.random
+            while size < max_size and rand() < p:
+                size += 1
+        return self._rng.sample(list(seq), size)
+
+    def draw(self, strategy, label=None):
+        """Refused: an op draw from a seeded example takes no Hypothesis strategy."""
+        raise TypeError("an op draw takes its values from integer/choice/boolean/"
+                        f"permutation/unique_sample, not a strategy ({strategy!r})")

@@ -30,14 +30,13 @@ import time
 from dataclasses import dataclass, field
 
 from hypothesis import seed as hypothesis_seed
-from hypothesis.stateful import run_state_machine_as_test
 
 from reference import RunnerConfig
 
 from harness.search import profiles
 from harness.core.invariants import Violation
 from harness.search import steer
-from harness.search.machine import BlockFuzzMachine, InvariantViolationError, make_machine
+from harness.search.machine import BlockFuzzMachine, InvariantViolationError, make_machine, run
 from harness.core.session import replay
 from harness.search.shrink import renumber, shrink
 from harness.core.trace import Trace
@@ -121,7 +120,7 @@ def _search(config, seed, examples, faults, target, device, profile, stats, runn
     machine = type("BlockFuzzMachine_counted", (_CountEndings, bound), {})
     hypothesis_seed(seed)(machine)
     try:
-        run_state_machine_as_test(machine, settings=profiles.search_settings(profile, examples))
+        run(machine, profiles.search_settings(profile, examples))
     except InvariantViolationError as e:
         return e
     return None

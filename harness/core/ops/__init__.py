@@ -84,8 +84,9 @@ class OpSpec:
     apply(target, op): drive the target (raises ``reference.OpError`` on the
     reference when illegal).  draw(machine, data) -> op dict, or draw(machine)
     when ``draws_data`` is False; ``data`` is the machine's
-    :class:`~harness.search.draws.Draws` (``integer``, ``choice``, ``boolean``;
-    ``draw(strategy)`` for anything else).  enabled(machine) -> bool.  without_request(op,
+    :class:`~harness.search.draws.ExampleDraws` (``integer``, ``choice``,
+    ``boolean``, ``permutation``, ``unique_sample``; a test may pass a
+    :class:`~harness.search.draws.Draws` on its ``st.data()``).  enabled(machine) -> bool.  without_request(op,
     req) -> the op with ``req`` removed, or None to drop it.  rename(op, req,
     block) -> a copy with request ids mapped by ``req(r)`` and block ids by
     ``block(group, b)``.  narrow(op) -> simpler variants.  merge(op, next_op)
