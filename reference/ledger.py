@@ -414,6 +414,10 @@ class Ledger:
     def free_blocks(self, group: int) -> list[int]:
         return [int(b) for b in np.flatnonzero(self.owner[group] == FREE)]
 
+    def free_block_count(self, group: int) -> int:
+        """``len(free_blocks(group))``, without listing them."""
+        return int(np.count_nonzero(self.owner[group] == FREE))
+
     def live(self) -> list[int]:
         return sorted(self.requests)
 

@@ -70,7 +70,7 @@ class BlockFuzzMachine(RuleBasedStateMachine):
     ``stats``: ``examples`` (machines started), ``steps`` (ops applied),
     ``coverage`` (feature -> ops that hit it), ``coverage_examples`` (feature ->
     examples that hit it).  What op draws may use: ``cfg``, ``session``,
-    ``ledger``, ``free(g)``, ``next_req``, ``swarm``.
+    ``ledger``, ``free(g)``, ``free_count(g)``, ``next_req``, ``swarm``.
     """
 
     config: RunnerConfig | None = RunnerConfig()
@@ -87,6 +87,7 @@ class BlockFuzzMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
         self.session: Session | None = None
+        self.ledger = None  # the session's ledger (set in start)
         self.ops: list[dict] = []
         self.next_req = 0
         self.start_key = None  # what the example started from (a steering key, "corpus")
@@ -120,6 +121,7 @@ class BlockFuzzMachine(RuleBasedStateMachine):
                       if self.use_swarm else swarm_mod.DEFAULT)
         self.draws = ExampleDraws(example_seed(data))  # every op draw after this
         self.session = Session(config, self.faults, self.target, self.device, record=True)
+        self.ledger = self.session.ledger  # the reference's: one object for the session
         self.coverage = Tracker(config)
         if self.session.startup_violations:
             v = self.session.startup_violations[0]
@@ -145,14 +147,15 @@ class BlockFuzzMachine(RuleBasedStateMachine):
         if found:
             raise _error_type(found[0].invariant)(found[0], list(self.ops), self.cfg)
 
-    @property
-    def ledger(self):
-        return self.session.ledger
-
     def free(self, g: int) -> list[int]:
         """Free block ids of group ``g`` (the whole pool: freed blocks get reused);
         once per state (the list is shared: do not mutate it)."""
         return self.per_state(("free", g), lambda: self.ledger.free_blocks(g))
+
+    def free_count(self, g: int) -> int:
+        """``len(free(g))``, once per state, without listing the blocks (what a
+        precondition needs)."""
+        return self.per_state(("free count", g), lambda: self.ledger.free_block_count(g))
 
     def per_state(self, name: str, compute):
         """``compute()``, once per state: the machine's state (ledger, session)

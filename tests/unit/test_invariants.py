@@ -95,6 +95,26 @@ def test_matches_reference_names_field_and_index(ref):
     assert v.detail.startswith("mamba_state[1]") and "block 0" in v.detail, v.detail
 
 
+def test_matches_reference_names_a_forward_or_draft_rows_that_differ(ref):
+    """The last forward and the drafter's rows are compared as tuples first; a
+    difference is still named field by field."""
+    ref.step([[0, 5]], "NONE")
+    cfg = ref.config
+    a, b = ref.observe(), ref.observe()
+    a.last_forward = dataclasses.replace(a.last_forward,
+                                         num_tokens_padded=a.last_forward.num_tokens_padded + 1)
+    (v,) = inv.check_matches_reference(a, b, 0, "step", cfg)
+    assert v.detail.startswith("last_forward[5]"), v.detail
+    a, b = ref.observe(), ref.observe()
+    a.last_forward = None
+    (v,) = inv.check_matches_reference(a, b, 0, "step", cfg)
+    assert v.detail.startswith("last_forward: shape (0,)"), v.detail
+    a, b = ref.observe(), ref.observe()
+    a.draft_rows, b.draft_rows = (1, 2), (1, 3)
+    (v,) = inv.check_matches_reference(a, b, 0, "step", cfg)
+    assert v.detail.startswith("draft_rows[1] is 2, reference has 3"), v.detail
+
+
 def test_graph_addresses(ref):
     obs = ref.observe()
     obs.graph_ptrs = {2: {"state_indices[1]": (0x1000, 0x1000)}}

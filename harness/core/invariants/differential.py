@@ -37,8 +37,9 @@ def _live_part(obs: Observation) -> tuple[list, list]:
     return tables, counts
 
 
-def _state_index_order(impl: Observation, ref: Observation) -> np.ndarray:
-    """Row order that lines the implementation's host rows up with the reference's.
+def _state_index_order(impl: Observation, ref: Observation) -> np.ndarray | None:
+    """Row order that lines the implementation's host rows up with the reference's
+    (None: the rows as they are).
 
     V1 rows are compared as they are (which request sits in which persistent-
     batch row is the contract).  V2 rows are by state index, and which free
@@ -50,7 +51,7 @@ def _state_index_order(impl: Observation, ref: Observation) -> np.ndarray:
     """
     n = len(ref.host_req_ids)
     if impl.rows_indexed_by != ROWS_BY_STATE_INDEX or len(impl.host_req_ids) != n:
-        return np.arange(len(impl.host_req_ids))
+        return None  # rows as they are
     where = {int(r): i for i, r in enumerate(impl.host_req_ids) if r != -1}
     order = np.full(n, -1, np.int64)
     for i, r in enumerate(ref.host_req_ids):
@@ -96,15 +97,21 @@ def check_matches_reference(impl: Observation, ref: Observation, op_index: int,
     impl_rows, impl_counts = _live_part(impl)
     ref_rows, ref_counts = _live_part(ref)
     order = _state_index_order(impl, ref)
-    impl_ids = impl.host_req_ids[order]
-    impl_rows, impl_counts = [t[order] for t in impl_rows], [n[order] for n in impl_counts]
+    impl_ids, impl_computed, impl_prompt = \
+        impl.host_req_ids, impl.num_computed_tokens, impl.num_prompt_tokens
+    if order is not None:
+        impl_ids, impl_computed, impl_prompt = \
+            impl_ids[order], impl_computed[order], impl_prompt[order]
+        impl_rows, impl_counts = [t[order] for t in impl_rows], [n[order] for n in impl_counts]
     live = ref.host_req_ids != -1  # an empty row's counters: nothing reads them
     pairs = [("req_ids", impl_ids, ref.host_req_ids),
-             ("num_computed_tokens", _where(live, impl.num_computed_tokens[order]),
+             ("num_computed_tokens", _where(live, impl_computed),
               _where(live, ref.num_computed_tokens)),
-             ("num_prompt_tokens", _where(live, impl.num_prompt_tokens[order]),
-              _where(live, ref.num_prompt_tokens)),
-             ("last_forward", _forward_fields(impl.last_forward), _forward_fields(ref.last_forward))]
+             ("num_prompt_tokens", _where(live, impl_prompt),
+              _where(live, ref.num_prompt_tokens))]
+    if _forward_key(impl.last_forward) != _forward_key(ref.last_forward):
+        pairs.append(("last_forward", _forward_fields(impl.last_forward),
+                      _forward_fields(ref.last_forward)))
     for g in range(len(impl.host_block_table)):
         pairs += [(f"block_table[{g}]", impl_rows[g], ref_rows[g]),
                   (f"num_blocks_per_row[{g}]", impl_counts[g], ref_counts[g]),
@@ -122,8 +129,9 @@ def check_matches_reference(impl: Observation, ref: Observation, op_index: int,
         if config.has_null_block(g):  # PAD_SLOT_ID and the null block: both neutral
             a, b = np.maximum(a, 0), np.maximum(b, 0)
         pairs.append((f"state_indices[{g}]", a, b))
-    pairs.append(("draft_rows", np.array(impl.draft_rows or (), object),
-                  np.array(ref.draft_rows or (), object)))
+    if tuple(impl.draft_rows or ()) != tuple(ref.draft_rows or ()):
+        pairs.append(("draft_rows", np.array(impl.draft_rows or (), object),
+                      np.array(ref.draft_rows or (), object)))
     if ref.draft_rows and impl.draft_slot_mapping is not None:
         n = ref.draft_rows[1]
         pairs.append(("draft_slot_mapping", impl.draft_slot_mapping[:n],
@@ -221,6 +229,15 @@ def _first_difference(pairs: list, op_index: int, op: str) -> list[Violation]:
                               f"{name}{at} is {_item(a[idx])}, reference has "
                               f"{_item(b[idx])}")]
     return []
+
+
+def _forward_key(info) -> tuple:
+    """The fields :func:`_forward_fields` compares, as a tuple (equal tuples:
+    the pair is equal, and is not built)."""
+    if info is None:
+        return ()
+    return (info.dummy, info.cudagraph_mode, info.num_reqs, info.num_reqs_padded,
+            info.num_tokens, info.num_tokens_padded, tuple(info.req_ids))
 
 
 def _forward_fields(info) -> np.ndarray:

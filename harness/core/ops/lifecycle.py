@@ -38,9 +38,9 @@ def _least(cfg, g: int) -> int:
 def _can_add(m) -> bool:
     cfg = m.cfg
     if cfg.kv_sharing:  # one pool: every group's blocks at once
-        enough = len(m.free(0)) >= sum(_least(cfg, g) for g in range(len(cfg.groups)))
+        enough = m.free_count(0) >= sum(_least(cfg, g) for g in range(len(cfg.groups)))
     else:
-        enough = all(len(m.free(g)) >= _least(cfg, g) for g in range(len(cfg.groups)))
+        enough = all(m.free_count(g) >= _least(cfg, g) for g in range(len(cfg.groups)))
     return (cfg.allocator == "trace" and len(m.ledger.requests) < cfg.max_num_reqs
             and m.next_req <= REQ_ID_MAX and enough)
 
@@ -105,7 +105,7 @@ register(OpSpec(
 def _appendable(m) -> list[int]:
     cfg = m.cfg
     need = len(cfg.attention_groups) if cfg.kv_sharing else 1
-    if cfg.allocator != "trace" or not all(len(m.free(g)) >= need for g in cfg.attention_groups):
+    if cfg.allocator != "trace" or not all(m.free_count(g) >= need for g in cfg.attention_groups):
         return []
     # A narrow row that is full takes no more (its group gets no block).
     return [r for r, s in sorted(m.ledger.requests.items())

@@ -45,10 +45,10 @@ def _resumable(m) -> list[int]:
     out = []
     for req, prompt_len in sorted(ledger.preempted.items()):
         if cfg.kv_sharing:
-            fits = len(m.free(0)) >= sum(_need(cfg, g, prompt_len)
-                                         for g in range(len(cfg.groups)))
+            fits = m.free_count(0) >= sum(_need(cfg, g, prompt_len)
+                                          for g in range(len(cfg.groups)))
         else:
-            fits = all(len(m.free(g)) >= _need(cfg, g, prompt_len)
+            fits = all(m.free_count(g) >= _need(cfg, g, prompt_len)
                        for g in range(len(cfg.groups)))
         if fits:
             out.append(req)

@@ -110,9 +110,14 @@ def _permit_transfer_end(config, ledger, op):
 def _in_flight_of(kind: str, source: str | None = "remote"):
     """Handles of the transfers of ``kind`` ("load" / "store") from / to
     ``source`` ("remote" / "host"; None: either) in flight, by machine."""
-    def handles(m) -> list[int]:
+    def now(m) -> list[int]:
         return sorted(h for h, t in m.ledger.transfers.items()
                       if t.kind == kind and source in (None, t.source))
+
+    def handles(m) -> list[int]:
+        per_state = getattr(m, "per_state", None)
+        return per_state(("in flight", kind, source), lambda: now(m)) \
+            if per_state is not None else now(m)
     return handles
 
 
