@@ -14,6 +14,7 @@ field, so a trace loader can turn them into a one-line message.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from .payload import PAD_SLOT_ID
 
@@ -300,12 +301,14 @@ class RunnerConfig:
         self.validate()
 
     # -- derived -----------------------------------------------------------
-    @property
+    @cached_property
     def attention_groups(self) -> list[int]:
+        """(once per config: shared, do not mutate)"""
         return [i for i, g in enumerate(self.groups) if g.kind == ATTENTION]
 
-    @property
+    @cached_property
     def mamba_groups(self) -> list[int]:
+        """(once per config: shared, do not mutate)"""
         return [i for i, g in enumerate(self.groups) if g.kind == MAMBA]
 
     def blocks_per_req_max(self, group: int) -> int:
