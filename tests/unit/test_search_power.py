@@ -793,3 +793,64 @@ def test_choice_level_draws_make_the_strategies_choices(seq, least, most):
         a, b = (ConjectureData(random=random.Random(s)) for _ in range(2))
         assert Draws(_Data(b)).permutation(seq) == a.draw(st.permutations(seq))
         assert list(b.choices) == list(a.choices)
+
+
+def test_an_example_draws_the_same_ops_in_one_hypothesis_step_or_one_per_op(monkeypatch):
+    """``machine.run`` puts an example's ops in one Hypothesis step; they come
+    from the example's seeded generator, so they are the ops drawn one
+    Hypothesis step per op (seeds pinned per example here: the stop choices
+    of one step per op read Hypothesis's random stream too)."""
+    from harness.search import machine as machine_mod
+
+    search = profiles.search_settings("dev", 4)
+    got = {}
+    for how in ("one step per op", "one step per example"):
+        seeds = iter(range(1000, 1010))
+        monkeypatch.setattr(machine_mod, "example_seed", lambda data: next(seeds))
+        out = got.setdefault(how, [])
+        m = make_machine(V1, target="reference", base=_recording(out), swarm=False,
+                         steering=False)
+        seed(3)(m)
+        if how == "one step per op":
+            run_state_machine_as_test(m, settings=search)
+        else:
+            machine_mod.run(m, search)
+    per_op, whole = ([ops for _, _, ops in got[k]] for k in got)
+    assert len(whole) == 4 and per_op == whole
+    assert all(len(ops) == search.stateful_step_count - 1 for ops in whole)
+    assert len({json.dumps(ops) for ops in whole}) == 4  # each seed its own example
+
+
+def test_example_draws_keep_the_strategies_distributions():
+    """``ExampleDraws`` (an example's op draws) draws list lengths with the
+    average Hypothesis's ``st.lists(.., unique=True)`` gives, and weights a
+    wide integer range's bounds as ``st.integers`` does; a seed replays."""
+    import random
+    from statistics import mean
+
+    from hypothesis.internal.conjecture.data import ConjectureData
+
+    from harness.search.draws import Draws, ExampleDraws
+
+    class _Data:
+        def __init__(self, cd):
+            self.conjecture_data = cd
+
+    d = ExampleDraws(7)
+    for least, most in ((1, 12), (0, 40), (2, 5)):
+        ours = [d.unique_sample(range(40), least, most) for _ in range(3000)]
+        theirs = [len(Draws(_Data(ConjectureData(random=random.Random(s)))).unique_sample(
+            range(40), least, most)) for s in range(3000)]
+        assert all(len(set(x)) == len(x) and set(x) <= set(range(40)) for x in ours)
+        assert {len(x) for x in ours} == set(range(least, most + 1)) or most == 40
+        assert abs(mean(map(len, ours)) - mean(theirs)) < 0.3, (least, most)
+    xs = [d.integer(0, 1000) for _ in range(40000)]
+    assert 0.012 < xs.count(0) / len(xs) < 0.022  # 2/128 + a uniform share
+    assert 0.012 < xs.count(1000) / len(xs) < 0.022
+    assert 0.005 < xs.count(1) / len(xs) < 0.013  # 1/128 + a uniform share
+    assert xs.count(500) / len(xs) < 0.004
+    assert sorted(d.permutation(range(9))) == list(range(9))
+    a, b = ExampleDraws(11), ExampleDraws(11)
+    assert [a.integer(0, 9) for _ in range(50)] == [b.integer(0, 9) for _ in range(50)]
+    with pytest.raises(TypeError, match="not a strategy"):
+        d.draw(None)
