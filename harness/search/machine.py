@@ -210,10 +210,9 @@ def run(machine: type, settings) -> None:
 
     The ops are the same either way: they are drawn from the example's own
     generator (:class:`~harness.search.draws.ExampleDraws`), whichever rule
-    call asks.  One step instead of ~50 saves Hypothesis's per-step work (a
-    span, a stop choice, a rule draw: about 0.3 ms a step, measured with
-    ``bench/profile_fuzz.py``).  Raises what the machine raises
-    (:class:`InvariantViolationError` on a violation)."""
+    call asks.  One step instead of ~50 saves Hypothesis's work per step (a
+    span, a stop choice, a rule draw; docs/benchmarks.md).  Raises what the
+    machine raises (:class:`InvariantViolationError` on a violation)."""
     from hypothesis import settings as settings_cls
     from hypothesis.stateful import run_state_machine_as_test
 
