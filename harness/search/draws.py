@@ -112,12 +112,17 @@ class Draws:
         return self._cd.draw(strategy)
 
 
-def example_seed(data) -> int:
-    """One example's op-draw seed, a single Hypothesis choice on ``data`` (the
-    rule's ``st.data()``): eight bytes, which Hypothesis draws uniformly (no
+def example_seed(data, salt: int = 0) -> int:
+    """One example's op-draw seed: a single Hypothesis choice on ``data`` (the
+    rule's ``st.data()``), eight bytes, which Hypothesis draws uniformly (no
     bytes constants are mixed in, unlike a wide integer's bounds and constants,
-    which would repeat seeds)."""
-    return int.from_bytes(data.conjecture_data.draw(st.binary(min_size=8, max_size=8)), "big")
+    which would repeat seeds), with ``salt`` (any int, taken mod 2**64) above them.
+
+    Hypothesis draws the first example of every run all-simplest (eight zero
+    bytes): the salt (the run's seed) keeps that example's ops apart from
+    one run to the next."""
+    choice = int.from_bytes(data.conjecture_data.draw(st.binary(min_size=8, max_size=8)), "big")
+    return ((salt % 2**64) << 64) | choice
 
 
 @lru_cache(maxsize=4096)

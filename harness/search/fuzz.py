@@ -116,7 +116,7 @@ def _search(config, seed, examples, faults, target, device, profile, stats, runn
     stats["steer_configs_pool"] = steer.rarest_configs(stats)
     stats["steer_frontier_pool"] = steer.frontier(stats)
     bound = make_machine(config, faults, target, device, stats, runner,
-                         seed_corpus=seed_corpus, base=base, steering=steering)
+                         seed_corpus=seed_corpus, base=base, steering=steering, salt=seed)
     machine = type("BlockFuzzMachine_counted", (_CountEndings, bound), {})
     hypothesis_seed(seed)(machine)
     try:

@@ -83,6 +83,7 @@ class BlockFuzzMachine(RuleBasedStateMachine):
     use_steer: bool = True  # start some examples from the run's rarest prefixes (steer.py)
     seed_corpus: tuple = ()  # traces an example may start from (harness.search.corpus)
     ops_per_step: int = 1  # ops per Hypothesis step (rule call); run() sets an example's worth
+    salt: int = 0  # mixed into every example's op-draw seed (fuzz: the run's chunk seed)
 
     def __init__(self):
         super().__init__()
@@ -119,7 +120,7 @@ class BlockFuzzMachine(RuleBasedStateMachine):
         self.cfg = config
         self.swarm = (swarm_mod.draw_swarm(hyp, list(drawable()))
                       if self.use_swarm else swarm_mod.DEFAULT)
-        self.draws = ExampleDraws(example_seed(data))  # every op draw after this
+        self.draws = ExampleDraws(example_seed(data, self.salt))  # every op draw after this
         self.session = Session(config, self.faults, self.target, self.device, record=True)
         self.ledger = self.session.ledger  # the reference's: one object for the session
         self.coverage = Tracker(config)
@@ -230,7 +231,8 @@ def drawable() -> dict:
 def make_machine(config: RunnerConfig | None, faults=(), target: str = "gpu_impl",
                  device: str | None = None, stats: dict | None = None,
                  runner: str | None = None, base: type = BlockFuzzMachine,
-                 swarm: bool = True, seed_corpus=(), steering: bool = True) -> type:
+                 swarm: bool = True, seed_corpus=(), steering: bool = True,
+                 salt: int = 0) -> type:
     """A fresh machine class bound to one run's parameters (and stats dict).
 
     config None draws the geometry per example; runner pins its runner; base:
@@ -239,11 +241,14 @@ def make_machine(config: RunnerConfig | None, faults=(), target: str = "gpu_impl
     False draws every example from the uniform op mix; seed_corpus: traces
     (already filtered by :func:`harness.search.corpus.usable`) an example may
     start from; steering: False never starts an example from the run's own rarest
-    prefixes (:mod:`harness.search.steer`).
+    prefixes (:mod:`harness.search.steer`); salt: an int mixed into every
+    example's op-draw seed (:func:`~harness.search.draws.example_seed`: a
+    search passes its seed, so the first example of a run, which Hypothesis
+    draws all-simplest, draws other ops in every run).
     """
     return type("BlockFuzzMachine_run", (base,),
                 {"config": config, "use_swarm": swarm, "use_steer": steering,
-                 "seed_corpus": tuple(seed_corpus),
+                 "seed_corpus": tuple(seed_corpus), "salt": salt,
                  "runner": runner, "faults": tuple(faults),
                  "target": target, "device": device,
                  "stats": {} if stats is None else stats})
