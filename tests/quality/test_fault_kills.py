@@ -62,14 +62,18 @@ SEED_BUGS = {("vacated-row-not-cleared", "v1"), ("dummy-tables-not-zeroed", "v2"
 # the copies that read past the running column: 80 of 82 found from seed 0 (the three
 # misses listed before were found). The two misses are one run: V2 seed 0 drew the
 # same 200 examples for both faults (11105 steps each).
+# Measured 2026-12-03 after an example's ops were drawn from a generator seeded by one
+# Hypothesis choice (every op draw moved): only the two known misses were run
+# (`-k`); `failed-load-frees-before-siblings` on v2 is now found from seed 0 and left
+# the list, `mamba-align-spec-accepted-not-reset` on v2 is still missed. The rest of
+# the catalogue was not run on these draws yet (the find-rate table in
+# docs/benchmarks.md covers seeds 0..9 with the runner drawn).
 KNOWN_MISSES: dict = {
-    ("failed-load-frees-before-siblings", "v2"): (
-        "missed from seed 0 since align mode with a drafter was drawn (2026-12-03); "
-        "found on v2 from seed 1 at example 81, and from seed 0 on v1"),
     ("mamba-align-spec-accepted-not-reset", "v2"): (
         "missed from seed 0 after the completed-block feature was narrowed to copies "
-        "with the bias (2026-12-03); the draw just before it found it at example 132, "
-        "v2 from seed 1 finds it at example 42, and v1 finds it from seed 0"),
+        "with the bias (2026-12-03), and still with an example's ops drawn from a "
+        "seeded generator; v2 from seed 1 found it at example 42 on the earlier draws, "
+        "and v1 finds it from seed 0"),
 }
 # Findings whose shortest form in the geometry seed 0 drew is longer than the hand-written
 # trace's (+1): {(fault, runner): (ops allowed beyond the hand-written length, why)}.
