@@ -8,9 +8,9 @@ that ``st.integers`` / ``st.sampled_from`` / ``st.booleans`` would, without
 building a strategy per draw (a strategy lookup, a span, a random-state check
 and a note: about 9x the choice itself); any other strategy goes through
 :meth:`Draws.draw`.  :meth:`Draws.permutation` and :meth:`Draws.unique_sample`
-make the choices of ``st.permutations`` and ``st.lists(st.sampled_from(..),
-unique=True)`` as those strategies' loops do in the installed Hypothesis
-release (an op draw run from a test's ``st.data()`` uses them).
+draw through ``st.permutations`` and ``st.lists(st.sampled_from(..),
+unique=True)``: only an op draw run from a test's ``st.data()`` asks for
+them, as the search's op draws come from :class:`ExampleDraws`.
 
 Its ops are drawn by :class:`ExampleDraws`, the same API on a pseudo-random
 generator seeded by one more Hypothesis choice (:func:`example_seed`): a
@@ -25,7 +25,6 @@ from functools import lru_cache
 
 from hypothesis import strategies as st
 from hypothesis.internal.conjecture import utils as cu
-from hypothesis.internal.conjecture.junkdrawer import LazySequenceCopy
 
 # st.integers(lo, hi) weights its bounds when hi - lo exceeds this; such draws
 # go through the strategy, so the choice stays the one it would make.
@@ -64,47 +63,17 @@ class Draws:
         return self._cd.draw_boolean()
 
     def permutation(self, seq: Sequence) -> list:
-        """A shuffled copy of ``seq`` (as ``st.permutations(seq)``: the same
-        Fisher-Yates choices)."""
-        out = list(seq)
-        for i in range(len(out) - 1):  # reversed Fisher-Yates, as the strategy shuffles
-            j = self._cd.draw_integer(i, len(out) - 1)
-            out[i], out[j] = out[j], out[i]
-        return out
+        """A shuffled copy of ``seq`` (``st.permutations(seq)``)."""
+        return self._cd.draw(st.permutations(seq))
 
     def unique_sample(self, seq: Sequence, min_size: int = 0, max_size: int | None = None) -> list:
-        """Distinct elements of ``seq``, in drawn order (as ``st.lists(st.sampled_from(seq),
-        min_size=.., max_size=.., unique=True)``, whose choices it makes the same way).
-        ValueError when ``min_size`` exceeds ``len(seq)``."""
-        n = len(seq)
-        if min_size > n:
-            raise ValueError(f"{min_size} distinct elements from {n}")
-        if n < 2 or max_size == 0:  # Hypothesis builds other strategies here: draw through them
-            return self._cd.draw(st.lists(st.sampled_from(seq), min_size=min_size,
-                                          max_size=max_size, unique=True))
-        max_size = n if max_size is None else min(max_size, n)
-        average = min(max(min_size * 2, min_size + 5), 0.5 * (min_size + max_size))
-        remaining, seen, out = LazySequenceCopy(tuple(seq)), set(), []
-        elements = cu.many(self._cd, min_size=min_size, max_size=max_size, average_size=average)
-
-        def take() -> None:
-            value = remaining.pop(self._cd.draw_integer(0, len(remaining) - 1))
-            if value in seen:
-                elements.reject("value already seen")
-            else:
-                seen.add(value)
-                out.append(value)
-
-        if not hasattr(elements, "__enter__"):  # Hypothesis before many() was a context
-            while remaining and elements.more():  # manager: its strategy's loop
-                take()
-            return out
-        with elements:
-            for _ in elements:
-                take()
-                if not remaining:
-                    break
-        return out
+        """Distinct elements of ``seq`` in drawn order (``st.lists(st.sampled_from(seq),
+        min_size=.., max_size=.., unique=True)``); ValueError when ``min_size``
+        exceeds ``len(seq)``."""
+        if min_size > len(seq):
+            raise ValueError(f"{min_size} distinct elements from {len(seq)}")
+        return self._cd.draw(st.lists(st.sampled_from(seq), min_size=min_size,
+                                      max_size=max_size, unique=True))
 
     def draw(self, strategy, label=None):
         """A value of any Hypothesis ``strategy`` (``label`` is accepted for

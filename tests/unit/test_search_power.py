@@ -763,38 +763,6 @@ def test_draws_make_the_choices_strategies_make():
     assert len({repr(r) for r in got["draws"]}) > 20  # the examples differ from each other
 
 
-@pytest.mark.parametrize("seq, least, most", [
-    ((3, 9, 4, 7, 1), 1, 5), ((3, 9, 4, 7, 1), 0, 3), ((3, 9, 4, 7, 1), 2, 2),
-    (tuple(range(40)), 1, 12), (tuple(range(40)), 0, 40), ((5, 6), 0, 2), ((8,), 1, 1),
-    ((8,), 0, 1), (tuple(range(12)), 3, None)])
-def test_choice_level_draws_make_the_strategies_choices(seq, least, most):
-    """``Draws.unique_sample`` / ``Draws.permutation`` draw what
-    ``st.lists(st.sampled_from(..), unique=True)`` / ``st.permutations`` draw
-    from the same random stream, with the same choices — so replacing the
-    strategies kept every seed's examples (and a Hypothesis upgrade that
-    changes those strategies shows here)."""
-    import random
-
-    from hypothesis import strategies as st
-    from hypothesis.internal.conjecture.data import ConjectureData
-
-    from harness.search.draws import Draws
-
-    class _Data:  # what Draws reads from st.data()
-        def __init__(self, cd):
-            self.conjecture_data = cd
-
-    for s in range(30):
-        a, b = (ConjectureData(random=random.Random(s)) for _ in range(2))
-        want = a.draw(st.lists(st.sampled_from(seq), min_size=least, max_size=most,
-                               unique=True))
-        got = Draws(_Data(b)).unique_sample(seq, least, most)
-        assert got == want and list(b.choices) == list(a.choices), (s, got, want)
-        a, b = (ConjectureData(random=random.Random(s)) for _ in range(2))
-        assert Draws(_Data(b)).permutation(seq) == a.draw(st.permutations(seq))
-        assert list(b.choices) == list(a.choices)
-
-
 def test_an_example_draws_the_same_ops_in_one_hypothesis_step_or_one_per_op(monkeypatch):
     """``machine.run`` puts an example's ops in one Hypothesis step; they come
     from the example's seeded generator, so they are the ops drawn one
