@@ -1367,7 +1367,12 @@ class RunnerShell(abc.ABC):
                 return tuple((k, ptrs(v)) for k, v in sorted(x.items()))
             return id(x)
 
-        return (ptrs(buffers), ptrs(self.attn_inputs),
+        tensor = torch.Tensor
+        # buffers() names them in a fixed order: no sorting (one observation each).
+        return (tuple(buffers),
+                tuple((x.data_ptr(), x.shape, x.stride()) if isinstance(x, tensor) else ptrs(x)
+                      for x in buffers.values()),
+                ptrs(self.attn_inputs),
                 tuple((size, id(g), len(g.launches)) for size, g in sorted(self.graphs.items())))
 
     def _dequantized(self, g: int, content: tuple | None = None) -> torch.Tensor:

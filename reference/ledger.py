@@ -144,6 +144,8 @@ class Ledger:
     used_req_ids: set[int] = field(default_factory=set)
     # Token ids of every prompt ever admitted (prefix sources outlive their requests).
     prompts: dict[int, np.ndarray] = field(default_factory=dict)
+    # (group, prompt_len) -> prompt_columns: a function of the config alone.
+    _prompt_columns: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self):
         # One pool per group, or (kv_sharing) one pool for all: then every
@@ -486,9 +488,11 @@ class Ledger:
     def prompt_columns(self, r: RequestLedger, g: int) -> list[int]:
         """Block columns of attention group ``g`` holding ``r``'s prompt positions
         on this rank (what a KV load of the whole prompt fills)."""
-        cfg = self.config
-        local, col, _ = cfg.kept_slots(g, np.arange(r.prompt_len))
-        return sorted(set(col[local].tolist()))
+        cols = self._prompt_columns.get((g, r.prompt_len))
+        if cols is None:  # once per prompt length (every precondition asks)
+            local, col, _ = self.config.kept_slots(g, np.arange(r.prompt_len))
+            cols = self._prompt_columns[g, r.prompt_len] = tuple(sorted(set(col[local].tolist())))
+        return list(cols)
 
     def _named_columns(self, r: RequestLedger, blocks) -> list[list[tuple[str, int, int]]]:
         """A transfer's ``blocks`` (per group, blocks ``r`` holds), checked for

@@ -97,8 +97,8 @@ def _print_consequence(trace, invariant: str, faults, target: str, device: str) 
     session = Session(trace.config, faults, target, device, skip)
     for index, op in enumerate(trace.ops):
         session.apply(op)
-        lost = effects_differ(session.target.observe(), session.reference.observe(), index,
-                              op["op"], trace.config)
+        lost = effects_differ(session.target.observe(), session.reference.observe(copy=False),
+                              index, op["op"], trace.config)
         if lost:
             v = lost[0]
             print(f"consequence: no write lands where it may not, but after op {v.op_index} "

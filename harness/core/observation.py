@@ -3,7 +3,9 @@
 Invariants are pure functions of observations (plus the ledger, the op and
 its write permit), so this type is the whole contract between a target and
 the checks.  Every field is a NumPy copy; ``None`` where a target has no such
-buffer (the reference has no CUDA graphs).
+buffer (the reference has no CUDA graphs).  The one exception: the session's
+own oracle observation holds the oracle's arrays (valid until its next op,
+read only by that op's checks) — checks never write into an observation.
 """
 
 from __future__ import annotations

@@ -79,7 +79,7 @@ class Session:
         self._before = self.target.observe()
         # Start-up (graph capture through dummy runs) must already hold the invariants.
         self.startup_violations = inv.check(inv.CheckContext(
-            config, self.ledger, self._before, self.reference.observe()), self.skip)
+            config, self.ledger, self._before, self.reference.observe(copy=False)), self.skip)
 
     @property
     def ledger(self):
@@ -112,7 +112,8 @@ class Session:
         after = self.target.observe()
         before, self._before = self._before, after
         self.last = (before, after, permit)
-        ctx = inv.CheckContext(self.config, self.ledger, after, self.reference.observe(),
+        ctx = inv.CheckContext(self.config, self.ledger, after,
+                               self.reference.observe(copy=False),  # read by these checks only
                                i, op, before, permit)
         return inv.check(ctx, self.skip)
 
@@ -150,8 +151,8 @@ class Session:
         after = self.target.observe()
         before, self._before = self._before, after
         self.last = (before, after, permit)
-        ctx = inv.CheckContext(self.config, self.ledger, after, self.reference.observe(),
-                               i, op, before, permit, facts)
+        ctx = inv.CheckContext(self.config, self.ledger, after,
+                               self.reference.observe(copy=False), i, op, before, permit, facts)
         return inv.check(ctx, self.skip)
 
 

@@ -171,12 +171,16 @@ class BlockFuzzMachine(RuleBasedStateMachine):
             memo[name] = compute()
         return memo[name]
 
-    def enabled_ops(self) -> list:
-        """Drawable ops whose precondition holds now, in registry order (once per state)."""
+    def enabled_ops(self, weighted: bool = False) -> list:
+        """Drawable ops whose precondition holds now, in registry order (once per
+        state).  weighted: only those the example's swarm weighs above 0 (their
+        preconditions alone are evaluated)."""
         refused = getattr(self.session.target, "refused_ops", ())  # the target's one-line refusals
-        return self.per_state("enabled ops", lambda: [
+        weight = self.swarm.weight
+        return self.per_state(("enabled ops", weighted), lambda: [
             spec for spec in drawable().values()
-            if spec.name not in refused and spec.enabled(self)])
+            if spec.name not in refused and (not weighted or weight(spec.name) > 0)
+            and spec.enabled(self)])
 
     @rule()
     def act(self):
@@ -184,7 +188,11 @@ class BlockFuzzMachine(RuleBasedStateMachine):
         # No Hypothesis precondition: ``dummy_run`` is enabled in every state
         # (an idle rank can always run one), so some op always is.
         for _ in range(self.ops_per_step):
-            spec = swarm_mod.pick(self.enabled_ops(), self.swarm, self.draws, self)
+            # An op the swarm weighs 0 is picked only when no weighted one is
+            # enabled (swarm.pick), so the others' preconditions are evaluated
+            # only then: the same pick, without their cost.
+            spec = swarm_mod.pick(self.enabled_ops(weighted=True) or self.enabled_ops(),
+                                  self.swarm, self.draws, self)
             self.do(spec.draw(self, self.draws) if spec.draws_data else spec.draw(self))
 
     def teardown(self):

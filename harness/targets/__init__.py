@@ -70,43 +70,51 @@ class _ObserveReference:
 
     name = "reference"
 
-    def observe(self) -> Observation:
+    def observe(self, copy: bool = True) -> Observation:
+        """The oracle's state as an :class:`Observation`.  copy False: its
+        arrays are the oracle's own, valid until its next op (a session's
+        oracle observation, read only by that op's checks: no copies)."""
+        c = np.copy if copy else _same
         return Observation(
             runner=self.config.runner,
             rows_indexed_by=rows_indexed_by(self.config.runner),
-            host_block_table=[t.copy() for t in self.rows.block_table],
-            host_num_blocks_per_row=[n.copy() for n in self.rows.num_blocks_per_row],
-            host_req_ids=self.rows.req_ids.copy(),
-            num_computed_tokens=self.rows.num_computed_tokens.copy(),
-            num_prompt_tokens=self.rows.num_prompt_tokens.copy(),
-            device_block_table=[t.copy() for t in self.device_block_table],
-            kv_cache={g: v.copy() for g, v in self.kv_cache.items()},
+            host_block_table=[c(t) for t in self.rows.block_table],
+            host_num_blocks_per_row=[c(n) for n in self.rows.num_blocks_per_row],
+            host_req_ids=c(self.rows.req_ids),
+            num_computed_tokens=c(self.rows.num_computed_tokens),
+            num_prompt_tokens=c(self.rows.num_prompt_tokens),
+            device_block_table=[c(t) for t in self.device_block_table],
+            kv_cache={g: c(v) for g, v in self.kv_cache.items()},
             kv_params=({g: quantize(v.reshape(-1, v.shape[-1]))[1].reshape(*v.shape[:-1], 2)
                         for g, v in self.kv_cache.items()} if self.config.quantized else None),
-            draft_kv_cache={g: v.copy() for g, v in self.draft_kv_cache.items()},
-            draft_slot_mapping=self.draft_slot_mapping.copy(),
+            draft_kv_cache={g: c(v) for g, v in self.draft_kv_cache.items()},
+            draft_slot_mapping=c(self.draft_slot_mapping),
             draft_rows=self.draft_rows,
-            mamba_state={g: v.copy() for g, v in self.mamba_state.items()},
-            kv_store={k: {g: a.copy() for g, a in v.items()} for k, v in self.kv_store.items()},
-            host_tier=({k: (self.host_kv[k].copy() if k in self.host_kv else None)
+            mamba_state={g: c(v) for g, v in self.mamba_state.items()},
+            kv_store={k: {g: c(a) for g, a in v.items()} for k, v in self.kv_store.items()},
+            host_tier=({k: (c(self.host_kv[k]) if k in self.host_kv else None)
                         for k in self.ledger.host.blocks} if self.config.host_blocks else None),
             row_accepted=(np.array([self.num_accepted_of.get(int(r), 0)
                                     for r in self.rows.req_ids], np.int32)
                           if self.config.runner == "v1" else None),
-            slot_mapping={g: self.write_slots(g).copy() for g in self.slot_mapping},
+            slot_mapping={g: c(self.write_slots(g)) for g in self.slot_mapping},
             state_indices={g: read_rows_only(v, self.last_forward)
                            for g, v in self.state_indices.items()},
-            attn_out={g: v.copy() for g, v in self.attn_out.items()},
+            attn_out={g: c(v) for g, v in self.attn_out.items()},
             last_forward=self.last_forward,
             device_row_counts=getattr(self, "device_row_counts", None),
             pool=None if self.config.allocator != "engine" else {
-                g: {"ref_count": self.ledger.ref_count[g].copy(),
+                g: {"ref_count": c(self.ledger.ref_count[g]),
                     "num_free": self.ledger.num_free(g)} for g in range(len(self.config.groups))},
-            metadata={"query_start_loc": self.query_start_loc.copy(),
-                      "seq_lens": self.seq_lens.copy(),
-                      "has_initial_state": self.has_initial_state.copy(),
-                      "is_prefilling": self.is_prefilling.copy()},
+            metadata={"query_start_loc": c(self.query_start_loc),
+                      "seq_lens": c(self.seq_lens),
+                      "has_initial_state": c(self.has_initial_state),
+                      "is_prefilling": c(self.is_prefilling)},
         )
+
+
+def _same(a):
+    return a
 
 
 class _ReferenceV1Target(_ObserveReference, ReferenceV1Runner):

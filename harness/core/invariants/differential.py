@@ -69,12 +69,16 @@ def _where(live: np.ndarray, counters: np.ndarray) -> np.ndarray:
         else counters
 
 
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    """Bit for bit equal (shape, dtype, bytes)."""
+    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
 def _defined(impl_table: np.ndarray, ref_table: np.ndarray, rows: int, counts, g: int):
     """Device rows [0, rows), each cut to the entries the last gather defined (V2: a
     real row's ``num_blocks``; past it vLLM 0.33 zeroes what 0.26 leaves stale)."""
     a, b = impl_table[:rows], ref_table[:rows]
-    if counts is not None and a.shape == b.shape and not (
-            a.dtype == b.dtype and a.tobytes() == b.tobytes()):  # equal rows: equal cut too
+    if counts is not None and a.shape == b.shape and not _same(a, b):  # equal rows: equal cut too
         a, b = a.copy(), b.copy()
         past = np.arange(a.shape[1])[None, :] >= counts[g][:rows, None]
         a[past] = b[past] = 0
@@ -104,11 +108,11 @@ def check_matches_reference(impl: Observation, ref: Observation, op_index: int,
             impl_ids[order], impl_computed[order], impl_prompt[order]
         impl_rows, impl_counts = [t[order] for t in impl_rows], [n[order] for n in impl_counts]
     live = ref.host_req_ids != -1  # an empty row's counters: nothing reads them
-    pairs = [("req_ids", impl_ids, ref.host_req_ids),
-             ("num_computed_tokens", _where(live, impl_computed),
-              _where(live, ref.num_computed_tokens)),
-             ("num_prompt_tokens", _where(live, impl_prompt),
-              _where(live, ref.num_prompt_tokens))]
+    pairs = [("req_ids", impl_ids, ref.host_req_ids)]
+    for name, a, b in (("num_computed_tokens", impl_computed, ref.num_computed_tokens),
+                       ("num_prompt_tokens", impl_prompt, ref.num_prompt_tokens)):
+        if not _same(a, b):  # equal everywhere: equal on live rows too
+            pairs.append((name, _where(live, a), _where(live, b)))
     if _forward_key(impl.last_forward) != _forward_key(ref.last_forward):
         pairs.append(("last_forward", _forward_fields(impl.last_forward),
                       _forward_fields(ref.last_forward)))
@@ -187,7 +191,7 @@ def _effect_pairs(impl: Observation, ref: Observation, config: RunnerConfig,
     for g, v in ref.mamba_state.items():
         a, b = impl.mamba_state[g], v
         if config.has_null_block(g):  # the null block is scratch; index = block id
-            if a.shape == b.shape and a.dtype == b.dtype and a[1:].tobytes() == b[1:].tobytes():
+            if _same(a[1:], b[1:]):
                 continue  # equal past it (most ops): no copies to make
             a, b = a.copy(), b.copy()
             a[0] = b[0] = 0.0
