@@ -9,8 +9,9 @@ and one table per fault: examples, seconds, shrunk length to kill it from a seed
 
 Usage: python bench/bench.py [--examples N] [--seed S] [--device cpu|cuda|auto]
                              [--rounds R] [--only TEXT ...] [--no-kills]
-Ratios are computed within this one run (same machine, same moment); each
-layer is timed R times in turn and its median reported.
+Ratios are computed within this one run (same machine, same moment): each of
+R rounds is one fuzz run, every example replayed through each layer right
+after the loop ran it; each row is the median of its rounds.
 """
 
 from __future__ import annotations
@@ -81,9 +82,16 @@ def _timed_metadata_build(clock):
             setattr(RunnerShell, name, fn)
 
 
-def _fuzz_once(config, args, device):
-    """One fuzz-loop run from the seed: (ops of each example, steps, seconds,
-    seconds inside gpu_impl)."""
+def _fuzz_paired(config, args, device, layers: dict):
+    """One fuzz-loop run from the seed, each example's ops replayed through every
+    layer of ``layers`` ({name: fn(ops) -> seconds}) right after the loop ran
+    it, in an order that turns per example.  Returns (steps, loop seconds less
+    the replays, loop seconds inside gpu_impl, {name: seconds}).
+
+    Pairing per example puts every layer's time within a second of the loop's:
+    the machine's load moves over seconds to minutes, so layers timed one
+    after another in blocks (the loop, then each layer on the whole workload)
+    could differ by more than the harness costs."""
     from hypothesis import seed
 
     from harness import targets
@@ -91,82 +99,97 @@ def _fuzz_once(config, args, device):
     from harness.search import profiles
 
     stats = {"traces": []}
-    clock = [0.0]
+    clock, paused, spent = [0.0], [0.0], dict.fromkeys(layers, 0.0)
     original = targets.GpuImplTarget
-    targets.GpuImplTarget = _timed_gpu_target(clock)
+    timed_target = _timed_gpu_target(clock)
+    names = list(layers)
+
+    class Paired(recording_machine()):
+        def teardown(self):
+            super().teardown()
+            start, inside = time.perf_counter(), clock[0]
+            targets.GpuImplTarget = original  # the replays are no part of the loop
+            try:
+                k = len(self.stats["traces"]) % max(len(names), 1)
+                for name in names[k:] + names[:k]:
+                    spent[name] += layers[name](self.stats["traces"][-1])
+            finally:
+                targets.GpuImplTarget = timed_target
+                clock[0] = inside
+                paused[0] += time.perf_counter() - start
+
+    targets.GpuImplTarget = timed_target
     try:
-        m = machine_mod.make_machine(config, (), "gpu_impl", device, stats,
-                                     base=recording_machine())
+        m = machine_mod.make_machine(config, (), "gpu_impl", device, stats, base=Paired)
         seed(args.seed)(m)
         start = time.perf_counter()
         # What `blockfuzz fuzz` runs: its backend (every example drawn afresh), no shrinking.
         machine_mod.run(m, profiles.search_settings("dev", args.examples))
-        fuzz_s = time.perf_counter() - start
+        fuzz_s = time.perf_counter() - start - paused[0]
     finally:
         targets.GpuImplTarget = original
-    return stats["traces"], stats["steps"], fuzz_s, clock[0]
+    return stats["steps"], fuzz_s, clock[0], spent
 
 
 def _throughput(config, args, device):
     """(rows, share of fuzz wall time outside gpu_impl, fuzz-loop steps/s) for one
-    config: each layer timed ``args.rounds`` times in turn on the same workload,
-    its median taken (the machine's load moves between layers otherwise)."""
+    config: ``args.rounds`` fuzz runs, each example replayed through every
+    layer right after the loop ran it (:func:`_fuzz_paired`); each row the
+    median of its rounds."""
     from statistics import median
 
     from harness import targets
     from harness.core.session import Session
     from harness.search.coverage import Tracker
 
-    def session_only(workload):
-        start, steps = time.perf_counter(), 0
-        for ops in workload:
-            session = Session(config, (), "gpu_impl", device)
-            for op in ops:
-                session.apply(op)
-                steps += 1
-        return steps, time.perf_counter() - start
+    def alone(factory):
+        return lambda ops: _time_apply(factory, [ops])[1]
 
-    def with_tracker(workload):
-        start, steps = time.perf_counter(), 0
-        for ops in workload:
-            session, tracker = Session(config, (), "gpu_impl", device), Tracker(config)
-            for op in ops:
-                tracker.before(op, session.ledger, session.reference)
-                session.apply(op)
-                tracker.after(op, session.reference)
-                steps += 1
-        return steps, time.perf_counter() - start
+    def session_only(ops):
+        start = time.perf_counter()
+        session = Session(config, (), "gpu_impl", device)
+        for op in ops:
+            session.apply(op)
+        return time.perf_counter() - start
 
+    def with_tracker(ops):
+        start = time.perf_counter()
+        session, tracker = Session(config, (), "gpu_impl", device), Tracker(config)
+        for op in ops:
+            tracker.before(op, session.ledger, session.reference)
+            session.apply(op)
+            tracker.after(op, session.reference)
+        return time.perf_counter() - start
+
+    meta_clock = [0.0]  # seconds inside the metadata-build phase of the gpu_impl replay
+
+    def gpu_alone(ops):
+        with _timed_metadata_build(meta_clock):
+            return _time_apply(lambda: targets.GpuImplTarget(config, (), device), [ops])[1]
+
+    layers = {"ref": alone(lambda: targets.ReferenceTarget(config)), "gpu": gpu_alone,
+              "session": session_only, "cov": with_tracker}
     times: dict[str, list] = {}
-    shares, workload, meta = [], None, []
+    shares, meta = [], []
     for _ in range(args.rounds):
-        traces, fuzz_steps, fuzz_s, inside = _fuzz_once(config, args, device)
-        workload = workload or traces
+        meta_clock[0] = 0.0
+        steps, fuzz_s, inside, spent = _fuzz_paired(config, args, device, layers)
         times.setdefault("fuzz", []).append(fuzz_s)
         shares.append((fuzz_s - inside) / fuzz_s)
-        ref_steps, s = _time_apply(lambda: targets.ReferenceTarget(config), workload)
-        times.setdefault("ref", []).append(s)
-        clock = [0.0]  # seconds inside the metadata-build phase of the gpu_impl replay
-        with _timed_metadata_build(clock):
-            gpu_steps, s = _time_apply(lambda: targets.GpuImplTarget(config, (), device),
-                                       workload)
-        times.setdefault("gpu", []).append(s)
-        meta.append(clock[0] / s)
-        sess_steps, s = session_only(workload)
-        times.setdefault("session", []).append(s)
-        cov_steps, s = with_tracker(workload)
-        times.setdefault("cov", []).append(s)
+        for name, s in spent.items():
+            times.setdefault(name, []).append(s)
+        meta.append(meta_clock[0] / spent["gpu"])
     t = {k: median(v) for k, v in times.items()}
     share = median(shares)
-    rows = [("reference alone", ref_steps, t["ref"]), ("gpu_impl alone", gpu_steps, t["gpu"]),
+    rows = [("reference alone", steps, t["ref"]), ("gpu_impl alone", steps, t["gpu"]),
             (f"  of which metadata build ({median(meta):.1%} of gpu_impl's time)",
-             gpu_steps, median(meta) * t["gpu"]),
-            ("session (ref + gpu_impl + invariants)", sess_steps, t["session"]),
-            ("session + coverage tracker", cov_steps, t["cov"]),
-            ("fuzz loop (Hypothesis + session)", fuzz_steps, t["fuzz"]),
-            (f"  of which outside gpu_impl ({share:.1%} of the loop's time)", fuzz_steps,
+             steps, median(meta) * t["gpu"]),
+            ("session (ref + gpu_impl + invariants)", steps, t["session"]),
+            ("session + coverage tracker", steps, t["cov"]),
+            ("fuzz loop (Hypothesis + session)", steps, t["fuzz"]),
+            (f"  of which outside gpu_impl ({share:.1%} of the loop's time)", steps,
              share * t["fuzz"])]
-    return rows, share, fuzz_steps / t["fuzz"]
+    return rows, share, steps / t["fuzz"]
 
 
 def _nightly_scaling(args, device, fuzz_rate, console):
@@ -201,7 +224,8 @@ def main() -> None:
                     help="only the configs whose label contains TEXT (repeatable), "
                          "e.g. --only default --only drawn")
     ap.add_argument("--rounds", type=int, default=3,
-                    help="times each layer is timed in turn (the median is reported)")
+                    help="fuzz runs, each layer timed per example in each (the median "
+                         "of the rounds is reported)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--kill-examples", type=int, default=200)
     ap.add_argument("--nightly", type=float, default=0, metavar="S",

@@ -25,7 +25,7 @@ def check_null_block_finite(obs: Observation, op_index: int, op: str) -> list[Vi
         if mamba:
             continue  # the Mamba null block is scratch
         bad = ~np.isfinite(kv[NULL_BLOCK_ID])
-        if bad.any():
+        if np.count_nonzero(bad):
             offs = sorted({int(o) for o in np.argwhere(bad)[:, 0]})
             layer = "" if name.startswith("kv_cache") else f"{name.split('[')[0]}: "
             out.append(Violation("NULL_BLOCK_FINITE", op_index, op,

@@ -26,8 +26,9 @@ def check_vacated_rows_zero(obs: Observation, op_index: int, op: str,
     if obs.runner != "v1":
         return out
     empty_rows = obs.host_req_ids == -1
-    if not any(((table[empty_rows] != config.empty_entry(g)).any()
-                or obs.host_num_blocks_per_row[g][empty_rows].any())
+    nonzero = np.count_nonzero  # (not ndarray.any: a Python-level wrapper, 4x the cost)
+    if not any(nonzero(table[empty_rows] != config.empty_entry(g))
+               or nonzero(obs.host_num_blocks_per_row[g][empty_rows])
                for g, table in enumerate(obs.host_block_table)):
         return out  # every empty row is clean (the usual case): no per-row walk
     for row in np.flatnonzero(empty_rows):
