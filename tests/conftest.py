@@ -6,6 +6,7 @@ set; registering ours under that name and loading it here makes every run
 """
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,15 @@ def device():
     from gpu_impl.device import current_device
 
     return current_device()
+
+
+@pytest.fixture(autouse=True)
+def _temporary_files_in_tmp_path(tmp_path, monkeypatch):
+    """Temporary files a test makes — the CLI's crash reports
+    (``blockfuzz-crash-*.txt``) among them — land in its own ``tmp_path``, in
+    this process and in the CLI processes it starts, not in the machine's /tmp."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
 
 
 def pytest_report_header(config):
