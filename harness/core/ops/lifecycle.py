@@ -37,12 +37,12 @@ def _least(cfg, g: int) -> int:
 
 def _can_add(m) -> bool:
     cfg = m.cfg
+    if not (cfg.allocator == "trace" and len(m.ledger.requests) < cfg.max_num_reqs
+            and m.next_req <= REQ_ID_MAX):
+        return False  # (a full batch, the usual case: no pool to count)
     if cfg.kv_sharing:  # one pool: every group's blocks at once
-        enough = m.free_count(0) >= sum(_least(cfg, g) for g in range(len(cfg.groups)))
-    else:
-        enough = all(m.free_count(g) >= _least(cfg, g) for g in range(len(cfg.groups)))
-    return (cfg.allocator == "trace" and len(m.ledger.requests) < cfg.max_num_reqs
-            and m.next_req <= REQ_ID_MAX and enough)
+        return m.free_count(0) >= sum(_least(cfg, g) for g in range(len(cfg.groups)))
+    return all(m.free_count(g) >= _least(cfg, g) for g in range(len(cfg.groups)))
 
 
 def _draw_add(m, data) -> dict:
