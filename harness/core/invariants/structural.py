@@ -25,13 +25,14 @@ def check_vacated_rows_zero(obs: Observation, op_index: int, op: str,
     out = []
     if obs.runner != "v1":
         return out
-    empty_rows = obs.host_req_ids == -1
-    nonzero = np.count_nonzero  # (not ndarray.any: a Python-level wrapper, 4x the cost)
-    if not any(nonzero(table[empty_rows] != config.empty_entry(g))
-               or nonzero(obs.host_num_blocks_per_row[g][empty_rows])
+    empty_rows = np.flatnonzero(obs.host_req_ids == -1)
+    # (take and count_nonzero: a boolean mask and ndarray.any cost more on rows this small)
+    nonzero = np.count_nonzero
+    if not any(nonzero(table.take(empty_rows, 0) != config.empty_entry(g))
+               or nonzero(obs.host_num_blocks_per_row[g].take(empty_rows))
                for g, table in enumerate(obs.host_block_table)):
         return out  # every empty row is clean (the usual case): no per-row walk
-    for row in np.flatnonzero(empty_rows):
+    for row in empty_rows:
         for g, table in enumerate(obs.host_block_table):
             empty = config.empty_entry(g)
             if (table[row] != empty).any() or obs.host_num_blocks_per_row[g][row]:
