@@ -239,12 +239,12 @@ class Tracker:
             self._transfer = (left, not last)
             if last and (left or op["op"] == "kv_load_fail"):
                 self._pending_free = [(g, b) for g, ids in enumerate(r.blocks) for b in ids]
-        self._rows_before = reference.rows.req_ids.copy()
+        self._rows_before = reference.rows.req_ids.tolist()  # (Python ints: walked per row)
         self._counts_before = dict(getattr(reference, "num_accepted_of", {}))
         self._computed_before = {req: r.num_computed_tokens
                                  for req, r in ledger.requests.items()}
         rows = reference.rows
-        self._prefilling_before = rows.num_computed_tokens < rows.num_prompt_tokens
+        self._prefilling_before = (rows.num_computed_tokens < rows.num_prompt_tokens).tolist()
 
     def after(self, op: dict, reference) -> list[str]:
         hit = self._hits(op, reference)
@@ -260,7 +260,7 @@ class Tracker:
 
     def _hits(self, op: dict, reference) -> list[str]:
         kind, hit = op["op"], []
-        rows_after = reference.rows.req_ids
+        rows_after = reference.rows.req_ids.tolist()
         # Rows vacated by this op; rows reused after an earlier vacate.
         for row, (was, now) in enumerate(zip(self._rows_before, rows_after)):
             if now >= 0 and now != was and row in self.vacated:
