@@ -68,12 +68,25 @@ SEED_BUGS = {("vacated-row-not-cleared", "v1"), ("dummy-tables-not-zeroed", "v2"
 # the list, `mamba-align-spec-accepted-not-reset` on v2 is still missed. The rest of
 # the catalogue was not run on these draws yet (the find-rate table in
 # docs/benchmarks.md covers seeds 0..9 with the runner drawn).
+# Measured 2026-12-03, the whole kill test on those draws (`-m slow -n 2`, 27 min):
+# 78 of 82 found from seed 0; the four misses below. No shrink exceeded its bound.
+# The two Mamba align-mode faults with a drafter are the catalogue's weakest finds
+# (5 and 7 of seeds 0..9 with the runner drawn, docs/benchmarks.md).
 KNOWN_MISSES: dict = {
     ("mamba-align-spec-accepted-not-reset", "v2"): (
         "missed from seed 0 after the completed-block feature was narrowed to copies "
         "with the bias (2026-12-03), and still with an example's ops drawn from a "
-        "seeded generator; v2 from seed 1 found it at example 42 on the earlier draws, "
-        "and v1 finds it from seed 0"),
+        "seeded generator; v2 from seed 1 found it at example 42 on the earlier draws"),
+    ("mamba-align-spec-accepted-not-reset", "v1"): (
+        "missed from seed 0 once an example's ops came from a seeded generator "
+        "(2026-12-03); found on 5 of seeds 0..9 with the runner drawn"),
+    ("mamba-align-spec-postprocess-bias-dropped", "v1"): (
+        "missed from seed 0 once an example's ops came from a seeded generator "
+        "(2026-12-03); found on 7 of seeds 0..9 with the runner drawn"),
+    ("onboard-leaves-host-blocks-evictable", "v2"): (
+        "missed from seed 0 once an example's ops came from a seeded generator "
+        "(2026-12-03); found on 10 of seeds 0..9 with the runner drawn, and v1 finds "
+        "it from seed 0"),
 }
 # Findings whose shortest form in the geometry seed 0 drew is longer than the hand-written
 # trace's (+1): {(fault, runner): (ops allowed beyond the hand-written length, why)}.
