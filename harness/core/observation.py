@@ -121,11 +121,16 @@ class Observation:
 
     def caches(self) -> list[tuple[str, int, np.ndarray, bool]]:
         """Every cache a kernel writes, as (name, group, array, is_mamba): the
-        attention KV caches, the Mamba states, the draft layer's KV caches."""
+        attention KV caches, the Mamba states, the draft layer's KV caches
+        (listed once per observation: several checks ask)."""
+        out = self.__dict__.get("_caches")
+        if out is not None:
+            return out
         out = [(f"kv_cache[{g}]", g, v, False) for g, v in sorted(self.kv_cache.items())]
         out += [(f"mamba_state[{g}]", g, v, True) for g, v in sorted(self.mamba_state.items())]
         out += [(f"draft_kv_cache[{g}]", g, v, False)
                 for g, v in sorted((self.draft_kv_cache or {}).items())]
+        self.__dict__["_caches"] = out
         return out
 
     def batch_req_ids(self) -> tuple:

@@ -122,6 +122,11 @@ class BlockFuzzMachine(RuleBasedStateMachine):
                       if self.use_swarm else swarm_mod.DEFAULT)
         self.draws = ExampleDraws(example_seed(data, self.salt))  # every op draw after this
         self.session = Session(config, self.faults, self.target, self.device, record=True)
+        # The ops this example may draw, in registry order (registered by now; the
+        # target's one-line refusals out), and those its swarm weighs above 0.
+        refused = getattr(self.session.target, "refused_ops", ())
+        self._drawable = [spec for spec in drawable().values() if spec.name not in refused]
+        self._weighted = [spec for spec in self._drawable if self.swarm.weight(spec.name) > 0]
         self.ledger = self.session.ledger  # the reference's: one object for the session
         self.coverage = Tracker(config)
         if self.session.startup_violations:
@@ -175,12 +180,9 @@ class BlockFuzzMachine(RuleBasedStateMachine):
         """Drawable ops whose precondition holds now, in registry order (once per
         state).  weighted: only those the example's swarm weighs above 0 (their
         preconditions alone are evaluated)."""
-        refused = getattr(self.session.target, "refused_ops", ())  # the target's one-line refusals
-        weight = self.swarm.weight
         return self.per_state(("enabled ops", weighted), lambda: [
-            spec for spec in drawable().values()
-            if spec.name not in refused and (not weighted or weight(spec.name) > 0)
-            and spec.enabled(self)])
+            spec for spec in (self._weighted if weighted else self._drawable)
+            if spec.enabled(self)])
 
     @rule()
     def act(self):
@@ -232,7 +234,8 @@ def run(machine: type, settings) -> None:
 
 def drawable() -> dict:
     """{op name: OpSpec} of every registered op the machine can draw (read per
-    call: an op registered later, e.g. by a test, is drawn too)."""
+    call; a machine reads it when an example starts: an op registered before,
+    e.g. by a test, is drawn in it)."""
     return {name: spec for name, spec in OPS.items() if spec.draw is not None}
 
 
