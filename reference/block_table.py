@@ -53,12 +53,12 @@ class PersistentBatchRows:
 
     # -- queries -----------------------------------------------------------
     def row_of(self, req: int) -> int | None:
-        hits = np.flatnonzero(self.req_ids == req)
+        hits = (self.req_ids == req).nonzero()[0]  # (1-D: flatnonzero's wrapper costs more)
         assert hits.size <= 1, (req, self.req_ids)
         return int(hits[0]) if hits.size else None
 
     def lowest_free_row(self) -> int | None:
-        free = np.flatnonzero(self.req_ids == EMPTY_ROW)
+        free = (self.req_ids == EMPTY_ROW).nonzero()[0]
         return int(free[0]) if free.size else None
 
     def num_live_rows(self) -> int:
@@ -122,8 +122,8 @@ class PersistentBatchRows:
     def condense(self) -> None:
         """Move the last live row into the lowest hole until live rows are contiguous."""
         for _ in range(len(self.req_ids)):
-            live = np.flatnonzero(self.req_ids != EMPTY_ROW)
-            holes = np.flatnonzero(self.req_ids == EMPTY_ROW)
+            empty = self.req_ids == EMPTY_ROW
+            live, holes = (~empty).nonzero()[0], empty.nonzero()[0]
             if live.size == 0 or holes.size == 0 or holes[0] > live[-1]:
                 return
             self.move_row(int(live[-1]), int(holes[0]))

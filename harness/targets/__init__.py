@@ -74,7 +74,7 @@ class _ObserveReference:
         """The oracle's state as an :class:`Observation`.  copy False: its
         arrays are the oracle's own, valid until its next op (a session's
         oracle observation, read only by that op's checks: no copies)."""
-        c = np.copy if copy else _same
+        c = np.ndarray.copy if copy else _same
         return Observation(
             runner=self.config.runner,
             rows_indexed_by=rows_indexed_by(self.config.runner),

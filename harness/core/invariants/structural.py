@@ -25,7 +25,7 @@ def check_vacated_rows_zero(obs: Observation, op_index: int, op: str,
     out = []
     if obs.runner != "v1":
         return out
-    empty_rows = np.flatnonzero(obs.host_req_ids == -1)
+    empty_rows = (obs.host_req_ids == -1).nonzero()[0]
     # (take and count_nonzero: a boolean mask and ndarray.any cost more on rows this small)
     nonzero = np.count_nonzero
     if not any(nonzero(table.take(empty_rows, 0) != config.empty_entry(g))
