@@ -29,12 +29,14 @@ def device():
 
 
 @pytest.fixture(autouse=True)
-def _temporary_files_in_tmp_path(tmp_path, monkeypatch):
+def _temporary_files_in_tmp_path(tmp_path_factory, monkeypatch):
     """Temporary files a test makes — the CLI's crash reports
-    (``blockfuzz-crash-*.txt``) among them — land in its own ``tmp_path``, in
-    this process and in the CLI processes it starts, not in the machine's /tmp."""
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    (``blockfuzz-crash-*.txt``) among them — land in a directory of pytest's
+    own (beside, not in, the test's ``tmp_path``, which some tests expect
+    empty), in this process and in the CLI processes it starts, not in /tmp."""
+    d = str(tmp_path_factory.mktemp("tempfiles"))
+    monkeypatch.setattr(tempfile, "tempdir", d)
+    monkeypatch.setenv("TMPDIR", d)
 
 
 def pytest_report_header(config):
