@@ -41,3 +41,17 @@ def _temporary_files_in_tmp_path(tmp_path_factory, monkeypatch):
 
 def pytest_report_header(config):
     return f"blockfuzz: BLOCKFUZZ_DEVICE={os.environ.get('BLOCKFUZZ_DEVICE', 'auto')}"
+
+
+def corpus_traces(token_slots: bool = False) -> list:
+    """Every corpus trace of a block-table config (runner v1 / v2), or with
+    ``token_slots`` those of a token-slot config (runner sglang: they run on
+    --target sglang only)."""
+    import json
+
+    out = []
+    for p in sorted(CORPORA.rglob("*.json")):
+        runner = json.loads(p.read_text(encoding="utf-8")).get("config", {}).get("runner")
+        if (runner == "sglang") == token_slots:
+            out.append(p)
+    return out

@@ -40,6 +40,14 @@ def _fuzz_setup(args):
     if faults and args.target != "gpu_impl":
         raise UsageError(f"{_fault_source(args.fault)}: faults live in gpu_impl; use --target "
                          "gpu_impl")
+    from harness.targets import target_spec
+
+    runners = target_spec(args.target).runners
+    if len(runners) == 1:  # a target of one kind of config (sglang: token slots)
+        if args.runner is not None and args.runner not in runners:
+            raise UsageError(f"--runner {args.runner}: the {args.target} target runs "
+                             f"runner {runners[0]} configs only")
+        runner = runner if config is not None else runners[0]
     device = _select_device(args.device, args.target)
     _check_target(config, args.target, args.config)
     return out_dir, faults, config, runner, device
@@ -191,7 +199,7 @@ def print_coverage(counts: dict, examples: dict | None, title: str,
     table = Table(title=title, title_justify="left")
     for col in ("feature", "ops", "examples", "meaning"):
         table.add_column(col, no_wrap=col != "meaning")
-    rows = sorted(table_rows(counts, examples), key=lambda r: r[1] > 0)
+    rows = sorted(table_rows(counts, examples, runner), key=lambda r: r[1] > 0)
     for feature, ops, ex, meaning in rows:
         table.add_row(feature, str(ops), "-" if ex is None else str(ex), meaning)
     Console(width=150, soft_wrap=False).print(table)

@@ -158,3 +158,38 @@ def read_rows_only(values: np.ndarray, last_forward: ForwardInfo | None) -> np.n
     n = rows_read(last_forward)
     out[:n] = values[:n]
     return out
+
+
+@dataclass
+class TokenSlotObservation:
+    """A token-slot engine's observable state after an op (SGLang's shape; NumPy
+    copies, or plain Python values).
+
+    - ``rows``: ``{req: request row}`` of the live requests (row 0 is the padding row);
+    - ``kv_len``: ``{req: positions whose KV is committed}``;
+    - ``req_to_token``: int32 ``[max_num_reqs + 1, max_context_len]``, the slot
+      of each (row, position);
+    - ``kv``: float32 ``[num_slots + page_size]``, one value per KV slot (slot 0
+      the reserved one; NaN where a padded row wrote garbage);
+    - ``free_pages``: sorted int64, the allocator's free pages (slots when
+      ``page_size`` is 1), page 0 never among them;
+    - ``tree``: ``[(tokens, slots, lock_ref)]``, one entry per radix-tree node
+      below the root: the token ids and KV slots of the path from the root
+      to it (tuples of int), and its lock count;
+    - ``padding``: the decode graph's input buffers after its last fill
+      (``{"req_pool_indices", "out_cache_loc", "seq_lens"}`` int64 arrays,
+      ``"raw_bs"``, ``"padded_bs"``), None before any padded forward;
+    - ``written``: the slots the last op's forward wrote (int64, in write
+      order; padded rows included), None when it ran none.
+    The reference's own observation is the oracle itself
+    (:class:`reference.token_slots.TokenSlotReference`).
+    """
+
+    rows: dict
+    kv_len: dict
+    req_to_token: np.ndarray
+    kv: np.ndarray
+    free_pages: np.ndarray
+    tree: list
+    padding: dict | None = None
+    written: np.ndarray | None = None

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import jsonschema
 
-from reference import ConfigError, OpError, RunnerConfig, reference_runner
+from reference import ConfigError, OpError, RunnerConfig, config_from_json, reference_runner
 
 from harness.core.ops import REGISTRY as OPS
 from harness.core.ops import apply_op
@@ -130,13 +130,18 @@ def parse(obj, source: str = "<trace>") -> Trace:
     if version != VERSION:
         raise TraceError(source, "version", f"unsupported version {version}; expected {VERSION}")
     try:
-        config = RunnerConfig.from_json(obj["config"])
+        config = config_from_json(obj["config"])
     except ConfigError as e:
         where = f"config.{e.field}" if e.field else "config"
         raise TraceError(source, where, str(e).split(": ", 1)[1]) from None
     ops = obj["ops"]
     for i, op in enumerate(ops):
         check_op_shape(op, f"ops[{i}]", source)
+        token_slots = "sglang" in OPS[op["op"]].runners
+        if token_slots != (config.runner == "sglang"):
+            raise TraceError(source, f"ops[{i}].op", f"{op['op']} is a "
+                             f"{'token-slot' if token_slots else 'block-table'} op; this "
+                             f"trace's config is runner {config.runner!r}")
     trace = Trace(config, ops, obj.get("expect", {"verdict": "pass"}), obj.get("meta", {}))
     _check_meta(trace, source)
     dry_run(trace, source)

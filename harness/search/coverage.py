@@ -531,12 +531,21 @@ class Tracker:
         return hit
 
 
-def table_rows(counts: dict, examples: dict | None = None) -> list[tuple]:
+def table_rows(counts: dict, examples: dict | None = None,
+               runner: str | None = None) -> list[tuple]:
     """(feature, ops that hit it, examples that hit it or None, meaning) for every
-    feature, in :data:`FEATURES` order (zero counts included: an unhit
-    feature is the news)."""
-    return [(f, counts.get(f, 0), None if examples is None else examples.get(f, 0), meaning)
-            for f, meaning in FEATURES.items()]
+    feature of ``runner``'s kind (token-slot features for ``sglang``, the
+    block-table ones otherwise), in :data:`FEATURES` order (zero counts
+    included: an unhit feature is the news)."""
+    return [(f, counts.get(f, 0), None if examples is None else examples.get(f, 0), FEATURES[f])
+            for f in features_of(runner)]
+
+
+def features_of(runner: str | None) -> list[str]:
+    """Feature ids of ``runner``'s kind, in :data:`FEATURES` order: the token-slot
+    ones for ``sglang``, the block-table ones for v1 / v2 / drawn (None)."""
+    token_slots = runner == "sglang"
+    return [f for f in FEATURES if (f in TOKEN_SLOT_FEATURES) == token_slots]
 
 
 V1_ONLY = ("dummy-after-condense", "dummy-after-swap", "padding-over-prefilling-row",
@@ -640,6 +649,10 @@ frontier the search goes on from."""
 def possible(feature: str, runner: str | None, config=None) -> bool:
     """Can ``feature`` be hit with the runner pinned to ``runner`` (None: drawn)
     and, when pinned, ``config`` (None: drawn per example)?"""
+    if (runner == "sglang") != (feature in TOKEN_SLOT_FEATURES):
+        return False  # token-slot features on token-slot runs only, and only they
+    if feature in TOKEN_SLOT_FEATURES:
+        return config is None or TOKEN_SLOT_NEEDS.get(feature, lambda c: True)(config)
     if runner == "v2" and feature in V1_ONLY:
         return False
     other = {"v1": "v2", "v2": "v1"}.get(runner or "")
@@ -661,3 +674,97 @@ def unhit(counts: dict, runner: str | None = None, config=None) -> list[str]:
     """Reachable feature ids with no hit (features the pinned runner or config
     cannot hit are not counted as missed)."""
     return [f for f in reachable(runner, config) if not counts.get(f)]
+
+
+# -- token-slot engines (SGLang's shape: runner "sglang") --------------------------------
+TOKEN_SLOT_FEATURES: dict[str, str] = {
+    "sgl-prompt-from-finished": "a prompt that starts with a finished request's tokens "
+                                "(what its radix tree may hold: a prefix hit)",
+    "sgl-prompt-from-live": "a prompt that starts with a live request's tokens (not in "
+                            "the tree yet: no hit)",
+    "sgl-padded-decode": "a decode batch padded to a larger captured graph size (padded "
+                         "rows at row 0 / slot 0)",
+    "sgl-eager-decode": "a decode batch larger than every captured size (run unpadded)",
+    "sgl-idle-batch": "an idle batch replayed in the decode graph (padding only)",
+    "sgl-idle-after-decode": "an idle batch right after a padded decode (its buffers "
+                             "hold the last batch's rows)",
+    "sgl-evict-under-hit": "an eviction while a live request holds a hit on a finished "
+                           "request's tokens (its path locked)",
+    "sgl-admit-after-finish": f"a request admitted within {REUSE_WINDOW} ops of a finish "
+                              "(freed rows and slots handed out again)",
+    "sgl-pool-nearly-full": "live requests hold at least three quarters of the slots",
+    "sgl-decode-opens-page": "a decode whose new position starts a page (paged allocator)",
+}
+FEATURES.update(TOKEN_SLOT_FEATURES)
+TOKEN_SLOT_NEEDS = {
+    "sgl-prompt-from-finished": lambda c: c.radix_cache,
+    "sgl-evict-under-hit": lambda c: c.radix_cache,
+    "sgl-decode-opens-page": lambda c: c.page_size > 1,
+    "sgl-eager-decode": lambda c: c.max_num_reqs > max(c.capture_bs),
+}
+
+
+@dataclass
+class TokenSlotTracker:
+    """:class:`Tracker` for a token-slot config: the same ``before`` / ``after`` /
+    ``first`` interface, features judged on the token-slot oracle."""
+
+    config: object
+    op_index: int = 0
+    first: dict = field(default_factory=dict)
+    last_finish: int = -REUSE_WINDOW - 1
+    prev_forward: dict | None = None
+    hits: set = field(default_factory=set)  # live requests admitted on a finished one's tokens
+
+    def before(self, op: dict, ledger, reference) -> None:
+        self._opens = False
+        if op["op"] == "sgl_decode" and self.config.page_size > 1:
+            self._opens = any(reference.requests[r].kv_len % self.config.page_size == 0
+                              for r in reference.live())
+        self._source_live = None
+        if op["op"] == "sgl_admit" and op.get("prefix"):
+            src = reference.requests.get(op["prefix"][0])
+            self._source_live = None if src is None else src.live
+
+    def after(self, op: dict, reference) -> list[str]:
+        cfg, kind, hit = self.config, op["op"], []
+        fwd = reference.last_forward
+        if kind == "sgl_admit":
+            if self._source_live is False:
+                hit.append("sgl-prompt-from-finished")
+                self.hits.add(op["req"])
+            elif self._source_live:
+                hit.append("sgl-prompt-from-live")
+            if self.op_index - self.last_finish <= REUSE_WINDOW:
+                hit.append("sgl-admit-after-finish")
+        elif kind == "sgl_decode":
+            padded = fwd.get("padded_bs")
+            if padded is None:
+                hit.append("sgl-eager-decode")
+            elif padded > len(fwd["reqs"]):
+                hit.append("sgl-padded-decode")
+            if self._opens:
+                hit.append("sgl-decode-opens-page")
+        elif kind == "sgl_idle":
+            hit.append("sgl-idle-batch")
+            prev = self.prev_forward or {}
+            if prev.get("kind") == "decode" and prev.get("padded_bs"):
+                hit.append("sgl-idle-after-decode")
+        elif kind == "sgl_finish":
+            self.last_finish = self.op_index
+            self.hits.discard(op["req"])
+        elif kind == "sgl_evict" and self.hits & set(reference.live()):
+            hit.append("sgl-evict-under-hit")
+        if reference.held_slots() * 4 >= cfg.num_slots * 3:
+            hit.append("sgl-pool-nearly-full")
+        if fwd is not None:
+            self.prev_forward = fwd
+        for f in hit:
+            self.first.setdefault(f, self.op_index)
+        self.op_index += 1
+        return hit
+
+
+def tracker_for(config):
+    """The coverage tracker of ``config``'s kind (block-table or token-slot)."""
+    return TokenSlotTracker(config) if config.runner == "sglang" else Tracker(config)

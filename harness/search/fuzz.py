@@ -157,6 +157,10 @@ def _found_trace(error, seed, faults, target, device, found_by) -> tuple[Trace, 
         from harness.targets.vllm import installed_version
 
         meta["vllm_version"] = installed_version()
+    elif target == "sglang":
+        from harness.targets.sglang_release import installed_version as sglang_version
+
+        meta["sglang_version"] = sglang_version()
     trace = Trace(error.config, error.ops, meta=meta)
     verdict = replay(trace, faults, target, device, record=True)
     trace.ops = verdict.ops  # the target's choices as this replay made them
@@ -173,6 +177,8 @@ def _set_expect(trace: Trace, verdict) -> None:
 
         trace.meta["expect_by_release"] = {trace.meta["vllm_version"]: dict(
             trace.expect, mode=target_mode(trace.config)[0])}
+    elif trace.meta.get("target") == "sglang":
+        trace.meta["expect_by_release"] = {trace.meta["sglang_version"]: dict(trace.expect)}
 
 
 def fuzz(config: RunnerConfig | None, seed: int = 0, examples: int | None = 200,

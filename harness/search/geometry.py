@@ -20,7 +20,7 @@ import zlib
 
 from hypothesis import strategies as st
 
-from reference import ATTENTION, MAMBA, GroupSpec, RunnerConfig
+from reference import ATTENTION, MAMBA, GroupSpec, RunnerConfig, TokenSlotConfig
 from reference.config import (ALL, ALWAYS, CONV_SIZE_MAX, MAX_NUM_BLOCKS_PER_REQ_MAX,
                               UNIFORM_BATCH,
                               hybrid_attention_block_size)
@@ -383,3 +383,31 @@ def target_limits(target: str) -> dict:
     from harness.targets import target_spec
 
     return target_spec(target).limits()
+
+
+@st.composite
+def token_slot_configs(draw) -> TokenSlotConfig:
+    """A valid :class:`~reference.token_slots.TokenSlotConfig` (SGLang's shape):
+    the token or the paged allocator, a pool small enough that eviction and
+    slot reuse come within a few requests, up to four request rows, decode
+    graphs captured at a few batch sizes (some batches padded, some eager), the
+    radix cache mostly on.  The simplest draw is the default config."""
+    page_size = draw(st.sampled_from([1, 4]))
+    num_slots = draw(st.sampled_from([64, 32, 48, 96])) // page_size * page_size
+    capture_bs = draw(st.sampled_from([(1, 2, 4), (4,), (1, 2), (2, 4), (1, 2, 3, 4)]))
+    return TokenSlotConfig(num_slots=num_slots, page_size=page_size,
+                           max_num_reqs=draw(st.sampled_from([4, 2, 3])),
+                           max_context_len=draw(st.sampled_from([32, 16, 24])),
+                           capture_bs=capture_bs,
+                           radix_cache=draw(st.sampled_from([True, True, True, False])))
+
+
+def configs_for(target: str, runner: str | None = None):
+    """The strategy of configs a fuzz run against ``target`` draws: token-slot
+    configs for a target that runs runner ``sglang`` only, else
+    :func:`runner_configs` (``runner`` pins v1 / v2) within :func:`target_limits`."""
+    from harness.targets import target_spec
+
+    if target_spec(target).runners == ("sglang",):
+        return token_slot_configs()
+    return runner_configs(runner, **target_limits(target))

@@ -35,8 +35,8 @@ from harness.search import profiles  # noqa: F401  (generation a function of the
 from harness.search import steer
 from harness.search import swarm as swarm_mod
 from harness.search.draws import Draws, ExampleDraws, example_seed
-from harness.search.coverage import Tracker
-from harness.search.geometry import runner_configs, target_limits
+from harness.search.coverage import tracker_for
+from harness.search.geometry import configs_for
 
 class InvariantViolationError(AssertionError):
     """Raised inside the machine; ``violation`` and the recorded ``ops``."""
@@ -116,19 +116,20 @@ class BlockFuzzMachine(RuleBasedStateMachine):
                     < steer.FRONTIER_EIGHTHS:
                 prefix = hyp.choice(front)
         config = prefix.config if prefix is not None else self.config or hyp.draw(
-            runner_configs(self.runner, **target_limits(self.target)), label="config")
+            configs_for(self.target, self.runner), label="config")
         self.cfg = config
-        self.swarm = (swarm_mod.draw_swarm(hyp, list(drawable()))
-                      if self.use_swarm else swarm_mod.DEFAULT)
+        ops = engine_ops(config)  # the config's kind of ops: block-table or token-slot
+        self.swarm = (swarm_mod.draw_swarm(hyp, list(ops)) if self.use_swarm
+                      else swarm_mod.DEFAULT)
         self.draws = ExampleDraws(example_seed(data, self.salt))  # every op draw after this
         self.session = Session(config, self.faults, self.target, self.device, record=True)
         # The ops this example may draw, in registry order (registered by now; the
         # target's one-line refusals out), and those its swarm weighs above 0.
         refused = getattr(self.session.target, "refused_ops", ())
-        self._drawable = [spec for spec in drawable().values() if spec.name not in refused]
+        self._drawable = [spec for spec in ops.values() if spec.name not in refused]
         self._weighted = [spec for spec in self._drawable if self.swarm.weight(spec.name) > 0]
         self.ledger = self.session.ledger  # the reference's: one object for the session
-        self.coverage = Tracker(config)
+        self.coverage = tracker_for(config)
         if self.session.startup_violations:
             v = self.session.startup_violations[0]
             raise _error_type(v.invariant)(v, [], config)
@@ -237,6 +238,14 @@ def drawable() -> dict:
     call; a machine reads it when an example starts: an op registered before,
     e.g. by a test, is drawn in it)."""
     return {name: spec for name, spec in OPS.items() if spec.draw is not None}
+
+
+def engine_ops(config) -> dict:
+    """:func:`drawable` ops of ``config``'s kind: token-slot ops for a token-slot
+    config (runner ``sglang``), block-table ops otherwise (in registry order)."""
+    token_slots = config.runner == "sglang"
+    return {name: spec for name, spec in drawable().items()
+            if ("sglang" in spec.runners) == token_slots}
 
 
 def make_machine(config: RunnerConfig | None, faults=(), target: str = "gpu_impl",

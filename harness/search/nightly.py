@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.core.trace import write_atomic
-from harness.search.coverage import FEATURES, unhit
+from harness.search.coverage import features_of, unhit
 from harness.tools.commands import RunSettings, command
 
 EXAMPLES_PER_SEED = 25
@@ -554,7 +554,7 @@ def write_reports(c: Campaign, p: Progress) -> None:
         "findings": [p.findings[k] for k in sorted(p.findings)],
         "harness_errors": [p.harness_errors[k] for k in sorted(p.harness_errors)],
         "coverage": {f: {"ops": p.coverage.get(f, 0), "examples": p.coverage_examples.get(f, 0)}
-                     for f in FEATURES},
+                     for f in features_of(c.runner)},
         "coverage_unhit": unhit(p.coverage, c.runner),
         "seed_corpus": str(c.corpus_snapshot) if c.corpus_snapshot else None,
         "learned": _write_learned(c, p),

@@ -315,8 +315,8 @@ def as_trace_allocator(trace: Trace) -> Trace | None:
     that is not the manager's then shrinks to the vocabulary of every other
     trace.)"""
     cfg = trace.config
-    if cfg.allocator != "engine":
-        return None
+    if cfg.runner == "sglang" or cfg.allocator != "engine":
+        return None  # (a token-slot engine always chooses: there is no trace allocator)
     ops = []
     for op in trace.ops:
         if op["op"] == "admit":
@@ -512,6 +512,28 @@ def _size(ops: list[dict], i: int, key: str):
     return next((z for z in spec_of(ops[i]).sizes(ops[i]) if z.key == key), None)
 
 
+def _shrink_token_slot_config(best, fails):
+    """A token-slot config's fields moved to their defaults one at a time (the
+    ops unchanged), kept where the trace still fails: the geometry a report
+    names is then the plainest that shows the bug."""
+    import dataclasses
+
+    from reference.token_slots import TokenSlotConfig
+
+    plain = TokenSlotConfig()
+    for f in dataclasses.fields(TokenSlotConfig):
+        want = getattr(plain, f.name)
+        if getattr(best.config, f.name) == want:
+            continue
+        try:
+            config = dataclasses.replace(best.config, **{f.name: want})
+        except ValueError:  # ConfigError: not valid with the other fields
+            continue
+        if fails(config):
+            best = Trace(config, best.ops, best.expect, best.meta)
+    return best
+
+
 def _shrink_config(best, invariant, faults, target, device, replays):
     """Simpler geometry and lower limits, the ops unchanged; returns (best, replays).
 
@@ -536,6 +558,8 @@ def _shrink_config(best, invariant, faults, target, device, replays):
         return _fails(Trace(config, best.ops, best.expect, best.meta), invariant, faults,
                       target, device) is not None
 
+    if best.config.runner == "sglang":
+        return _shrink_token_slot_config(best, fails), budget[0]
     simplest = _simplest_config(best.config, best.ops)
     if budget[0] < MAX_REPLAYS and fails(simplest):  # every simplification in one replay
         best = Trace(simplest, best.ops, best.expect, best.meta)

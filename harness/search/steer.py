@@ -77,8 +77,14 @@ def traits(config) -> list[str]:
     Bugs of this family live where two mechanisms meet (a window and a drafter
     on one prefix hit; a drafter's accepted counts and V1's condense), and the
     geometry draws each mechanism with its own odds, so a pair can be rare in
-    one run by chance: :func:`learn_config` counts examples per pair of traits."""
+    one run by chance: :func:`learn_config` counts examples per pair of traits.
+    A token-slot config (runner ``sglang``): its runner, the paged allocator,
+    the radix cache, decode batches that can outgrow the captured sizes."""
     c = config
+    if c.runner == "sglang":
+        on = {"sglang": True, "paged": c.page_size > 1, "radix": c.radix_cache,
+              "eager-decodes": c.max_num_reqs > max(c.capture_bs)}
+        return sorted(t for t, v in on.items() if v)
     on = {c.runner: True,
           "mamba": bool(c.mamba_groups),
           "attention-only": not c.mamba_groups,
@@ -111,7 +117,8 @@ def key(feature: str, config) -> str:
     and, for a hybrid config, ``+mamba`` (``spec-row-moved@v1+mamba``: a
     situation in an attention-only config is not the same situation where a
     Mamba group's state columns depend on it)."""
-    return f"{feature}@{config.runner}{'+mamba' if config.mamba_groups else ''}"
+    mamba = config.runner != "sglang" and config.mamba_groups
+    return f"{feature}@{config.runner}{'+mamba' if mamba else ''}"
 
 
 def _order(table: dict, salt: int):
@@ -130,7 +137,7 @@ def learn(stats: dict, config, ops: list[dict], first: dict) -> None:
     table = stats.setdefault("steer", {})
     reached = {key(f, config): i for f, i in first.items()}
     for f, broad in NARROWS.items():  # got as far as the broader feature, not to f
-        if broad in first and f not in first and NEEDS[f](config):
+        if broad in first and f not in first and config.runner != "sglang" and NEEDS[f](config):
             reached[TOWARDS + key(f, config)] = first[broad]
     for k, i in reached.items():
         entry = table.get(k)
@@ -146,7 +153,8 @@ def learn_config(stats: dict, config) -> None:
     narrow feature it makes reachable (a frontier key, ``towards:``):
     ``stats["steer_configs"]`` maps key -> [examples, the first config with it]."""
     table = stats.setdefault("steer_configs", {})
-    keys = config_keys(config) + [TOWARDS + key(f, config) for f in NARROWS if NEEDS[f](config)]
+    narrow = [] if config.runner == "sglang" else [f for f in NARROWS if NEEDS[f](config)]
+    keys = config_keys(config) + [TOWARDS + key(f, config) for f in narrow]
     for k in keys:
         entry = table.setdefault(k, [0, config])
         entry[0] += 1

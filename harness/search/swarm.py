@@ -30,7 +30,8 @@ from harness.core.ops.forward import MODES  # the cudagraph modes, FULL first
 MODE_SETS = (MODES, ("FULL",), ("FULL", "PIECEWISE"), ("FULL", "NONE"),
              ("PIECEWISE", "NONE"))
 WEIGHTS = (2, 2, 6, 0, 1)  # per op; 0 turns the op off for this example
-ALWAYS_ON = ("add", "step", "admit", "allocate")  # without them an example exercises nothing
+ALWAYS_ON = ("add", "step", "admit", "allocate",  # without them an example exercises nothing
+             "sgl_admit", "sgl_decode")  # (token-slot ops: the same two roles)
 FORWARD_FACTOR = 2  # forwards (step, dummy run) are where kernels write: drawn more often
 EAGER_FACTOR = 4  # an op the engine would take now (OpSpec.eager): drawn this much more often
 

@@ -21,11 +21,11 @@ import os
 import numpy as np
 from typing import Protocol
 
-from reference import ReferenceV1Runner, ReferenceV2Runner, RunnerConfig
+from reference import ReferenceV1Runner, ReferenceV2Runner, RunnerConfig, TokenSlotReference
 from reference.quant import quantize
 
 from harness.core.observation import Observation, read_rows_only, rows_indexed_by
-from harness.targets import vllm
+from harness.targets import sglang, vllm
 from harness.targets.registry import (TargetRefused, TargetSpec, TargetUnavailable,
                                       registry_of)
 from harness.targets.runner_target import RunnerTarget
@@ -126,7 +126,10 @@ class _ReferenceV2Target(_ObserveReference, ReferenceV2Runner):
 
 
 def ReferenceTarget(config: RunnerConfig):  # noqa: N802 (a factory used like a class)
-    """The NumPy oracle for ``config.runner`` as a target."""
+    """The NumPy oracle for ``config.runner`` as a target (``sglang``: the
+    token-slot oracle, :class:`reference.token_slots.TokenSlotReference`)."""
+    if config.runner == "sglang":
+        return TokenSlotReference(config)
     return (_ReferenceV2Target if config.runner == "v2" else _ReferenceV1Target)(config)
 
 
@@ -163,18 +166,43 @@ class GpuImplTarget(RunnerTarget):
 
 
 def _gpu_impl_target(config: RunnerConfig, faults=(), device: str | None = None):
+    problem = _block_tables_only("gpu_impl")(config)
+    if problem is not None:
+        raise problem
     return GpuImplTarget(config, faults, device)  # looked up per call (bench times a subclass)
 
 
+def _reference_refusal(config) -> TargetRefused | None:
+    if config.runner == "sglang":
+        return TargetRefused("runner", "the token-slot oracle chooses no rows or slots, so it "
+                             "cannot stand in for an engine; replay with --target sglang")
+    return None
+
+
 def _reference_target(config: RunnerConfig, faults=(), device: str | None = None):
+    problem = _reference_refusal(config)
+    if problem is not None:
+        raise problem
     return ReferenceTarget(config)
 
 
 REFERENCE = TargetSpec(name="reference", description="the NumPy oracle against itself",
                        factory=_reference_target, select_device=lambda requested: "cpu",
+                       refusal=_reference_refusal,
                        snapshots=lambda device_kind: True)
+def _block_tables_only(name: str):
+    def refusal(config) -> TargetRefused | None:
+        if config.runner == "sglang":
+            return TargetRefused("runner", f"the {name} target runs block-table configs (v1 "
+                                 "/ v2); a token-slot trace (runner sglang) runs on --target "
+                                 "sglang")
+        return None
+    return refusal
+
+
 GPU_IMPL = TargetSpec(name="gpu_impl", description="gpu_impl (Triton kernels, CUDA graphs, "
                       "switchable faults)", factory=_gpu_impl_target,
+                      refusal=_block_tables_only("gpu_impl"),
                       select_device=_gpu_impl_device, takes_faults=True,
                       # Its tensors deep-copy with their aliasing (views share the
                       # copied storage) and an emulated graph's launches follow
@@ -182,7 +210,7 @@ GPU_IMPL = TargetSpec(name="gpu_impl", description="gpu_impl (Triton kernels, CU
                       snapshots=lambda device_kind: device_kind == "cpu")
 
 # The registered targets, in --target order: add a new engine's spec here.
-REGISTRY: dict[str, TargetSpec] = registry_of(GPU_IMPL, REFERENCE, vllm.SPEC)
+REGISTRY: dict[str, TargetSpec] = registry_of(GPU_IMPL, REFERENCE, vllm.SPEC, sglang.SPEC)
 TARGETS = tuple(REGISTRY)
 
 

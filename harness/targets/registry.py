@@ -67,7 +67,10 @@ class TargetSpec:
     - ``variant(config)``: which of the target's implementations runs ``config``
       (the vllm target: ``runner`` — vLLM's own model runner — or ``adapter``),
       None for a target with one; the shrinker never trades one for another
-      while it simplifies a config.
+      while it simplifies a config;
+    - ``runners``: the config runners it runs — ``v1`` / ``v2`` (block-table
+      configs) or ``sglang`` (token-slot configs); a fuzz run for a target of
+      one runner draws that runner's configs.
     """
 
     name: str
@@ -80,6 +83,7 @@ class TargetSpec:
     version: Callable[[], str | None] = field(default=_no_version)
     snapshots: Callable[[str], bool] = field(default=lambda device_kind: False)
     variant: Callable = field(default=lambda config: None)
+    runners: tuple = ("v1", "v2")
 
 
 def registry_of(*specs: TargetSpec) -> dict[str, TargetSpec]:

@@ -171,6 +171,9 @@ def page_size_refusal(config, vllm: SimpleNamespace) -> str | None:
 
 def refusal(config, vllm: SimpleNamespace | None = None) -> TargetRefused | None:
     """Why the installed release cannot run ``config`` here (None when it can)."""
+    if config.runner == "sglang":
+        return TargetRefused("runner", "the vllm target runs block-table configs (v1 / v2); a "
+                             "token-slot trace (runner sglang) runs on --target sglang")
     vllm = vllm or load()
     if config.mamba_padding != "null":
         return TargetRefused("mamba_padding", f"{config.mamba_padding!r} is not driven on the "

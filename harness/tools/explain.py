@@ -20,6 +20,8 @@ from harness.core.trace import Trace
 def _writes(session: Session) -> list[dict] | None:
     """Every block the op changed, classified as ``NO_STALE_WRITE`` classifies it
     (None when the implementation crashed: its state was not observed)."""
+    if session.config.runner == "sglang":
+        return _token_slot_writes(session)
     if session.last is None:
         return None
     before, after, permit = session.last
@@ -29,7 +31,64 @@ def _writes(session: Session) -> list[dict] | None:
             for w in classify_writes(before, after, permit)]
 
 
+def _token_slot_rows(session: Session) -> list[dict] | None:
+    """A token-slot engine: each live request's row and slots, the radix tree's
+    paths (lock counts) and the free pages, as preformatted lines."""
+    if session.last is None:
+        return None
+    obs = session.last[1]
+    lines = []
+    for req, row in sorted(obs.rows.items(), key=lambda kv: kv[1]):
+        slots = obs.req_to_token[row, :obs.kv_len[req]].tolist()
+        flag = " !!" if row == 0 or 0 in slots else ""
+        lines.append({"text": f"row {row}: req {req}, {obs.kv_len[req]} tokens, slots "
+                              f"{_runs(slots)}{flag}"})
+    for tokens, slots, lock in obs.tree:
+        lines.append({"text": f"tree: {len(tokens)} tokens at slots {_runs(list(slots))}, "
+                              f"lock {lock}"})
+    lines.append({"text": f"free pages: {len(obs.free_pages)} of {session.config.num_pages}"})
+    return lines
+
+
+def _runs(xs: list[int]) -> str:
+    """``[3..7, 9, 12..13]``: consecutive runs folded."""
+    out, i = [], 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        out.append(str(xs[i]) if i == j else f"{xs[i]}..{xs[j]}")
+        i = j + 1
+    return "[" + ", ".join(out) + "]"
+
+
+def _token_slot_writes(session: Session) -> list[dict] | None:
+    """The KV slots the op's forward wrote, each with what held it; a write the
+    op computed no position for (and not slot 0) is offending."""
+    from harness.core.invariants.token_slots import _allowed_writes, _owner_text
+    from harness.core.invariants import CheckContext
+
+    if session.last is None:
+        return None
+    before, after, _ = session.last
+    if after.written is None:
+        return []
+    ctx = CheckContext(session.config, session.ledger, after, session.reference, 0, None,
+                       before)
+    allowed = _allowed_writes(ctx)
+    out = []
+    for s in dict.fromkeys(int(x) for x in after.written):
+        v = float(after.kv[s])
+        out.append({"group": 0, "block": s, "cells": "", "layer": "target",
+                    "value": "NaN (padding)" if v != v else "KV",
+                    "owner": "reserved padding slot" if s == 0 else _owner_text(ctx, s),
+                    "offending": s not in allowed})
+    return out
+
+
 def _rows(session: Session) -> list[dict] | None:
+    if session.config.runner == "sglang":
+        return _token_slot_rows(session)
     if session.last is None:
         return None
     obs = session.last[1]
@@ -98,7 +157,8 @@ def _copies(session: Session, op: dict) -> list[dict]:
     from harness.core.ops import spec_of
 
     ref = session.reference
-    if not spec_of(op).forward or ref.config.mamba_cache_mode != "align":
+    if ref.config.runner == "sglang" or not spec_of(op).forward \
+            or ref.config.mamba_cache_mode != "align":
         return []
     out = []
     for req, src, dst, kind in getattr(ref, "mamba_copies", ()):
@@ -125,7 +185,9 @@ def _rows_text(rows: list[dict] | None) -> str:
         return "(not observed: the implementation crashed)"
     parts = []
     for r in rows:
-        if r.get("padding"):
+        if "text" in r:
+            parts.append(r["text"])
+        elif r.get("padding"):
             flag = " !!" if r["is_prefilling"] or r["seq_len"] else ""
             parts.append(f"row {r['row']}: padding, seq_len {r['seq_len']}, "
                          f"{'prefilling' if r['is_prefilling'] else 'no prefill'} (row keeps "
@@ -147,8 +209,10 @@ def _writes_text(writes: list[dict] | None, copies=()) -> str:
              f"(block {c['to_block']})" for c in copies]
     return "\n".join(lines + [
         f"{'!! ' if w['offending'] else ''}"
-        f"{'drafter layer: ' if w.get('layer') == 'draft' else ''}g{w['group']} block "
-        f"{w['block']} {w['cells']} {w['value']} ({w['owner']})" for w in writes]) or "-"
+        f"{'drafter layer: ' if w.get('layer') == 'draft' else ''}"
+        + (f"slot {w['block']} {w['value']} ({w['owner']})" if w["cells"] == "" else
+           f"g{w['group']} block {w['block']} {w['cells']} {w['value']} ({w['owner']})")
+        for w in writes]) or "-"
 
 
 def _verdict_text(rec: dict) -> str:
@@ -162,6 +226,8 @@ def _verdict_text(rec: dict) -> str:
 def layout_note(config) -> str | None:
     """One line on how the caches alias (``kv_sharing``), or None: read before
     the writes column, where one physical write shows in both views."""
+    if config.runner == "sglang":
+        return None
     pairs = config.shared_pages()
     if not pairs:
         return None

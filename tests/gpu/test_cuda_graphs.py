@@ -9,9 +9,10 @@ import torch
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 CORPORA = Path(__file__).resolve().parents[2] / "corpora"
+from tests.conftest import corpus_traces  # noqa: E402
 
 
-@pytest.mark.parametrize("path", sorted(CORPORA.rglob("*.json")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", corpus_traces(), ids=lambda p: p.name)
 def test_corpora_on_cuda(path):
     from harness.core.session import replay
     from harness.core.trace import load

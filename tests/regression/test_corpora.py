@@ -14,7 +14,8 @@ from harness.core.trace import load
 from harness.core.invariants import structural_ids
 
 CORPORA = Path(__file__).resolve().parents[2] / "corpora"
-TRACES = sorted(p for p in CORPORA.rglob("*.json"))
+from tests.conftest import corpus_traces  # noqa: E402
+TRACES = corpus_traces()
 IDS = [str(p.relative_to(CORPORA)) for p in TRACES]
 
 

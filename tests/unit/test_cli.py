@@ -14,6 +14,7 @@ import pytest
 from harness.cli import build_parser, main
 from harness.core.trace import load
 from harness.search import fuzz as search
+from tests.conftest import corpus_traces
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED_TRACE = ROOT / "corpora" / "seeds" / "full-replay-not-restaged.json"
@@ -64,7 +65,7 @@ def test_replay_exit_codes(capsys):
     assert main(["replay", str(SEED_TRACE), "--faults-from-trace"]) == 1
     out = capsys.readouterr().out
     assert "FAIL" in out and "NO_STALE_WRITE" in out
-    seeds = sorted(str(p) for p in (ROOT / "corpora").rglob("*.json"))
+    seeds = [str(p) for p in corpus_traces()]
     assert main(["replay", "--check-expect", *seeds]) == 0  # every verdict matches its expect
     assert capsys.readouterr().out.rstrip().endswith(f"{len(seeds)} matched, 0 mismatched")
 

@@ -6,7 +6,7 @@ import torch
 import gpu_impl.device  # noqa: F401  (kernel modules select the device before triton)
 from gpu_impl.attention import reshape_and_cache
 from gpu_impl.cuda_graph import Graph, record_launches
-from tests.conftest import CORPORA
+from tests.conftest import CORPORA, corpus_traces
 
 
 def test_capture_records_and_replay_reads_current_buffer_contents(device):
@@ -89,7 +89,7 @@ def test_graph_addresses_are_recorded_again_when_a_buffer_is_rebound(device):
     assert all(a == b for ptrs in runner.graph_addresses().values() for a, b in ptrs.values())
 
 
-@pytest.mark.parametrize("path", sorted(CORPORA.rglob("*.json")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", corpus_traces(), ids=lambda p: p.name)
 def test_startup_warmup_forward_on_the_corpora(monkeypatch, path, device):
     """CUDA start-up runs each capture size's warm-up forward eagerly (to compile
     the kernels); a warm-up whose dummy run built no metadata must not write

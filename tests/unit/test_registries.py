@@ -26,17 +26,19 @@ def test_every_op_is_complete_and_its_example_loads():
                                   "offload_begin", "offload_complete", "onboard_begin",
                                   "onboard_complete", "step", "dummy_run", "spec_step", "rollback", "admit",
                                   "allocate", "step_dispatch", "step_complete", "preempt",
-                                  "resume"]
+                                  "resume", "sgl_admit", "sgl_decode", "sgl_idle",
+                                  "sgl_finish", "sgl_evict"]
     for name, spec in ops.REGISTRY.items():
         assert spec.name == name and spec.summary and spec.draw is not None
-        assert set(spec.example) == set(spec.fields) | {"op"}, name
+        assert set(spec.fields) - set(spec.optional) <= set(spec.example) - {"op"} \
+            <= set(spec.fields), name
         assert set(spec.records) <= set(spec.fields) and (spec.check is None) == (
             not spec.records), name
         assert spec.forward in (None, "real", "dummy")
         desc = spec.to_json()
         assert desc["runners"] and desc["targets"] and desc["example"]["op"] == name
-    assert [s.name for s in ops.REGISTRY.values() if s.forward] == ["step", "dummy_run",
-                                                                     "spec_step", "step_dispatch"]
+    assert [s.name for s in ops.REGISTRY.values() if s.forward] == [
+        "step", "dummy_run", "spec_step", "step_dispatch", "sgl_admit", "sgl_decode", "sgl_idle"]
 
 
 def test_unknown_op_names_the_registry():
@@ -70,9 +72,13 @@ def test_invariant_registry_order_flags_and_startup():
                          "NO_STALE_WRITE",
                          "LOADED_BLOCKS_INTACT", "NO_FOREIGN_READ", "ATTENTION_FINITE",
                          "MATCHES_REFERENCE", "POOL_ACCOUNTING", "PREFIX_CONTENT",
-                         "ONE_OWNER_PER_BLOCK", "CACHED_BLOCKS_IMMUTABLE")
+                         "ONE_OWNER_PER_BLOCK", "CACHED_BLOCKS_IMMUTABLE",
+                         "SGL_RESERVED_UNREAD", "SGL_PADDING_RESERVED", "SGL_NO_STALE_WRITE",
+                         "SGL_KV_MATCHES", "SGL_TREE_CONTENT", "SGL_SLOTS_ACCOUNTED")
     assert inv.structural_ids() == ("VACATED_ROWS_ZERO", "DUMMY_TABLES_ZERO",
-                                    "PADDED_ROWS_NEUTRAL", "ROW_RESULTS_FOLLOW_REQUESTS")
+                                    "PADDED_ROWS_NEUTRAL", "ROW_RESULTS_FOLLOW_REQUESTS",
+                                    "SGL_RESERVED_UNREAD", "SGL_PADDING_RESERVED",
+                                    "SGL_SLOTS_ACCOUNTED")
     assert desc_after("PADDED_ROWS_NEUTRAL") == ["step", "dummy_run", "spec_step",
                                                  "step_dispatch"]
     desc = {d["id"]: d for d in inv.describe()}

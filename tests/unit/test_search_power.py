@@ -13,7 +13,9 @@ from harness.cli import main
 from harness.core.session import Session
 from harness.core.trace import Trace
 from harness.search import profiles
-from harness.search.coverage import FEATURES, Tracker
+from harness.search.coverage import Tracker, features_of
+
+FEATURES = features_of(None)  # the block-table features (token-slot ones: test_token_slots)
 from harness.search.machine import BlockFuzzMachine, make_machine
 from harness.search.shrink import _drop_chunks
 from reference import RunnerConfig

@@ -105,12 +105,15 @@ class Invariant:
     applies: Callable = _every_op
     applies_text: str = "every op"
     at_startup: bool = False
+    runners: tuple = ("v1", "v2")  # the configs' runners it judges (token slots: "sglang")
 
     def to_json(self) -> dict:
         from harness.core.ops import REGISTRY as OPS
 
-        after = [name for name, spec in OPS.items() if self.applies(spec)]
+        after = [name for name, spec in OPS.items()
+                 if self.applies(spec) and set(self.runners) & set(spec.runners)]
         return {"id": self.id, "meaning": self.meaning, "structural": self.structural,
+                "runners": list(self.runners),
                 "after": ([START] if self.at_startup else []) + after}
 
 
@@ -137,16 +140,16 @@ def structural_ids() -> tuple[str, ...]:
 _APPLICABLE: dict = {}
 
 
-def _applicable(spec, skip) -> tuple:
-    """The entries that judge an op of ``spec`` (None: start-up), in check order,
-    less ``skip``; worked out once per (op, skip) while the registry holds the
-    same entries (a test may patch one in)."""
+def _applicable(spec, skip, runner: str) -> tuple:
+    """The entries that judge an op of ``spec`` (None: start-up) on a config of
+    ``runner``, in check order, less ``skip``; worked out once per (op, skip,
+    runner) while the registry holds the same entries (a test may patch one in)."""
     entries = tuple(REGISTRY.values())
-    key = (None if spec is None else spec.name, skip)
+    key = (None if spec is None else spec.name, skip, runner)
     hit = _APPLICABLE.get(key)
     if hit is None or hit[1] is not spec or hit[0] != entries:
         hit = _APPLICABLE[key] = (entries, spec, tuple(
-            e for e in entries if e.id not in skip
+            e for e in entries if e.id not in skip and runner in e.runners
             and (e.at_startup if spec is None else e.applies(spec))))
     return hit[2]
 
@@ -157,7 +160,7 @@ def check(ctx: CheckContext, skip=frozenset()) -> list[Violation]:
 
     spec = None if ctx.op is None else OPS[ctx.op["op"]]
     found = []
-    for entry in _applicable(spec, frozenset(skip)):
+    for entry in _applicable(spec, frozenset(skip), ctx.config.runner):
         found += entry.check(ctx)
     return found
 
@@ -168,7 +171,7 @@ def describe() -> list[dict]:
 
 
 # Check order = import order, then registration order within each module.
-from harness.core.invariants import structural, transfers, caches, reads, differential, scheduler  # noqa: E402,F401,I001
+from harness.core.invariants import structural, transfers, caches, reads, differential, scheduler, token_slots  # noqa: E402,F401,I001
 from harness.core.invariants.caches import (  # noqa: E402
     check_loaded_blocks, check_no_stale_write, check_null_block_finite)
 from harness.core.invariants.differential import check_matches_reference  # noqa: E402

@@ -36,7 +36,7 @@ BLOCK_IDS = {"type": "array", "items": {"type": "array", "items": INT}}
 MODES = ["NONE", "PIECEWISE", "FULL"]
 CUDAGRAPH_MODE = {"enum": MODES}
 ALL_RUNNERS = ("v1", "v2")
-ALL_TARGETS = ("reference", "gpu_impl", "vllm")
+ALL_TARGETS = ("reference", "gpu_impl", "vllm")  # the block-table targets (sglang: token-slot ops only)
 
 
 def _no_requests(op: dict) -> list[int]:
@@ -124,6 +124,7 @@ class OpSpec:
     records: tuple = ()  # fields the target chooses (apply returns them); optional in traces
     check: Callable | None = None  # check(reference, op): legality before the target chooses
     eager: Callable | None = None  # eager(machine): the engine would do it now (drawn more)
+    optional: tuple = ()  # fields a trace may leave out (besides ``records``)
     family: str = "core"
     extra: dict = field(default_factory=dict)
 
@@ -131,7 +132,7 @@ class OpSpec:
         """JSON Schema of one op object of this kind."""
         props = dict(self.fields, op={"const": self.name})
         return {"type": "object", "properties": props,
-                "required": sorted(set(props) - set(self.records)),
+                "required": sorted(set(props) - set(self.records) - set(self.optional)),
                 "additionalProperties": False}
 
     def drop_request(self, op: dict, req: int) -> dict | None:
@@ -181,4 +182,4 @@ def describe() -> list[dict]:
 
 
 # Families, in listing order (their import registers their ops).
-from harness.core.ops import lifecycle, persistent_batch, transfer, forward, speculative, scheduler, inflight, preemption  # noqa: E402,F401,I001
+from harness.core.ops import lifecycle, persistent_batch, transfer, forward, speculative, scheduler, inflight, preemption, token_slots  # noqa: E402,F401,I001

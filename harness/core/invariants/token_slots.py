@@ -1,0 +1,214 @@
+"""Invariants of a token-slot engine (SGLang's shape; ``runner`` ``sglang``).
+
+Each is a pure function of the target's :class:`TokenSlotObservation` before
+and after an op and the oracle (:class:`reference.token_slots.TokenSlotReference`:
+the live requests' tokens and committed KV lengths, the last forward's
+requests and positions).  The engine chooses rows and slots; these judge the
+choice's effects:
+
+- ``SGL_RESERVED_UNREAD``: no live request sits on row 0 or reads KV slot 0
+  (SGLang's padding index, which padded rows really write);
+- ``SGL_PADDING_RESERVED``: a padded graph batch points its padded rows at row
+  0 and slot 0 only;
+- ``SGL_NO_STALE_WRITE``: an op's forward writes only the slots of the
+  positions it computed for the requests it ran, and slot 0;
+- ``SGL_KV_MATCHES``: every live request's committed positions hold the KV
+  of its token prefix (a prefix hit reads what its first owner wrote);
+- ``SGL_TREE_CONTENT``: every radix-tree node's slots hold the KV of its path;
+- ``SGL_SLOTS_ACCOUNTED``: every page is exactly one of free or in use (a live
+  row's or the tree's), never both, none lost; rows likewise.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from reference.token_slots import RESERVED_ROW, RESERVED_SLOT, payload
+
+from harness.core.invariants import CheckContext, Invariant, Violation, register
+
+RUNNERS = ("sglang",)
+
+
+def _token_slot_op(spec) -> bool:
+    return "sglang" in spec.runners
+
+
+def _forward_op(spec) -> bool:
+    return "sglang" in spec.runners and spec.forward is not None
+
+
+def _live_slots(obs, req: int) -> np.ndarray:
+    return obs.req_to_token[obs.rows[req], :obs.kv_len[req]].astype(np.int64)
+
+
+def check_reserved_unread(ctx: CheckContext) -> list[Violation]:
+    out = []
+    for req, row in sorted(ctx.after.rows.items()):
+        if row == RESERVED_ROW:
+            out.append(ctx.violation("SGL_RESERVED_UNREAD", f"request {req} was given row 0, "
+                                     "the padding row padded batches write", row=row))
+            continue
+        at = np.flatnonzero(_live_slots(ctx.after, req) == RESERVED_SLOT)
+        if at.size:
+            out.append(ctx.violation(
+                "SGL_RESERVED_UNREAD", f"request {req} reads KV slot 0 (the padding slot) at "
+                f"position {int(at[0])} of its {ctx.after.kv_len[req]}", row=row))
+    return out
+
+
+def check_padding_reserved(ctx: CheckContext) -> list[Violation]:
+    pad, ref = ctx.after.padding, ctx.reference.last_forward
+    if pad is None or ref is None or ref.get("padded_bs") is None:
+        return []
+    lo, hi = pad["raw_bs"], pad["padded_bs"]
+    out = []
+    for name, reserved in (("req_pool_indices", RESERVED_ROW), ("out_cache_loc", RESERVED_SLOT)):
+        bad = np.flatnonzero(pad[name][lo:hi] != reserved)
+        if bad.size:
+            i = lo + int(bad[0])
+            out.append(ctx.violation(
+                "SGL_PADDING_RESERVED", f"padded row {i} of {hi} has {name} "
+                f"{int(pad[name][i])}, not the reserved {reserved}", row=i))
+    return out
+
+
+def _allowed_writes(ctx: CheckContext) -> set[int]:
+    allowed = {RESERVED_SLOT}
+    ref = ctx.reference.last_forward or {}
+    for req, (lo, hi) in ref.get("positions", {}).items():
+        if req in ctx.after.rows:
+            allowed.update(int(s) for s in
+                           ctx.after.req_to_token[ctx.after.rows[req], lo:hi])
+    return allowed
+
+
+def _owner_text(ctx: CheckContext, slot: int) -> str:
+    for req, row in sorted(ctx.after.rows.items()):
+        pos = np.flatnonzero(_live_slots(ctx.after, req) == slot)
+        if pos.size:
+            return f"request {req}'s position {int(pos[0])}"
+    for tokens, slots, lock in ctx.after.tree:
+        if slot in slots:
+            return f"the radix tree's node of {len(slots)} tokens (lock {lock})"
+    page = slot // ctx.config.page_size
+    if page in set(ctx.after.free_pages.tolist()):
+        return "a free slot"
+    return "no one"
+
+
+def check_no_stale_write(ctx: CheckContext) -> list[Violation]:
+    if ctx.before is None:
+        return []
+    before = ctx.before.kv.view(np.uint32)
+    after = ctx.after.kv.view(np.uint32)
+    changed = set(np.flatnonzero(before != after).tolist())
+    if ctx.after.written is not None:
+        changed.update(int(s) for s in ctx.after.written)
+    bad = sorted(changed - _allowed_writes(ctx))
+    if not bad:
+        return []
+    slot = bad[0]
+    return [ctx.violation("SGL_NO_STALE_WRITE", f"KV slot {slot} was written, held by "
+                          f"{_owner_text(ctx, slot)}; the op computed no position there"
+                          + (f" ({len(bad)} slots in all)" if len(bad) > 1 else ""),
+                          block=slot)]
+
+
+def check_kv_matches(ctx: CheckContext) -> list[Violation]:
+    ref, obs = ctx.reference, ctx.after
+    out = []
+    live = ref.live()
+    if sorted(obs.rows) != sorted(live):
+        return [ctx.violation("SGL_KV_MATCHES", f"live requests {sorted(obs.rows)}; the "
+                              f"oracle has {sorted(live)}")]
+    for req in live:
+        want = ref.requests[req].kv_len
+        if obs.kv_len[req] != want:
+            out.append(ctx.violation("SGL_KV_MATCHES", f"request {req} has {obs.kv_len[req]} "
+                                     f"committed positions; the oracle {want}", row=obs.rows[req]))
+            continue
+        got = obs.kv[_live_slots(obs, req)]
+        diff = np.flatnonzero(got.view(np.uint32) != ref.expected_kv(req).view(np.uint32))
+        if diff.size:
+            p = int(diff[0])
+            slot = int(obs.req_to_token[obs.rows[req], p])
+            out.append(ctx.violation(
+                "SGL_KV_MATCHES", f"request {req}'s position {p} (slot {slot}) holds "
+                f"{got[p]!r}, not the KV of its token prefix", row=obs.rows[req], block=slot))
+    return out
+
+
+def check_tree_content(ctx: CheckContext) -> list[Violation]:
+    for tokens, slots, lock in ctx.after.tree:
+        if RESERVED_SLOT in slots:
+            return [ctx.violation("SGL_TREE_CONTENT", f"a radix-tree node of {len(tokens)} "
+                                  "tokens holds KV slot 0", block=RESERVED_SLOT)]
+        got = ctx.after.kv[np.asarray(slots, np.int64)]
+        diff = np.flatnonzero(got.view(np.uint32) != payload(tokens).view(np.uint32))
+        if diff.size:
+            p = int(diff[0])
+            return [ctx.violation("SGL_TREE_CONTENT", f"the radix tree's path of {len(tokens)} "
+                                  f"tokens holds {got[p]!r} at position {p} (slot {slots[p]}), "
+                                  "not the KV of its prefix", block=slots[p])]
+    return []
+
+
+def check_slots_accounted(ctx: CheckContext) -> list[Violation]:
+    cfg, obs = ctx.config, ctx.after
+    ps = cfg.page_size
+    free = obs.free_pages.tolist()
+    free_set = set(free)
+    out = []
+    if len(free_set) != len(free):
+        dup = next(p for p in free if free.count(p) > 1)
+        out.append(ctx.violation("SGL_SLOTS_ACCOUNTED", f"page {dup} is free twice",
+                                 block=dup * ps))
+    used: dict[int, str] = {}
+    for req in sorted(obs.rows):
+        for s in _live_slots(obs, req).tolist():
+            used.setdefault(s // ps, f"request {req}")
+    for tokens, slots, lock in obs.tree:
+        for s in slots:
+            used.setdefault(s // ps, "the radix tree")
+    both = sorted(free_set & set(used))
+    if both:
+        p = both[0]
+        out.append(ctx.violation("SGL_SLOTS_ACCOUNTED", f"page {p} is free while "
+                                 f"{used[p]} holds it", block=p * ps))
+    pages = set(range(1, cfg.num_pages + 1))
+    if RESERVED_SLOT // ps in free_set:
+        out.append(ctx.violation("SGL_SLOTS_ACCOUNTED", "the reserved page 0 is free",
+                                 block=RESERVED_SLOT))
+    lost = sorted(pages - free_set - set(used))
+    if lost:
+        out.append(ctx.violation("SGL_SLOTS_ACCOUNTED", f"page {lost[0]} is neither free nor "
+                                 f"held ({len(lost)} pages lost)", block=lost[0] * ps))
+    rows = list(obs.rows.values())
+    if len(set(rows)) != len(rows):
+        r = next(x for x in rows if rows.count(x) > 1)
+        out.append(ctx.violation("SGL_SLOTS_ACCOUNTED", f"row {r} is held by two live "
+                                 "requests", row=r))
+    return out
+
+
+register(Invariant("SGL_RESERVED_UNREAD", "no live request sits on row 0 or reads KV "
+                   "slot 0 (SGLang's padding index)", check_reserved_unread, structural=True,
+                   applies=_token_slot_op, applies_text="every token-slot op",
+                   runners=RUNNERS))
+register(Invariant("SGL_PADDING_RESERVED", "a padded decode-graph batch points its padded "
+                   "rows at row 0 and KV slot 0 only", check_padding_reserved, structural=True,
+                   applies=_forward_op, applies_text="token-slot forwards", runners=RUNNERS))
+register(Invariant("SGL_NO_STALE_WRITE", "a forward writes only the slots of the positions "
+                   "it computed, and slot 0", check_no_stale_write, applies=_forward_op,
+                   applies_text="token-slot forwards", runners=RUNNERS))
+register(Invariant("SGL_KV_MATCHES", "every live request's committed positions hold the KV "
+                   "of its token prefix", check_kv_matches, applies=_token_slot_op,
+                   applies_text="every token-slot op", runners=RUNNERS))
+register(Invariant("SGL_TREE_CONTENT", "every radix-tree node's slots hold the KV of its "
+                   "path", check_tree_content, applies=_token_slot_op,
+                   applies_text="every token-slot op", runners=RUNNERS))
+register(Invariant("SGL_SLOTS_ACCOUNTED", "every page is free or held (by a live row or "
+                   "the tree), never both, none lost; rows held once",
+                   check_slots_accounted, structural=True, applies=_token_slot_op,
+                   applies_text="every token-slot op", runners=RUNNERS))

@@ -1,0 +1,301 @@
+"""The sglang target: SGLang's own scheduler-side KV-cache code under test.
+
+Per token-slot op (:mod:`harness.core.ops.token_slots`), what runs is SGLang's
+code, driven as its scheduler drives it (``sglang/srt/managers/scheduler.py``,
+``schedule_policy.py``, ``schedule_batch.py``):
+
+- ``sgl_admit``: a real ``Req``; ``Req.init_next_round_input`` matches its
+  prompt in the radix tree (``match_kv_cache``); the prefill adder's commit
+  (its extend range, ``tree_cache.lock(last_node)``); ``ScheduleBatch.init_new``
+  and ``prepare_for_extend`` (``alloc_for_extend``: a row from
+  ``ReqToTokenPool``, slots from the token or paged allocator, the
+  ``req_to_token`` write); the forward's KV write through
+  ``MHATokenToKVPool.set_kv_buffer``; the new batch merged into the running
+  one (``merge_batch``);
+- ``sgl_decode``: ``prepare_for_decode`` of the running batch
+  (``alloc_for_decode``), the decode CUDA graph's padding
+  (``build_decode_registry(...).fill_from``), and the replay's KV write at the
+  padded ``out_cache_loc`` (padded rows write NaN: garbage, as a model's
+  padded rows compute);
+- ``sgl_idle``: an idle batch through the same padding (no real row);
+- ``sgl_finish``: ``release_kv_cache`` (the radix tree's insert of the
+  request's KV, unlock, free of the rest and of the row) and
+  ``filter_batch`` of the running batch;
+- ``sgl_evict``: ``RadixCache.evict``.
+
+The harness plays the scheduler's admission (the oracle refuses an op that
+could not fit) and the model (KV values are :func:`reference.token_slots.payload`
+of the token prefix; sampled tokens are :func:`~reference.token_slots.token_of`).
+Process-wide SGLang config is published once from a one-layer local model
+config (no hub access).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from array import array
+from types import SimpleNamespace
+
+import numpy as np
+
+from reference.token_slots import RESERVED_ROW, TokenSlotConfig, payload, token_of
+
+from harness.core.observation import TokenSlotObservation
+from harness.targets.registry import TargetRefused, TargetSpec, TargetUnavailable
+from harness.targets.sglang_release import installed_version, load
+
+# A one-layer model config: SGLang's ServerArgs resolves a model path at
+# publication; nothing of the model is loaded.
+_MODEL_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                 "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2,
+                 "num_key_value_heads": 1, "num_hidden_layers": 1, "vocab_size": 1000,
+                 "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
+                 "torch_dtype": "float32"}
+_PUBLISHED: SimpleNamespace | None = None
+
+
+def _publish() -> SimpleNamespace:
+    """Publish SGLang's process-wide config once (its scheduler reads it), and
+    return the classes the target drives beyond :func:`load`'s."""
+    global _PUBLISHED
+    if _PUBLISHED is not None:
+        return _PUBLISHED
+    s = load()
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from sglang.srt import runtime_context
+        from sglang.srt.managers.schedule_batch import FINISH_LENGTH, Req, ScheduleBatch
+        from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+        from sglang.srt.sampling.sampling_params import SamplingParams
+        from sglang.srt.server_args import ServerArgs
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    path = tempfile.mkdtemp(prefix="blockfuzz-sglang-model-")
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(_MODEL_CONFIG, f)
+    try:
+        args = ServerArgs(model_path=path, device="cpu", skip_tokenizer_init=True,
+                          load_format="dummy")
+        runtime_context.publish(args, role="scheduler")
+    except Exception as e:  # noqa: BLE001 (any failure: this release cannot be driven here)
+        raise TargetUnavailable(f"SGLang {s.version}: publishing a local model config failed "
+                                f"({type(e).__name__}: {e})") from None
+    _PUBLISHED = SimpleNamespace(Req=Req, ScheduleBatch=ScheduleBatch, EvictParams=EvictParams,
+                                 SamplingParams=SamplingParams, FINISH_LENGTH=FINISH_LENGTH,
+                                 NONE=SpeculativeAlgorithm.NONE)
+    return _PUBLISHED
+
+
+class SglangTarget:
+    """SGLang's pools, allocator, radix cache, scheduler batches and decode-graph
+    padding for one :class:`~reference.token_slots.TokenSlotConfig`.
+
+    Raises :class:`TargetUnavailable` when SGLang is absent or cannot be driven.
+    """
+
+    name = "sglang"
+
+    def __init__(self, config: TokenSlotConfig, faults=(), device: str | None = None):
+        import torch
+
+        self.config = config
+        s, p = load(), _publish()
+        self._s, self._p, self._torch = s, p, torch
+        self.req_to_token_pool = s.ReqToTokenPool(
+            size=config.max_num_reqs, max_context_len=config.max_context_len, device="cpu",
+            enable_memory_saver=False)
+        self.kv_pool = s.MHATokenToKVPool(
+            size=config.num_slots, page_size=config.page_size, dtype=torch.float32, head_num=1,
+            head_dim=1, layer_num=1, device="cpu", enable_memory_saver=False)
+        if config.page_size == 1:
+            self.allocator = s.TokenToKVPoolAllocator(
+                size=config.num_slots, dtype=torch.float32, device="cpu", kvcache=self.kv_pool,
+                need_sort=False)
+        else:
+            self.allocator = s.PagedTokenToKVPoolAllocator(
+                size=config.num_slots, page_size=config.page_size, dtype=torch.float32,
+                device="cpu", kvcache=self.kv_pool, need_sort=False)
+        self.tree = s.RadixCache(s.CacheInitParams(
+            disable=not config.radix_cache, req_to_token_pool=self.req_to_token_pool,
+            token_to_kv_pool_allocator=self.allocator, page_size=config.page_size))
+        top = max(config.capture_bs)
+        self.registry = s.build_decode_registry(
+            device=torch.device("cpu"), max_bs=top, max_num_token=top, seq_len_fill_value=1,
+            cache_loc_dtype=torch.int64)
+        self._model_config = SimpleNamespace(
+            vocab_size=_MODEL_CONFIG["vocab_size"], is_encoder_decoder=False,
+            attention_arch=None, is_multimodal=False, hf_config=SimpleNamespace(),
+            context_len=config.max_context_len)
+        self._layer = SimpleNamespace(layer_id=0)
+        self.reqs: dict[int, object] = {}  # live request id -> SGLang Req
+        self.seen: dict[int, object] = {}  # every admitted request (prefix sources)
+        self.running = None  # the running ScheduleBatch
+        self._padded = None
+        self._written = None
+
+    # -- the model's part ----------------------------------------------------------
+    def _write(self, locs, values) -> None:
+        """The forward's KV write for one layer: ``values`` at slots ``locs``."""
+        torch = self._torch
+        locs = torch.as_tensor(locs, dtype=torch.int64)
+        vals = torch.as_tensor(np.asarray(values, np.float32)).reshape(-1, 1, 1)
+        self.kv_pool.set_kv_buffer(self._layer, locs, vals, vals)
+        self._written = locs.numpy().copy()
+
+    def _new_batch(self, reqs):
+        p = self._p
+        return p.ScheduleBatch.init_new(reqs, self.req_to_token_pool, self.allocator, self.tree,
+                                        self._model_config, False, p.NONE)
+
+    # -- ops ---------------------------------------------------------------------------
+    def sgl_admit(self, req: int, prompt_len: int, prefix=None) -> None:
+        p = self._p
+        head = []
+        if prefix:
+            src = self.seen[prefix[0]]
+            head = list(src.origin_input_ids) + list(src.output_ids)
+            head = head[:prefix[1]]
+        tokens = head + [token_of(req, i) for i in range(len(head), prompt_len)]
+        r = p.Req(str(req), "", array("q", tokens),
+                  p.SamplingParams(max_new_tokens=self.config.max_context_len))
+        r.init_next_round_input(self.tree)  # match_kv_cache: the prefix hit
+        r.extend_end = prompt_len  # the prefill adder's commit: the whole prompt ...
+        r.lock = self.tree.lock(r.last_node)  # ... and a lock on the matched path
+        batch = self._new_batch([r])
+        batch.prepare_for_extend()  # alloc_for_extend: row, slots, req_to_token
+        self._write(batch.out_cache_loc, payload(tokens)[r.prefix_len:prompt_len])
+        r.output_ids.append(token_of(req, prompt_len))
+        self.reqs[req] = self.seen[req] = r
+        if self.running is None:
+            self.running = batch
+        else:
+            self.running.merge_batch(batch)
+
+    def sgl_decode(self) -> None:
+        torch = self._torch
+        batch = self.running
+        batch.prepare_for_decode()  # alloc_for_decode: one slot each, req_to_token
+        bs = batch.batch_size()
+        values = []
+        for r in batch.reqs:
+            fill = list(r.origin_input_ids) + list(r.output_ids)
+            values.append(payload(fill)[-1])
+        padded = self.config.padded_bs(bs)
+        if padded is None:  # no captured size fits: eager, unpadded
+            self._write(batch.out_cache_loc, values)
+        else:
+            seq = batch.seq_lens.to(torch.int64)
+            fb = SimpleNamespace(
+                input_ids=torch.zeros(bs, dtype=torch.int64), positions=seq - 1,
+                out_cache_loc=batch.out_cache_loc.to(torch.int64),
+                req_pool_indices=batch.req_pool_indices.to(torch.int64), seq_lens=seq,
+                seq_lens_cpu=seq.clone(), mrope_positions=None,
+                global_num_token_non_padded=None, num_token_non_padded=None)
+            self._replay(fb, bs, padded, values)
+        for r in batch.reqs:
+            r.output_ids.append(token_of(int(r.rid), len(r.origin_input_ids) + len(r.output_ids)))
+
+    def _replay(self, fb, bs: int, padded: int, values) -> None:
+        """The decode graph's replay: its padding fills the captured buffers, and
+        the captured KV write reads ``out_cache_loc`` from them (padded rows: NaN)."""
+        self.registry.fill_from(fb, raw_bs=bs, padded_bs=padded, raw_num_tokens=bs,
+                                padded_num_tokens=padded)
+        buf = {n: self.registry.get_slot(n).buffer for n in
+               ("req_pool_indices", "out_cache_loc", "seq_lens")}
+        self._padded = {n: b[:padded].numpy().astype(np.int64) for n, b in buf.items()}
+        self._padded.update(raw_bs=bs, padded_bs=padded)
+        self._write(buf["out_cache_loc"][:padded].clone(),
+                    list(values) + [np.nan] * (padded - bs))
+
+    def sgl_idle(self, bs: int) -> None:
+        torch = self._torch
+        empty = torch.zeros(0, dtype=torch.int64)
+        fb = SimpleNamespace(input_ids=empty, positions=empty, out_cache_loc=empty,
+                             req_pool_indices=empty, seq_lens=empty, seq_lens_cpu=empty,
+                             mrope_positions=None, global_num_token_non_padded=None,
+                             num_token_non_padded=None)
+        self._replay(fb, 0, bs, [])
+
+    def sgl_finish(self, req: int) -> None:
+        r = self.reqs.pop(req)
+        r.finished_reason = self._p.FINISH_LENGTH(length=len(r.output_ids))
+        self._s.release_kv_cache(r, self.tree, checkpoint=self.config.radix_cache)
+        self.running.filter_batch()
+        if self.running.is_empty():
+            self.running = None
+
+    def sgl_evict(self, num_tokens: int) -> None:
+        self.tree.evict(self._p.EvictParams(num_tokens=num_tokens))
+
+    # -- observation -------------------------------------------------------------------
+    def _free_pages(self) -> np.ndarray:
+        a = self.allocator
+        parts = [a.free_pages.numpy()]
+        if getattr(a, "release_pages", None) is not None and len(a.release_pages):
+            parts.append(a.release_pages.numpy())
+        return np.sort(np.concatenate(parts).astype(np.int64))
+
+    def _tree_nodes(self) -> list:
+        out = []
+        stack = [(self.tree.root_node, (), ())]
+        while stack:
+            node, toks, slots = stack.pop()
+            for child in node.children.values():
+                t = toks + tuple(int(x) for x in child.key.token_ids)
+                v = slots + tuple(int(x) for x in child.value.tolist())
+                out.append((t, v, int(child.lock_ref)))
+                stack.append((child, t, v))
+        return sorted(out)
+
+    def observe(self) -> TokenSlotObservation:
+        kv = self.kv_pool.k_buffer[0][:, 0, 0].numpy().copy()
+        written, self._written = self._written, None
+        return TokenSlotObservation(
+            rows={q: int(r.kv.req_pool_idx) for q, r in self.reqs.items()},
+            kv_len={q: int(r.kv.kv_committed_len) for q, r in self.reqs.items()},
+            req_to_token=self.req_to_token_pool.req_to_token.numpy().copy(),
+            kv=kv, free_pages=self._free_pages(),
+            tree=self._tree_nodes() if self.config.radix_cache else [],
+            padding=None if self._padded is None else dict(self._padded),
+            written=written)
+
+
+def _refusal(config) -> TargetRefused | None:
+    if not isinstance(config, TokenSlotConfig):
+        return TargetRefused("runner", f"the sglang target runs token-slot configs "
+                             f"(runner 'sglang'), not a {config.runner} block-table runner")
+    if config.page_size not in load().page_sizes:
+        return TargetRefused("page_size", f"{config.page_size}: the sglang target drives "
+                             f"page sizes {list(load().page_sizes)}")
+    return None
+
+
+def _factory(config, faults=(), device=None):
+    problem = _refusal(config)
+    if problem is not None:
+        raise problem
+    return SglangTarget(config, faults, device)
+
+
+def _select_device(requested: str | None) -> str:
+    if requested not in (None, "auto", "cpu"):
+        raise TargetUnavailable(f"the sglang target runs on the CPU (its pools on torch's "
+                                f"CPU device); --device {requested} is not supported")
+    load()
+    return "cpu"
+
+
+def _version() -> str | None:
+    v = installed_version()
+    return None if v is None else f"SGLang {v}"
+
+
+SPEC = TargetSpec(name="sglang", description="the installed SGLang's pools, allocators, "
+                  "radix cache, scheduler batches and decode-graph padding",
+                  factory=_factory, select_device=_select_device, refusal=_refusal,
+                  version=_version, runners=("sglang",))
+
+__all__ = ["RESERVED_ROW", "SPEC", "SglangTarget"]

@@ -1,0 +1,122 @@
+"""The ``sglang`` target: SGLang's own pools, allocator, radix cache, scheduler
+batches and decode-graph padding under the token-slot invariants.
+
+Tests that need SGLang skip with one line when it is not installed (install a
+release with ``scripts/install-sglang-target.sh RELEASE``); with
+``$BLOCKFUZZ_REQUIRE_SGLANG=1`` they fail instead.  Each "is SGLang's" test
+patches one installed SGLang class or function and watches the verdict of a
+corpus trace change: proof that the component in the loop is SGLang's.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from harness.cli import main
+from harness.core.session import replay
+from harness.core.trace import load
+from harness.targets import sglang_release
+from tests.conftest import CORPORA
+
+TRACES = sorted((CORPORA / "sglang").glob("*.json"))
+LIFE = CORPORA / "sglang" / "prefix-hit-padding-and-eviction.json"
+
+
+@pytest.fixture(scope="module")
+def sglang():
+    """The loaded SGLang; skips without one (fails with ``$BLOCKFUZZ_REQUIRE_SGLANG=1``)."""
+    give_up = pytest.fail if os.environ.get("BLOCKFUZZ_REQUIRE_SGLANG") == "1" else pytest.skip
+    if sglang_release.installed_version() is None:
+        give_up("SGLang not installed (scripts/install-sglang-target.sh RELEASE)")
+    try:
+        return sglang_release.load()
+    except sglang_release.TargetUnavailable as e:
+        give_up(f"SGLang cannot be used in this process: {e}")
+
+
+def test_missing_sglang_is_one_line_exit_2(monkeypatch, capsys):
+    """Without SGLang, --target sglang fails before any work: one line, exit 2."""
+    monkeypatch.setattr(sglang_release, "installed_version", lambda: None)
+    monkeypatch.setattr(sglang_release, "_LOADED", None)
+    assert main(["replay", "--target", "sglang", str(LIFE)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "install-sglang-target.sh" in err[0], err
+
+
+@pytest.mark.parametrize("path", TRACES, ids=lambda p: p.stem)
+def test_corpus_traces_pass_on_sglang(sglang, path):
+    trace = load(path)
+    verdict = replay(trace, target="sglang")
+    assert verdict.violation is None, verdict.violation.line()
+    assert verdict.ops_run == len(trace.ops)
+
+
+def _verdict(path=LIFE):
+    v = replay(load(path), target="sglang")
+    return None if v.violation is None else v.violation
+
+
+def test_the_allocator_is_sglangs(sglang, monkeypatch):
+    """An allocator that hands out the reserved slot 0 (SGLang's own alloc, then
+    its first slot swapped for 0) is caught: a live request reads the padding slot."""
+    real = sglang.TokenToKVPoolAllocator.alloc
+
+    def alloc(self, need_size):
+        out = real(self, need_size)
+        if out is not None and len(out):
+            out = out.clone()
+            out[0] = 0
+        return out
+
+    monkeypatch.setattr(sglang.TokenToKVPoolAllocator, "alloc", alloc)
+    v = _verdict()
+    assert v is not None and v.invariant == "SGL_RESERVED_UNREAD", v
+
+
+def test_the_request_pool_is_sglangs(sglang, monkeypatch):
+    """A request pool that hands out row 0 (the padding row) is caught."""
+    real = sglang.ReqToTokenPool.alloc_rows
+
+    def alloc_rows(self, need_size):
+        rows = real(self, need_size)
+        return None if rows is None else [0 for _ in rows]
+
+    monkeypatch.setattr(sglang.ReqToTokenPool, "alloc_rows", alloc_rows)
+    v = _verdict()
+    assert v is not None and v.invariant == "SGL_RESERVED_UNREAD" and "row 0" in v.detail, v
+
+
+def test_the_radix_cache_is_sglangs(sglang, monkeypatch):
+    """A radix cache whose lock does nothing lets eviction free a live request's
+    prefix: the freed slots are free while that request holds them."""
+    from sglang.srt.mem_cache.base_prefix_cache import IncLockRefResult
+
+    monkeypatch.setattr(sglang.RadixCache, "inc_lock_ref",
+                        lambda self, node: IncLockRefResult(delta=0))
+    monkeypatch.setattr(sglang.RadixCache, "dec_lock_ref", lambda self, node, *a, **k: None)
+    v = _verdict()
+    assert v is not None and v.invariant == "SGL_SLOTS_ACCOUNTED" and "free while" in v.detail, v
+
+
+def test_the_graph_padding_is_sglangs(sglang, monkeypatch):
+    """Padding that repeats the last real row instead of pointing at slot 0 writes
+    garbage into a live request's slot."""
+    from sglang.srt.model_executor import cuda_graph_buffer_registry as reg_mod
+
+    cls = type(sglang.build_decode_registry(device=__import__("torch").device("cpu"), max_bs=1,
+                                            max_num_token=1, seq_len_fill_value=1,
+                                            cache_loc_dtype=__import__("torch").int64))
+    real = cls.fill_from
+
+    def fill_from(self, fb, *, raw_bs, padded_bs, **kw):
+        real(self, fb, raw_bs=raw_bs, padded_bs=padded_bs, **kw)
+        loc = self.get_slot("out_cache_loc").buffer
+        if 0 < raw_bs < padded_bs:
+            loc[raw_bs:padded_bs] = loc[raw_bs - 1]
+
+    monkeypatch.setattr(cls, "fill_from", fill_from)
+    v = _verdict(CORPORA / "sglang" / "no-radix-cache-three-padded.json")
+    assert v is not None and v.invariant == "SGL_PADDING_RESERVED", v
+    assert reg_mod is not None

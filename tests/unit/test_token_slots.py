@@ -1,0 +1,168 @@
+"""The token-slot oracle and invariants (SGLang's shape), without SGLang:
+config and op legality, the payload's prefix property, the corpus traces'
+dry run, and each token-slot invariant firing on a hand-built observation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from harness.core import invariants as inv
+from harness.core.observation import TokenSlotObservation
+from harness.core.trace import TraceError, load, parse
+from reference import ConfigError, OpError, config_from_json
+from reference.token_slots import TokenSlotConfig, TokenSlotReference, payload
+from tests.conftest import CORPORA
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ConfigError, match="num_slots"):
+        TokenSlotConfig(num_slots=10, page_size=4)
+    with pytest.raises(ConfigError, match="capture_bs"):
+        TokenSlotConfig(capture_bs=(4, 2))
+    with pytest.raises(ConfigError, match="page_tokens"):
+        config_from_json({"runner": "sglang", "page_tokens": 4})
+    assert config_from_json({"runner": "sglang", "page_size": 4}).page_size == 4
+
+
+def test_padded_bs_is_the_smallest_captured_size_that_fits():
+    c = TokenSlotConfig(capture_bs=(1, 2, 4))
+    assert [c.padded_bs(n) for n in (1, 2, 3, 4, 5)] == [1, 2, 4, 4, None]
+
+
+def test_payload_is_a_function_of_the_prefix():
+    a, b = payload([5, 6, 7, 8]), payload([5, 6, 9])
+    assert np.array_equal(a[:2], b[:2]) and a[2] != b[2]
+
+
+def test_oracle_legality():
+    ref = TokenSlotReference(TokenSlotConfig(num_slots=13, max_num_reqs=2, max_context_len=8))
+    ref.sgl_admit(0, 5)
+    with pytest.raises(OpError, match="admitted before"):
+        ref.sgl_admit(0, 3)
+    with pytest.raises(OpError, match="prompt_len"):
+        ref.sgl_admit(1, 8)
+    with pytest.raises(OpError, match="no room"):
+        ref.sgl_admit(1, 7)  # request 0 holds 6, 7 + a page over-asked: 14 > 13 slots
+    ref.sgl_admit(1, 2, [0, 2])
+    assert ref.requests[1].tokens[:2] == ref.requests[0].tokens[:2]
+    with pytest.raises(OpError, match="max_num_reqs"):
+        ref.sgl_admit(2, 1)
+    ref.sgl_decode()
+    assert [ref.requests[r].kv_len for r in (0, 1)] == [6, 3]
+    with pytest.raises(OpError, match="captured"):
+        ref.sgl_idle(3)
+    ref.sgl_finish(0)
+    with pytest.raises(OpError, match="not live"):
+        ref.sgl_finish(0)
+
+
+@pytest.mark.parametrize("path", sorted((CORPORA / "sglang").glob("*.json")),
+                         ids=lambda p: p.stem)
+def test_corpus_traces_are_legal(path):
+    trace = load(path)
+    assert trace.config.runner == "sglang" and trace.ops
+
+
+def test_block_table_ops_are_refused_in_a_token_slot_trace():
+    obj = {"format": "blockfuzz-trace", "version": 1,
+           "config": {"runner": "sglang"}, "ops": [{"op": "condense"}]}
+    with pytest.raises(TraceError, match=r"ops\[0\]"):
+        parse(obj)
+
+
+# -- the invariants on hand-built observations ------------------------------------------
+CFG = TokenSlotConfig(num_slots=8, max_num_reqs=2, max_context_len=8, capture_bs=(2,))
+
+
+def _obs(rows, slots, kv=None, free=None, tree=(), padding=None, written=None):
+    r2t = np.zeros((CFG.max_num_reqs + 1, CFG.max_context_len), np.int32)
+    kv_len = {}
+    for req, row in rows.items():
+        r2t[row, :len(slots[req])] = slots[req]
+        kv_len[req] = len(slots[req])
+    used = {s for v in slots.values() for s in v} | {s for _, v, _ in tree for s in v}
+    return TokenSlotObservation(
+        rows=dict(rows), kv_len=kv_len, req_to_token=r2t,
+        kv=np.zeros(CFG.num_slots + 1, np.float32) if kv is None else kv,
+        free_pages=np.array(sorted(set(range(1, 9)) - used) if free is None else free,
+                            np.int64),
+        tree=list(tree), padding=padding, written=written)
+
+
+def _ref():
+    ref = TokenSlotReference(CFG)
+    ref.sgl_admit(0, 3)
+    return ref
+
+
+def _kv_for(ref, slots):
+    kv = np.zeros(CFG.num_slots + 1, np.float32)
+    kv[slots] = ref.expected_kv(0)
+    return kv
+
+
+def _check(after, ref, op=None, before=None):
+    ctx = inv.CheckContext(CFG, ref, after, ref, 0, op or {"op": "sgl_admit", "req": 0,
+                                                           "prompt_len": 3}, before, None)
+    return [v.invariant for v in inv.check(ctx)]
+
+
+def test_a_correct_observation_passes():
+    ref = _ref()
+    before = _obs({}, {})
+    after = _obs({0: 1}, {0: [3, 4, 5]}, kv=_kv_for(ref, [3, 4, 5]),
+                 written=np.array([3, 4, 5]))
+    assert _check(after, ref, before=before) == []
+
+
+@pytest.mark.parametrize("case, invariant", [
+    ("row 0", "SGL_RESERVED_UNREAD"),
+    ("slot 0", "SGL_RESERVED_UNREAD"),
+    ("stale write", "SGL_NO_STALE_WRITE"),
+    ("wrong kv", "SGL_KV_MATCHES"),
+    ("free and held", "SGL_SLOTS_ACCOUNTED"),
+    ("lost", "SGL_SLOTS_ACCOUNTED"),
+    ("tree content", "SGL_TREE_CONTENT"),
+])
+def test_each_invariant_fires(case, invariant):
+    ref = _ref()
+    slots = [3, 4, 5]
+    row, kv, free, written, tree = 1, _kv_for(ref, slots), None, np.array(slots), ()
+    if case == "row 0":
+        row = 0
+    elif case == "slot 0":
+        slots = [3, 0, 5]
+        kv = _kv_for(ref, slots)
+    elif case == "stale write":
+        written = np.array([3, 4, 5, 7])
+    elif case == "wrong kv":
+        kv[4] += 1
+    elif case == "free and held":
+        free = [1, 2, 4, 6, 7, 8]
+    elif case == "lost":
+        free = [1, 2, 6, 7]
+    elif case == "tree content":
+        tree = [((9, 9), (6, 7), 0)]
+    after = _obs({0: row}, {0: slots}, kv=kv, free=free, tree=tree, written=written)
+    assert invariant in _check(after, ref, before=_obs({}, {}))
+
+
+def test_padding_pointing_past_the_reserved_index_is_caught():
+    ref = _ref()
+    ref.sgl_decode()
+    slots = [3, 4, 5, 6]
+    kv = np.zeros(CFG.num_slots + 1, np.float32)
+    kv[slots] = ref.expected_kv(0)
+    pad = {"req_pool_indices": np.array([1, 1]), "out_cache_loc": np.array([6, 6]),
+           "seq_lens": np.array([4, 4]), "raw_bs": 1, "padded_bs": 2}
+    after = _obs({0: 1}, {0: slots}, kv=kv, padding=pad, written=np.array([6, 6]))
+    found = _check(after, ref, op={"op": "sgl_decode"}, before=_obs({0: 1}, {0: slots[:3]}))
+    assert "SGL_PADDING_RESERVED" in found
+
+
+def test_block_table_invariants_do_not_judge_token_slot_ops():
+    sglang = {e.id for e in inv.REGISTRY.values() if "sglang" in e.runners}
+    assert sglang and all(i.startswith("SGL_") for i in sglang)
+    assert not any("sglang" in e.runners for e in inv.REGISTRY.values()
+                   if not e.id.startswith("SGL_"))
