@@ -300,10 +300,16 @@ def main() -> None:
     for col in ("fault", "runner", "invariant", "expected", "examples", "search s",
                 "hypothesis ops", "shrunk ops", "shrink replays", "shrink s"):
         k.add_column(col)
+    from harness.targets.sglang_release import installed_version as sglang_version
+
     for fid in sorted(CATALOGUE):
         for runner in CATALOGUE[fid].runners:
-            r = fuzz(None, args.seed, args.kill_examples, [fid], "gpu_impl", device,
-                     profile="ci", runner=runner)
+            target = "sglang" if runner == "sglang" else "gpu_impl"
+            if target == "sglang" and sglang_version() is None:
+                k.add_row(fid, runner, "n/a (SGLang not installed)", *["-"] * 7)
+                continue
+            r = fuzz(None, args.seed, args.kill_examples, [fid], target,
+                     device if target == "gpu_impl" else None, profile="ci", runner=runner)
             got = r.violation.invariant if r.violation else "NOT FOUND"
             k.add_row(fid, runner, got, "yes" if CATALOGUE[fid].caught_by(got) else "NO",
                       str(r.examples), f"{r.seconds - r.shrink_seconds:.1f}",

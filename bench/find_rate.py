@@ -37,7 +37,9 @@ def one(job: tuple) -> dict:
     fault, seed, examples, do_shrink, save = job
     from harness.search.fuzz import fuzz
 
-    r = fuzz(None, seed=seed, examples=examples, faults=(fault,), shrink_trace=False)
+    target = _target(fault)
+    r = fuzz(None, seed=seed, examples=examples, faults=(fault,), shrink_trace=False,
+             target=target, runner="sglang" if target == "sglang" else None)
     if r.trace is not None and save:
         (Path(save) / f"{fault}-seed{seed}.json").write_text(r.trace.dumps())
     if r.trace is not None and do_shrink:  # what fuzz does next, timed apart
@@ -46,7 +48,7 @@ def one(job: tuple) -> dict:
         from harness.search.shrink import shrink
 
         start = time.perf_counter()
-        small, r.shrink_replays = shrink(r.trace, r.violation.invariant, (fault,))
+        small, r.shrink_replays = shrink(r.trace, r.violation.invariant, (fault,), target)
         r.shrink_seconds, r.trace = time.perf_counter() - start, small
     return {"fault": fault, "seed": seed, "found": r.violation is not None,
             "invariant": r.violation.invariant if r.violation else None,
@@ -54,6 +56,14 @@ def one(job: tuple) -> dict:
             "steps": r.steps, "shrink_replays": r.shrink_replays,
             "shrink_s": round(r.shrink_seconds, 2),
             "ops": len(r.trace.ops) if r.trace is not None else None}
+
+
+def _target(fault: str) -> str:
+    """SGLang's faults run on the installed SGLang (the sglang target), the rest on
+    gpu_impl."""
+    from gpu_impl.faults import CATALOGUE
+
+    return "sglang" if CATALOGUE[fault].runners == ("sglang",) else "gpu_impl"
 
 
 def summarise(rows: list[dict], examples: int) -> list[dict]:
@@ -97,6 +107,16 @@ def main(argv=None) -> int:
         if f not in CATALOGUE:
             print(f"find_rate.py: --faults: unknown fault {f!r}", file=sys.stderr)
             return 2
+    from harness.targets.sglang_release import installed_version
+
+    if installed_version() is None and any(_target(f) == "sglang" for f in faults):
+        if args.faults:
+            print("find_rate.py: --faults: SGLang's faults need SGLang "
+                  "(scripts/install-sglang-target.sh RELEASE)", file=sys.stderr)
+            return 2
+        faults = [f for f in faults if _target(f) != "sglang"]
+        print("find_rate.py: SGLang is not installed: its faults are left out",
+              file=sys.stderr)
     if args.save:
         Path(args.save).mkdir(parents=True, exist_ok=True)
     jobs = [(f, s, args.examples, not args.no_shrink, args.save)

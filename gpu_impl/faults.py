@@ -24,7 +24,8 @@ class Fault:
     the metadata-build phase between block tables and kernels; ``layout``: how
     the caches lie in memory — a pool shared by groups, pages aliased across
     layers); ``sites``:
-    the upstream files the bug lived in, as vLLM paths — a target that drives
+    the upstream files the bug lived in, as engine paths (vLLM's; SGLang's for runner
+    ``sglang``) — a target that drives
     the engine's own code says which of them it runs (the vllm target's
     ``ENGINE_SITES``), so a trace's verdict there is real or ``n/a``."""
 
@@ -596,6 +597,46 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "kernel and V2's _compute_slot_mappings_kernel)",
           "NO_STALE_WRITE", ("MATCHES_REFERENCE",), family="core",
           sites=("vllm/v1/worker/block_table.py", "vllm/v1/worker/gpu/block_table.py")),
+    # -- SGLang's history (runner "sglang": the sglang target re-creates each bug in the
+    # installed SGLang's own code, at the place it lived: harness/targets/sglang_faults.py)
+    Fault("sgl-padding-keeps-stale-cache-loc", ("sglang",),
+          "the decode CUDA graph's padding fills the real rows of its out_cache_loc buffer "
+          "but leaves the padded rows as the previous replay left them, so a padded row's "
+          "garbage KV lands in a slot an earlier batch's request wrote (its own, or one "
+          "freed and handed out again) instead of the reserved slot 0",
+          "sgl-project/sglang PR #24743 'fix(cuda_graph): zero out_cache_loc_swa on pad' "
+          "(the hybrid-SWA buffer was not zeroed on pad, so padded tokens wrote junk KV "
+          "into live SWA slots of previously active requests; re-created on the one "
+          "out_cache_loc buffer this model has)",
+          "SGL_PADDING_RESERVED", ("SGL_NO_STALE_WRITE", "SGL_KV_MATCHES"), family="core",
+          sites=("sglang/srt/model_executor/cuda_graph_runner.py",
+                 "sglang/srt/model_executor/cuda_graph_buffer_registry.py")),
+    Fault("sgl-request-row-0-handed-out", ("sglang",),
+          "ReqToTokenPool hands out request row 0 like any other, while padded graph rows "
+          "point their req_pool_indices at 0: a live request shares the padding row",
+          "sgl-project/sglang PR #24243 'Reserve slot 0 as padding in all req pools' "
+          "(before it, free_slots started at 0 and padded batches' req_pool_indices, "
+          "zero-initialised, aliased a real request's row)",
+          "SGL_RESERVED_UNREAD", family="core",
+          sites=("sglang/srt/mem_cache/memory_pool.py",)),
+    Fault("sgl-checkpoint-row-not-remapped", ("sglang",),
+          "publishing a running request's KV into the radix tree frees the slots the tree "
+          "already held for the same tokens (duplicates) but leaves the request's "
+          "req_to_token row pointing at them instead of at the tree's slots: the request "
+          "holds freed slots, which the allocator hands out again",
+          "sgl-project/mini-sglang PR #142 'Fix radix cache duplicate prefix remapping' "
+          "(SGLang's minimal engine: the unfinished request's page table kept the freed "
+          "duplicates); SGLang's RadixCache.checkpoint does this remap after its insert",
+          "SGL_SLOTS_ACCOUNTED", ("SGL_KV_MATCHES",), family="scheduler",
+          sites=("sglang/srt/mem_cache/radix_cache.py",)),
+    Fault("sgl-lock-skips-matched-node", ("sglang",),
+          "locking a prefix hit walks from the matched node's parent, so the matched node "
+          "itself stays unlocked: eviction may free the slots a live request's hit reads",
+          "sgl-project/mini-sglang PR #52 'Fix: Missed lock/unlock of current node in "
+          "RadixCacheManager when using lock_handle' (the walk moved to the parent before "
+          "locking; SGLang's inc_lock_ref / dec_lock_ref walk from the node itself)",
+          "SGL_SLOTS_ACCOUNTED", ("SGL_KV_MATCHES", "SGL_TREE_CONTENT"), family="scheduler",
+          sites=("sglang/srt/mem_cache/radix_cache.py",)),
 )}
 
 

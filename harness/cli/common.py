@@ -112,6 +112,32 @@ def _print_consequence(trace, invariant: str, faults, target: str, device: str) 
           "matches the reference)")
 
 
+def _takes_faults(target: str) -> bool:
+    from harness.targets import target_spec
+
+    return target_spec(target).takes_faults
+
+
+def _check_fault_target(faults: list[str], target: str, flag_ids: list[str]) -> None:
+    """Faults on a target that has none, or of another runner than the target's:
+    one line naming the flag (exit 2)."""
+    if not faults:
+        return
+    from gpu_impl.faults import CATALOGUE
+    from harness.targets import target_spec
+
+    spec = target_spec(target)
+    if not spec.takes_faults:
+        raise UsageError(f"{_fault_source(flag_ids)}: the {target} target has no faults; "
+                         "faults live in gpu_impl (runners v1, v2) and the sglang target "
+                         "(runner sglang)")
+    for fid in faults:
+        if not set(CATALOGUE[fid].runners) & set(spec.runners):
+            raise UsageError(f"{_fault_source(flag_ids)} {fid}: a fault of runner(s) "
+                             f"{', '.join(CATALOGUE[fid].runners)}; the {target} target runs "
+                             f"{', '.join(spec.runners)}")
+
+
 def _fault_source(ids: list[str]) -> str:
     """The flag or variable that switched faults on, for error messages."""
     if ids:
@@ -140,7 +166,7 @@ def _fault_runner(faults: list[str]) -> str | None:
     """The one runner every fault applies to, if there is exactly one."""
     from gpu_impl.faults import CATALOGUE
 
-    common = {"v1", "v2"}
+    common = {"v1", "v2", "sglang"}
     for fid in faults:
         common &= set(CATALOGUE[fid].runners)
     if faults and not common:
@@ -222,12 +248,10 @@ def _trace_faults(args, trace, source: str = "trace", note: str | None = "stdout
     faults = _check_faults(args.fault)
     if args.faults_from_trace:
         faults = sorted(set(faults) | set(trace.faults))
-    if faults and args.target != "gpu_impl":
-        raise UsageError(f"{_fault_source(args.fault)}: faults live in gpu_impl; use --target "
-                         "gpu_impl")
+    _check_fault_target(faults, args.target, args.fault)
     _check_trace_faults(faults, trace.config.runner, source)
     off = [f for f in trace.faults if f not in faults]
-    if off and note is not None and args.target == "gpu_impl":
+    if off and note is not None and _takes_faults(args.target):
         print(f"note: {source} was found with fault(s) {','.join(off)} (meta.faults), off "
               "here; --faults-from-trace switches them on",
               file=sys.stdout if note == "stdout" else sys.stderr)

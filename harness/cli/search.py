@@ -15,9 +15,9 @@ from harness.cli.common import (
     UsageError,
     _check_faults,
     _check_out,
+    _check_fault_target,
     _check_target,
     _fault_runner,
-    _fault_source,
     _load_config,
     _print_consequence,
     _select_device,
@@ -37,9 +37,7 @@ def _fuzz_setup(args):
     runner = config.runner if config is not None else (args.runner or _fault_runner(faults))
     if config is not None:
         _check_faults(args.fault, runner)
-    if faults and args.target != "gpu_impl":
-        raise UsageError(f"{_fault_source(args.fault)}: faults live in gpu_impl; use --target "
-                         "gpu_impl")
+    _check_fault_target(faults, args.target, args.fault)
     from harness.targets import target_spec
 
     runners = target_spec(args.target).runners
@@ -287,9 +285,7 @@ def _nightly_campaign(args):
         _check_out(args.corpus, "--corpus")
     faults = _check_faults(args.fault, args.runner)
     runner = args.runner or _fault_runner(faults)
-    if faults and args.target != "gpu_impl":
-        raise UsageError(f"{_fault_source(args.fault)}: faults live in gpu_impl; use --target "
-                         "gpu_impl")
+    _check_fault_target(faults, args.target, args.fault)
     if args.release_cache is not None and args.releases is None:
         raise UsageError("--release-cache: only used with --releases (a campaign across "
                          "vLLM releases)")

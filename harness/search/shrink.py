@@ -512,26 +512,47 @@ def _size(ops: list[dict], i: int, key: str):
     return next((z for z in spec_of(ops[i]).sizes(ops[i]) if z.key == key), None)
 
 
-def _shrink_token_slot_config(best, fails):
-    """A token-slot config's fields moved to their defaults one at a time (the
-    ops unchanged), kept where the trace still fails: the geometry a report
-    names is then the plainest that shows the bug."""
+def _shrink_token_slot_config(best, invariant, faults, target, device, budget):
+    """A token-slot config made plainer, each step kept where the trace still
+    fails: its fields moved to their defaults one at a time, then its limits
+    (request rows, slots, context length) lowered by halving.  The ops the
+    plainer config refuses are dropped with it (a request that only filled a
+    larger pool goes when the pool shrinks).  Returns (best, replays)."""
     import dataclasses
 
     from reference.token_slots import TokenSlotConfig
 
+    def attempt(**change):
+        nonlocal best
+        if budget[0] >= MAX_REPLAYS:
+            return False
+        try:
+            config = dataclasses.replace(best.config, **change)
+        except ValueError:  # ConfigError: not valid with the other fields
+            return False
+        ops = legalize(config, best.ops)
+        if config == best.config or not ops:
+            return False
+        budget[0] += 1
+        if _fails(Trace(config, ops, best.expect, best.meta), invariant, faults, target,
+                  device) is None:
+            return False
+        best = Trace(config, list(_LAST_OPS), best.expect, best.meta)
+        return True
+
     plain = TokenSlotConfig()
     for f in dataclasses.fields(TokenSlotConfig):
-        want = getattr(plain, f.name)
-        if getattr(best.config, f.name) == want:
-            continue
-        try:
-            config = dataclasses.replace(best.config, **{f.name: want})
-        except ValueError:  # ConfigError: not valid with the other fields
-            continue
-        if fails(config):
-            best = Trace(config, best.ops, best.expect, best.meta)
-    return best
+        if getattr(best.config, f.name) != getattr(plain, f.name):
+            attempt(**{f.name: getattr(plain, f.name)})
+    for name in ("max_num_reqs", "num_slots", "max_context_len"):
+        lo = best.config.page_size if name == "num_slots" else 1
+        while getattr(best.config, name) > lo:
+            v = max(lo, getattr(best.config, name) // 2)
+            if name == "num_slots":
+                v -= v % best.config.page_size
+            if not attempt(**{name: v}):
+                break
+    return best, budget[0]
 
 
 def _shrink_config(best, invariant, faults, target, device, replays):
@@ -559,7 +580,7 @@ def _shrink_config(best, invariant, faults, target, device, replays):
                       target, device) is not None
 
     if best.config.runner == "sglang":
-        return _shrink_token_slot_config(best, fails), budget[0]
+        return _shrink_token_slot_config(best, invariant, faults, target, device, budget)
     simplest = _simplest_config(best.config, best.ops)
     if budget[0] < MAX_REPLAYS and fails(simplest):  # every simplification in one replay
         best = Trace(simplest, best.ops, best.expect, best.meta)

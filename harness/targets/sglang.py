@@ -10,8 +10,11 @@ code, driven as its scheduler drives it (``sglang/srt/managers/scheduler.py``,
   and ``prepare_for_extend`` (``alloc_for_extend``: a row from
   ``ReqToTokenPool``, slots from the token or paged allocator, the
   ``req_to_token`` write); the forward's KV write through
-  ``MHATokenToKVPool.set_kv_buffer``; the new batch merged into the running
-  one (``merge_batch``);
+  ``MHATokenToKVPool.set_kv_buffer``; the first output token, then
+  ``checkpoint_kv_cache`` (the prompt's KV published into the radix tree, the
+  request's duplicates of tree slots freed and its row pointed at the tree's:
+  what ``process_batch_result_prefill`` does for a request that goes on); the
+  new batch merged into the running one (``merge_batch``);
 - ``sgl_decode``: ``prepare_for_decode`` of the running batch
   (``alloc_for_decode``), the decode CUDA graph's padding
   (``build_decode_registry(...).fill_from``), and the replay's KV write at the
@@ -93,7 +96,10 @@ class SglangTarget:
     """SGLang's pools, allocator, radix cache, scheduler batches and decode-graph
     padding for one :class:`~reference.token_slots.TokenSlotConfig`.
 
-    Raises :class:`TargetUnavailable` when SGLang is absent or cannot be driven.
+    faults: ids of the catalogue's runner-``sglang`` faults, re-created in these
+    objects (:mod:`harness.targets.sglang_faults`).  Raises
+    :class:`TargetUnavailable` when SGLang is absent or cannot be driven,
+    ``ValueError`` for a fault that is not SGLang's.
     """
 
     name = "sglang"
@@ -135,6 +141,9 @@ class SglangTarget:
         self.running = None  # the running ScheduleBatch
         self._padded = None
         self._written = None
+        from harness.targets import sglang_faults
+
+        sglang_faults.apply(self, faults)  # SGLang's history, on these objects only
 
     # -- the model's part ----------------------------------------------------------
     def _write(self, locs, values) -> None:
@@ -168,6 +177,7 @@ class SglangTarget:
         batch.prepare_for_extend()  # alloc_for_extend: row, slots, req_to_token
         self._write(batch.out_cache_loc, payload(tokens)[r.prefix_len:prompt_len])
         r.output_ids.append(token_of(req, prompt_len))
+        self._s.checkpoint_kv_cache(r, self.tree)  # the result processor's, after prefill
         self.reqs[req] = self.seen[req] = r
         if self.running is None:
             self.running = batch
@@ -296,6 +306,6 @@ def _version() -> str | None:
 SPEC = TargetSpec(name="sglang", description="the installed SGLang's pools, allocators, "
                   "radix cache, scheduler batches and decode-graph padding",
                   factory=_factory, select_device=_select_device, refusal=_refusal,
-                  version=_version, runners=("sglang",))
+                  version=_version, runners=("sglang",), takes_faults=True)
 
 __all__ = ["RESERVED_ROW", "SPEC", "SglangTarget"]

@@ -110,7 +110,8 @@ def load() -> SimpleNamespace:
     ``MHATokenToKVPool``, ``TokenToKVPoolAllocator``,
     ``PagedTokenToKVPoolAllocator``, ``RadixCache``, ``CacheInitParams``,
     ``ReqKvInfo``; the functions ``alloc_for_extend``, ``alloc_for_decode``,
-    ``release_kv_cache``, ``match_kv_cache``, ``build_decode_registry``; and
+    ``release_kv_cache``, ``checkpoint_kv_cache``, ``match_kv_cache``,
+    ``build_decode_registry``; and
     what was read off the release: ``page_sizes`` (the allocator page sizes
     the target drives), ``radix_cache_name``, ``padding_source`` (where the
     decode graph's padding lives), ``stubbed`` (modules stubbed at import).
@@ -152,6 +153,7 @@ def load() -> SimpleNamespace:
     missing = [name for name, mod in (("alloc_for_extend", allocation),
                                       ("alloc_for_decode", allocation),
                                       ("release_kv_cache", common),
+                                      ("checkpoint_kv_cache", common),
                                       ("match_kv_cache", common))
                if not hasattr(mod, name)]
     if missing:
@@ -173,6 +175,7 @@ def load() -> SimpleNamespace:
         alloc_for_extend=allocation.alloc_for_extend,
         alloc_for_decode=allocation.alloc_for_decode,
         release_kv_cache=common.release_kv_cache, match_kv_cache=common.match_kv_cache,
+        checkpoint_kv_cache=common.checkpoint_kv_cache,
         build_decode_registry=build_decode_registry, page_sizes=(1, 4),
         radix_cache_name=f"{RadixCache.__module__}.{RadixCache.__name__}",
         padding_source=padding_source, stubbed=stubbed,

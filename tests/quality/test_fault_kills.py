@@ -130,8 +130,11 @@ LONGER_SHRINKS = {
                                                      "into two allocations, and the decode "
                                                      "row is a prefix hit's request (7 ops)"),
 }
+# SGLang's faults run on the installed SGLang (the sglang target); a search finds
+# them in about a second, so they are not slow — and skip without SGLang.
 KILLS = [pytest.param(f, r, id=f"{f}-{r}",
-                      marks=(() if (f, r) in SEED_BUGS else (pytest.mark.slow,)) + (
+                      marks=(() if (f, r) in SEED_BUGS or r == "sglang"
+                             else (pytest.mark.slow,)) + (
                           (pytest.mark.xfail(strict=True, reason=KNOWN_MISSES[(f, r)]),)
                           if (f, r) in KNOWN_MISSES else ()))
          for f in sorted(CATALOGUE) for r in CATALOGUE[f].runners]
@@ -140,16 +143,30 @@ KILLS = [pytest.param(f, r, id=f"{f}-{r}",
 @pytest.mark.parametrize("fault_id, runner", KILLS)
 def test_fault_killed_from_seed_0(fault_id, runner):
     fault = CATALOGUE[fault_id]
+    target = "sglang" if runner == "sglang" else "gpu_impl"
+    if target == "sglang":
+        _need_sglang()
     result = fuzz(None, seed=0, examples=EXAMPLES, faults=[fault_id], runner=runner,
-                  profile="ci", found_by="tests/quality")
+                  target=target, profile="ci", found_by="tests/quality")
     assert result.violation is not None, f"{fault_id} survived {EXAMPLES} examples"
     assert result.examples <= EXAMPLES
     assert fault.caught_by(result.violation.invariant), result.violation.line()
     extra = LONGER_SHRINKS.get((fault_id, runner), (1, ""))[0]
     assert len(result.trace.ops) <= _hand_written(fault_id) + extra, result.trace.dumps()
     # The shrunk trace is a real reproducer: fails with the fault, passes without.
-    assert replay(result.trace, [fault_id]).matches(result.trace.expect)
-    assert replay(result.trace, []).violation is None
+    assert replay(result.trace, [fault_id], target).matches(result.trace.expect)
+    assert replay(result.trace, [], target).violation is None
+
+
+def _need_sglang():
+    """Skip without SGLang (fail with ``$BLOCKFUZZ_REQUIRE_SGLANG=1``)."""
+    import os
+
+    from harness.targets import sglang_release
+
+    give_up = pytest.fail if os.environ.get("BLOCKFUZZ_REQUIRE_SGLANG") == "1" else pytest.skip
+    if sglang_release.installed_version() is None:
+        give_up("SGLang not installed (scripts/install-sglang-target.sh RELEASE)")
 
 
 @pytest.mark.slow  # the stateful suite runs the fixed runners in every suite

@@ -18,7 +18,7 @@ from harness.cli import main
 from harness.core.session import replay
 from harness.core.trace import load
 from harness.targets import sglang_release
-from tests.conftest import CORPORA
+from tests.conftest import CORPORA, corpus_traces
 
 TRACES = sorted((CORPORA / "sglang").glob("*.json"))
 LIFE = CORPORA / "sglang" / "prefix-hit-padding-and-eviction.json"
@@ -120,3 +120,27 @@ def test_the_graph_padding_is_sglangs(sglang, monkeypatch):
     v = _verdict(CORPORA / "sglang" / "no-radix-cache-three-padded.json")
     assert v is not None and v.invariant == "SGL_PADDING_RESERVED", v
     assert reg_mod is not None
+
+
+SEEDS = [p for p in corpus_traces(token_slots=True) if p.parent.name == "seeds"]
+
+
+@pytest.mark.parametrize("path", SEEDS, ids=lambda p: p.stem)
+def test_seed_traces_fail_with_their_fault_and_pass_without(sglang, path):
+    """Each hand-written trace of an SGLang fault: its expect with the fault on
+    (re-created in the installed SGLang's objects), a pass with it off."""
+    trace = load(path)
+    assert trace.faults and all(f.startswith("sgl-") for f in trace.faults)
+    assert replay(trace, trace.faults, target="sglang").matches(trace.expect)
+    assert replay(trace, [], target="sglang").violation is None
+
+
+def test_sglang_faults_refused_on_block_table_targets(capsys):
+    """An SGLang fault on gpu_impl, or a gpu_impl fault on sglang: one line, exit 2."""
+    path = str(CORPORA / "seeds" / "sgl-lock-skips-matched-node.json")
+    assert main(["replay", "--target", "gpu_impl", "--fault", "sgl-lock-skips-matched-node",
+                 str(CORPORA / "seeds" / "vacated-row-not-cleared.json")]) == 2
+    assert main(["replay", "--target", "sglang", "--fault", "vacated-row-not-cleared",
+                 path]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(line.startswith("error:") for line in err), err

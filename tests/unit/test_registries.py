@@ -185,6 +185,7 @@ def test_every_fault_names_the_upstream_files_it_lived_in():
     from gpu_impl.faults import CATALOGUE, FAMILIES
 
     for fault in CATALOGUE.values():
-        assert fault.sites and all(s.startswith("vllm/") and s.endswith(".py")
+        engine = "sglang/" if fault.runners == ("sglang",) else "vllm/"
+        assert fault.sites and all(s.startswith(engine) and s.endswith(".py")
                                    for s in fault.sites), fault.id
         assert fault.family in FAMILIES, fault.id

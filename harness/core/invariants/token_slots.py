@@ -11,7 +11,8 @@ choice's effects:
 - ``SGL_PADDING_RESERVED``: a padded graph batch points its padded rows at row
   0 and slot 0 only;
 - ``SGL_NO_STALE_WRITE``: an op's forward writes only the slots of the
-  positions it computed for the requests it ran, and slot 0;
+  positions it computed for the requests it ran, slots that were free, and
+  slot 0 — never a slot another request or the tree held;
 - ``SGL_KV_MATCHES``: every live request's committed positions hold the KV
   of its token prefix (a prefix hit reads what its first owner wrote);
 - ``SGL_TREE_CONTENT``: every radix-tree node's slots hold the KV of its path;
@@ -74,12 +75,22 @@ def check_padding_reserved(ctx: CheckContext) -> list[Violation]:
 
 
 def _allowed_writes(ctx: CheckContext) -> set[int]:
+    """Slots the op may write: slot 0; the slots its computed positions hold
+    after it; and slots no live request held before it — free ones, or the
+    radix tree's that no live row reads (an allocation may evict them) — for a
+    new allocation may be written and then freed in the same op (a request's
+    duplicate of a slot the tree holds, when the tree keeps its own)."""
     allowed = {RESERVED_SLOT}
     ref = ctx.reference.last_forward or {}
     for req, (lo, hi) in ref.get("positions", {}).items():
         if req in ctx.after.rows:
             allowed.update(int(s) for s in
                            ctx.after.req_to_token[ctx.after.rows[req], lo:hi])
+    if ctx.before is not None:
+        ps, before = ctx.config.page_size, ctx.before
+        allowed.update(p * ps + i for p in before.free_pages.tolist() for i in range(ps))
+        live = {s for req in before.rows for s in _live_slots(before, req).tolist()}
+        allowed.update(s for _, slots, _ in before.tree for s in slots if s not in live)
     return allowed
 
 
@@ -135,7 +146,8 @@ def check_kv_matches(ctx: CheckContext) -> list[Violation]:
             slot = int(obs.req_to_token[obs.rows[req], p])
             out.append(ctx.violation(
                 "SGL_KV_MATCHES", f"request {req}'s position {p} (slot {slot}) holds "
-                f"{got[p]!r}, not the KV of its token prefix", row=obs.rows[req], block=slot))
+                f"{float(got[p])}, not the KV of its token prefix", row=obs.rows[req],
+                block=slot))
     return out
 
 
@@ -149,7 +161,7 @@ def check_tree_content(ctx: CheckContext) -> list[Violation]:
         if diff.size:
             p = int(diff[0])
             return [ctx.violation("SGL_TREE_CONTENT", f"the radix tree's path of {len(tokens)} "
-                                  f"tokens holds {got[p]!r} at position {p} (slot {slots[p]}), "
+                                  f"tokens holds {float(got[p])} at position {p} (slot {slots[p]}), "
                                   "not the KV of its prefix", block=slots[p])]
     return []
 

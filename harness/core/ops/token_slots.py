@@ -17,7 +17,7 @@ what SGLang's scheduler would not admit (no room, no row).
 
 from __future__ import annotations
 
-from harness.core.ops import INT, OpSpec, register
+from harness.core.ops import INT, OpSpec, Size, register
 
 RUNNERS = ("sglang",)
 TARGETS = ("reference", "sglang")
@@ -86,6 +86,21 @@ def _can_evict(m) -> bool:
         not s.live for s in _ref(m).requests.values())
 
 
+def _admit_sizes(op: dict) -> list:
+    """The prompt's length (down to its copied prefix), and the copied prefix's
+    (the prompt's own tokens after it kept: the prompt shrinks with it)."""
+    out = []
+    prefix = op.get("prefix")
+    least = prefix[1] if prefix else 1
+    out.append(Size("prompt_len", op["prompt_len"], least,
+                    lambda v: dict(op, prompt_len=v)))
+    if prefix:
+        tail = op["prompt_len"] - prefix[1]
+        out.append(Size("prefix", prefix[1], 1,
+                        lambda v: dict(op, prefix=[prefix[0], v], prompt_len=v + tail)))
+    return out
+
+
 def _one_req(op: dict) -> list[int]:
     return [op["req"]]
 
@@ -110,7 +125,7 @@ register(OpSpec(
     example={"op": "sgl_admit", "req": 1, "prompt_len": 9, "prefix": [0, 6]},
     apply=lambda t, op: t.sgl_admit(op["req"], op["prompt_len"], op.get("prefix")),
     draw=_draw_admit, enabled=_can_admit, runners=RUNNERS, targets=TARGETS, requests=_admit_requests, rename=_rename_admit,
-    optional=("prefix",), forward="real", family=FAMILY))
+    optional=("prefix",), sizes=_admit_sizes, forward="real", family=FAMILY))
 
 register(OpSpec(
     name="sgl_decode",
@@ -153,4 +168,6 @@ register(OpSpec(
     apply=lambda t, op: t.sgl_evict(op["num_tokens"]),
     draw=lambda m, data: {"op": "sgl_evict",
                           "num_tokens": data.integer(1, m.cfg.num_slots)},
-    enabled=_can_evict, runners=RUNNERS, targets=TARGETS, family=FAMILY))
+    enabled=_can_evict, runners=RUNNERS, targets=TARGETS, family=FAMILY,
+    sizes=lambda op: [Size("num_tokens", op["num_tokens"], 1,
+                           lambda v: dict(op, num_tokens=v))]))
