@@ -144,3 +144,27 @@ def test_sglang_faults_refused_on_block_table_targets(capsys):
                  path]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all(line.startswith("error:") for line in err), err
+
+
+def test_corpus_traces_pass_through_sglangs_triton_writers(sglang, monkeypatch):
+    """With SGLang's Triton paths on (the interpreter runs them): the
+    ``req_to_token`` writer of ``alloc_for_extend`` and the paged allocator's
+    extend / decode kernels give the same verdicts as its torch paths."""
+    from sglang.srt.mem_cache import allocation
+
+    monkeypatch.setattr(allocation, "support_triton", lambda backend: True)
+    monkeypatch.setattr(sglang.PagedTokenToKVPoolAllocator, "use_triton_kernels", True,
+                        raising=False)
+    real_init = sglang.PagedTokenToKVPoolAllocator.__init__
+
+    def init(self, *a, **kw):
+        real_init(self, *a, **kw)
+        self.use_triton_kernels = True
+
+    monkeypatch.setattr(sglang.PagedTokenToKVPoolAllocator, "__init__", init)
+    for path in TRACES:
+        verdict = replay(load(path), target="sglang")
+        assert verdict.violation is None, (path.name, verdict.violation.line())
+    # and a fault is still caught on them
+    seed = load(CORPORA / "seeds" / "sgl-checkpoint-row-not-remapped.json")
+    assert replay(seed, seed.faults, target="sglang").matches(seed.expect)
