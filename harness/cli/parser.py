@@ -45,8 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_fault_source(p)
     _add_common(p)
 
-    p = sub.add_parser("replay", help="replay traces against the implementation")
-    p.add_argument("traces", nargs="+", metavar="TRACE")
+    p = sub.add_parser("replay", help="replay traces (or scenarios) against the implementation")
+    p.add_argument("traces", nargs="+", metavar="TRACE",
+                   help="trace files, or scenario files (corpora/scenarios/: one story, "
+                        "turned into the trace of the --target's model)")
+    p.add_argument("--runner", default=None, choices=["v1", "v2"],
+                   help="the block-table runner a scenario runs on (default v1; a trace "
+                        "names its own)")
     _add_fault_source(p)
     p.add_argument("--check-expect", action="store_true",
                    help="corpus check: use each trace's meta.faults; exit 0 iff every "

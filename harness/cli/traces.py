@@ -148,6 +148,23 @@ def _replay_one(args, path, trace, use, device, expect) -> tuple[bool, bool | No
     return verdict.violation is not None, not ok
 
 
+def _load_any(path, args):
+    """A trace file, or a scenario file turned into the trace of ``--target``'s
+    model (``--runner`` for block tables); one-line errors (exit 2)."""
+    from harness.core.scenario import ScenarioError, is_scenario
+    from harness.core.scenario import load as load_scenario
+    from harness.core.trace import load
+
+    if not is_scenario(path):
+        if getattr(args, "runner", None):
+            raise UsageError(f"{path}: --runner applies to scenarios; a trace names its runner")
+        return load(path)
+    try:
+        return load_scenario(path).trace_for(args.target, args.runner)
+    except ScenarioError as e:
+        raise UsageError(str(e)) from None
+
+
 def cmd_replay(args) -> int:
     """Replay traces; --check-expect compares each verdict with the trace's expect."""
     from harness.core.trace import load
@@ -155,7 +172,7 @@ def cmd_replay(args) -> int:
     by_release = args.check_expect and args.target == "vllm"
     if args.check_expect and not by_release:
         args.faults_from_trace = True
-    traces = [(p, load(p)) for p in args.traces]  # all validated before anything runs
+    traces = [(p, _load_any(p, args)) for p in args.traces]  # all validated before anything runs
     per_trace = [_trace_faults(args, trace, str(p), note=None) for p, trace in traces]
     device = _select_device(args.device, args.target)
     version = None

@@ -146,10 +146,11 @@ def load() -> SimpleNamespace:
             from sglang.srt.mem_cache.cache_init_params import CacheInitParams
             from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
             from sglang.srt.mem_cache.radix_cache import RadixCache
-    except ImportError as e:
+    except Exception as e:  # noqa: BLE001 (any import-time failure: this install cannot run)
         raise TargetUnavailable(
             f"SGLang {version} does not import here ({type(e).__name__}: {e}); "
-            "reinstall it with scripts/install-sglang-target.sh RELEASE") from None
+            "reinstall it with scripts/install-sglang-target.sh RELEASE (its pinned "
+            "requirements are measured on 0.5.23)") from None
     missing = [name for name, mod in (("alloc_for_extend", allocation),
                                       ("alloc_for_decode", allocation),
                                       ("release_kv_cache", common),

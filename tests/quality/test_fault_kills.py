@@ -29,9 +29,9 @@ EXAMPLES = 200
 
 
 def _hand_written(fault_id):
-    lengths = [len(t.ops) for t in map(load, sorted(SEEDS.glob("*.json")))
-               if t.faults == [fault_id]]
-    assert lengths, f"no hand-written trace for {fault_id} in corpora/seeds"
+    paths = sorted(SEEDS.glob("*.json")) + sorted((SEEDS.parent / "sglang").glob("*.json"))
+    lengths = [len(t.ops) for t in map(load, paths) if t.faults == [fault_id]]
+    assert lengths, f"no hand-written trace for {fault_id} in corpora/seeds (or corpora/sglang)"
     return min(lengths)
 
 

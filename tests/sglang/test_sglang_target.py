@@ -20,7 +20,7 @@ from harness.core.trace import load
 from harness.targets import sglang_release
 from tests.conftest import CORPORA, corpus_traces
 
-TRACES = sorted((CORPORA / "sglang").glob("*.json"))
+TRACES = [p for p in sorted((CORPORA / "sglang").glob("*.json")) if not load(p).faults]
 LIFE = CORPORA / "sglang" / "prefix-hit-padding-and-eviction.json"
 
 
@@ -122,7 +122,7 @@ def test_the_graph_padding_is_sglangs(sglang, monkeypatch):
     assert reg_mod is not None
 
 
-SEEDS = [p for p in corpus_traces(token_slots=True) if p.parent.name == "seeds"]
+SEEDS = [p for p in corpus_traces(token_slots=True) if load(p).faults]
 
 
 @pytest.mark.parametrize("path", SEEDS, ids=lambda p: p.stem)
@@ -137,7 +137,7 @@ def test_seed_traces_fail_with_their_fault_and_pass_without(sglang, path):
 
 def test_sglang_faults_refused_on_block_table_targets(capsys):
     """An SGLang fault on gpu_impl, or a gpu_impl fault on sglang: one line, exit 2."""
-    path = str(CORPORA / "seeds" / "sgl-lock-skips-matched-node.json")
+    path = str(CORPORA / "sglang" / "sgl-lock-skips-matched-node.json")
     assert main(["replay", "--target", "gpu_impl", "--fault", "sgl-lock-skips-matched-node",
                  str(CORPORA / "seeds" / "vacated-row-not-cleared.json")]) == 2
     assert main(["replay", "--target", "sglang", "--fault", "vacated-row-not-cleared",
@@ -166,5 +166,21 @@ def test_corpus_traces_pass_through_sglangs_triton_writers(sglang, monkeypatch):
         verdict = replay(load(path), target="sglang")
         assert verdict.violation is None, (path.name, verdict.violation.line())
     # and a fault is still caught on them
-    seed = load(CORPORA / "seeds" / "sgl-checkpoint-row-not-remapped.json")
+    seed = load(CORPORA / "sglang" / "sgl-checkpoint-row-not-remapped.json")
     assert replay(seed, seed.faults, target="sglang").matches(seed.expect)
+
+
+@pytest.mark.parametrize("path", sorted((CORPORA / "scenarios").glob("*.json")),
+                         ids=lambda p: p.stem)
+def test_scenarios_on_sglang_as_recorded(sglang, path):
+    """The cross-engine scenarios as token-slot traces on SGLang: the verdict their
+    meta records for this release (skipped where none is recorded)."""
+    from harness.core.scenario import load as load_scenario
+
+    scenario = load_scenario(path)
+    want = scenario.meta.get("verdicts", {}).get(f"sglang {sglang.version}")
+    if want is None:
+        pytest.skip(f"no verdict recorded for SGLang {sglang.version}")
+    v = replay(scenario.trace_for("sglang"), target="sglang")
+    assert v.verdict == want["verdict"]
+    assert want.get("invariant") in (None, getattr(v.violation, "invariant", None))

@@ -169,3 +169,40 @@ def test_block_table_invariants_do_not_judge_token_slot_ops():
     assert sglang and all(i.startswith("SGL_") for i in sglang)
     assert not any("sglang" in e.runners for e in inv.REGISTRY.values()
                    if not e.id.startswith("SGL_"))
+
+
+# -- scenarios: one story, every engine's model ------------------------------------------
+SCENARIOS = sorted((CORPORA / "scenarios").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("runner", ["v1", "v2"])
+def test_scenarios_run_on_gpu_impl_as_recorded(path, runner):
+    """Each scenario as a block-table trace (the engine's KV-cache manager) on
+    gpu_impl, with the verdict its meta records; and as a token-slot trace the
+    oracle takes (what --target sglang replays)."""
+    from harness.core.scenario import load as load_scenario
+    from harness.core.session import replay
+
+    scenario = load_scenario(path)
+    trace = scenario.trace_for("gpu_impl", runner)
+    assert trace.config.runner == runner and trace.config.allocator == "engine"
+    want = scenario.meta["verdicts"][f"gpu_impl {runner}"]
+    assert replay(trace).verdict == want["verdict"]
+    slots = scenario.trace_for("sglang")  # the oracle's dry run accepted every op
+    assert slots.config.runner == "sglang" and len(slots.ops) == len(scenario.steps)
+
+
+def test_a_scenario_that_does_not_fit_names_its_step(tmp_path):
+    from harness.core.scenario import ScenarioError, load as load_scenario
+
+    p = tmp_path / "s.json"
+    p.write_text('{"format": "blockfuzz-scenario", "version": 1, "geometry": '
+                 '{"num_tokens": 8, "max_len": 16}, "steps": [{"op": "arrive", "req": 0, '
+                 '"prompt_len": 12}]}')
+    with pytest.raises(ScenarioError, match=r"steps\[0\] \(arrive\)"):
+        load_scenario(p).trace_for("gpu_impl")
+    p.write_text('{"format": "blockfuzz-scenario", "version": 1, "steps": '
+                 '[{"op": "arrive", "req": 0, "prompt_len": 4, "prefix": [3, 1]}]}')
+    with pytest.raises(ScenarioError, match=r"steps\[0\]\.prefix"):
+        load_scenario(p)

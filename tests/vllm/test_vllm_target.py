@@ -503,3 +503,21 @@ def test_host_tier_is_vllms_cpu_offloading_manager(vllm, monkeypatch):
                         lambda self, n, protected: evict(self, n, set()))
     found = replay(trace, target="vllm").violation
     assert (found.invariant, found.op_index) == ("STORE_PROVENANCE", 6), found
+
+
+@pytest.mark.parametrize("path", sorted((CORPORA / "scenarios").glob("*.json")),
+                         ids=lambda p: p.stem)
+@pytest.mark.parametrize("runner", ["v1", "v2"])
+def test_scenarios_on_vllm_as_recorded(vllm, path, runner):
+    """A cross-engine scenario as a block-table trace on the installed vLLM: the
+    verdict its meta records for this release and runner (skipped where none is)."""
+    from harness.core.scenario import load as load_scenario
+    from harness.core.session import replay
+
+    scenario = load_scenario(path)
+    want = scenario.meta.get("verdicts", {}).get(f"vllm {vllm.version} {runner}")
+    if want is None:
+        pytest.skip(f"no verdict recorded for vLLM {vllm.version} on {runner}")
+    v = replay(scenario.trace_for("vllm", runner), target="vllm")
+    assert v.verdict == want["verdict"]
+    assert want.get("invariant") in (None, getattr(v.violation, "invariant", None))
