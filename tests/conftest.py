@@ -46,12 +46,15 @@ def pytest_report_header(config):
 def corpus_traces(token_slots: bool = False) -> list:
     """Every corpus trace of a block-table config (runner v1 / v2), or with
     ``token_slots`` those of a token-slot config (runner sglang: they run on
-    --target sglang only)."""
+    --target sglang only); scenarios are not traces and are left out."""
     import json
 
     out = []
     for p in sorted(CORPORA.rglob("*.json")):
-        runner = json.loads(p.read_text(encoding="utf-8")).get("config", {}).get("runner")
+        obj = json.loads(p.read_text(encoding="utf-8"))
+        if obj.get("format") != "blockfuzz-trace":
+            continue  # a scenario (corpora/scenarios/): replayed through its engines' traces
+        runner = obj.get("config", {}).get("runner")
         if (runner == "sglang") == token_slots:
             out.append(p)
     return out

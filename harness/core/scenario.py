@@ -63,8 +63,8 @@ def is_scenario(path) -> bool:
     """Does the JSON file at ``path`` say it is a scenario (a cheap look, no validation)?"""
     try:
         return json.loads(Path(path).read_text(encoding="utf-8")).get("format") == FORMAT
-    except (OSError, ValueError, AttributeError):
-        return False
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return False  # not a scenario: the trace loader says what is wrong with it
 
 
 @dataclass
