@@ -1,4 +1,5 @@
-"""Verb ``bisect``: the first vLLM release where a trace's verdict changes."""
+"""Verb ``bisect``: the first engine release (vLLM, or SGLang for token-slot
+traces) where a trace's verdict changes."""
 
 from __future__ import annotations
 
@@ -23,21 +24,23 @@ def _cell(v: dict) -> str:
 def cmd_bisect(args) -> int:
     """Load the traces, bisect the releases, print the table and the change point."""
     from harness.core.trace import canonical_json, load, write_atomic
-    from harness.tools.bisect import BisectError, ReleaseEnvs, bisect, measure_in, \
-        parse_releases
+    from harness.tools.bisect import BisectError, ReleaseEnvs, bisect, engine_of, \
+        measure_in, parse_releases
 
     traces = [(p, load(p)) for p in args.traces]  # all validated before anything runs
     try:
-        releases = parse_releases(args.releases)
+        engine = engine_of([t for _, t in traces])
+        releases = parse_releases(args.releases or engine.default, engine.known)
     except BisectError as e:
         raise UsageError(str(e)) from None
     from harness.cli.common import _check_out
 
-    envs = ReleaseEnvs(_check_out(args.cache, "--cache"))  # writable, before anything runs
+    # writable, before anything runs
+    envs = ReleaseEnvs(_check_out(args.cache, "--cache"), engine=engine.name)
     # --json: stdout is the one JSON document; every human line goes to stderr.
     say = functools.partial(print, file=sys.stderr if args.json else sys.stdout)
-    say(f"blockfuzz bisect: {len(traces)} trace(s) over {', '.join(releases)} "
-          f"(cache {args.cache})", flush=True)
+    say(f"blockfuzz bisect: {len(traces)} trace(s) over {engine.title} "
+        f"{', '.join(releases)} (cache {args.cache})", flush=True)
     missing = [r for r in releases if not envs.ready(r)]
     if missing:
         say(f"to install when needed (about a minute each, once): {', '.join(missing)}",
@@ -45,7 +48,7 @@ def cmd_bisect(args) -> int:
     paths = [str(p) for p, _ in traces]
 
     def measure(release: str) -> list[dict]:
-        verdicts = measure_in(envs.python(release), paths)
+        verdicts = measure_in(envs.python(release), paths, engine.name)
         say(f"  {release}: " + "; ".join(_cell(v) for v in verdicts), flush=True)
         return verdicts
 
@@ -60,7 +63,7 @@ def cmd_bisect(args) -> int:
         print(json.dumps({"releases": rows, "change": result.change,
                           "installed": envs.installed}, indent=1))
     else:
-        _print_table(rows, paths)
+        _print_table(rows, paths, engine.name)
     if result.change is None:
         say("no change: every release listed gives the same verdicts" if args.every else
             f"no change: {releases[0]} and {releases[-1]} give the same verdicts; "
@@ -82,13 +85,13 @@ def cmd_bisect(args) -> int:
     return EXIT_OK if result.change is not None else EXIT_VIOLATION
 
 
-def _print_table(rows: list[dict], paths: list[str]) -> None:
+def _print_table(rows: list[dict], paths: list[str], target: str = "vllm") -> None:
     from rich import box
     from rich.console import Console
     from rich.table import Table
 
     plain = not Console().is_terminal  # ASCII when piped, as explain does
-    table = Table(title="verdict per release (vllm target, no faults)", title_justify="left",
+    table = Table(title=f"verdict per release ({target} target, no faults)", title_justify="left",
                   box=box.ASCII if plain else box.SQUARE)
     table.add_column("release")
     for p in paths:

@@ -60,13 +60,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "installed release, no faults)")
     _add_common(p)
 
-    p = sub.add_parser("bisect", help="the first vLLM release where a trace's verdict "
-                                      "changes (binary search, one environment per release)",
+    p = sub.add_parser("bisect", help="the first vLLM release (SGLang release for token-slot "
+                                      "traces) where a trace's verdict changes (binary "
+                                      "search, one environment per release)",
                        epilog=BISECT_EPILOG)
     p.add_argument("traces", nargs="+", metavar="TRACE")
-    p.add_argument("--releases", default="0.26.0..0.33.0", metavar="A..B|X,Y,Z",
-                   help="releases to search, oldest to newest (default 0.26.0..0.33.0: the "
-                        "nine releases on the index between them)")
+    p.add_argument("--releases", default=None, metavar="A..B|X,Y,Z",
+                   help="releases to search, oldest to newest (default: vLLM "
+                        "0.26.0..0.33.0, the nine releases on the index between them; "
+                        "SGLang 0.5.20..0.5.23 for token-slot traces)")
     p.add_argument("--cache", default=str(Path.home() / ".cache" / "blockfuzz" / "vllm-envs"),
                    metavar="DIR", help="where each release's environment is made once and "
                                        "reused")
@@ -120,7 +122,7 @@ def _add_nightly(p) -> None:
                    choices=[t for t in _target_names() if t != "reference"],
                    help="implementation under test (vllm: the installed release's classes)")
     p.add_argument("--releases", default=None, metavar="A..B|X,Y,Z",
-                   help="with --target vllm: search the newest of these vLLM releases (in "
+                   help="with --target vllm or sglang: search the newest of these releases (in "
                         "its own cached environment), replay each finding on the older ones "
                         "and mark the findings new in the newest")
     p.add_argument("--release-cache", default=None, metavar="DIR",

@@ -312,21 +312,22 @@ DEFAULT_RELEASE_CACHE = Path.home() / ".cache" / "blockfuzz" / "vllm-envs"
 def _release_pythons(args) -> dict:
     """nightly --releases: release -> the python of its environment (made now when
     missing), oldest first; one line and exit 2 on anything wrong."""
-    from harness.tools.bisect import BisectError, ReleaseEnvs, parse_releases
+    from harness.tools.bisect import ENGINES, BisectError, ReleaseEnvs, parse_releases
 
-    if args.target != "vllm":
+    if args.target not in ENGINES:
         raise UsageError(f"--releases {args.releases}: campaigns across releases need "
-                         "--target vllm")
+                         f"--target {' or '.join(ENGINES)}")
+    engine = ENGINES[args.target]
     if args.device == "cuda":
-        raise UsageError("--device cuda: the vllm target runs on the CPU; use --device cpu "
-                         "or auto")
-    try:
-        releases = parse_releases(args.releases)  # its errors name --releases already
+        raise UsageError(f"--device cuda: the {engine.name} target runs on the CPU; use "
+                         "--device cpu or auto")
+    try:  # its errors name --releases already
+        releases = parse_releases(args.releases, engine.known)
     except BisectError as e:
         raise UsageError(str(e)) from None
     cache = _check_out(args.release_cache or str(DEFAULT_RELEASE_CACHE), "--release-cache")
     try:
-        envs = ReleaseEnvs(cache)
+        envs = ReleaseEnvs(cache, engine=engine.name)
         return {r: envs.python(r) for r in releases}
     except BisectError as e:
         raise UsageError(f"--releases {args.releases}: {e}") from None

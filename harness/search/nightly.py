@@ -494,9 +494,12 @@ def judge_releases(c: Campaign, p: Progress, measure=None) -> None:
     paths) -> one verdict per path (default: a ``_verdicts`` subprocess).
     A release whose measurement fails marks its verdicts ``error``.
     """
-    from harness.tools.bisect import BisectError, measure_in
+    import functools
 
-    measure = measure or measure_in
+    from harness.tools.bisect import ENGINES, BisectError, measure_in
+
+    measure = measure or functools.partial(
+        measure_in, engine=c.target if c.target in ENGINES else "vllm")
     *older, newest = c.releases
     found = [f for f in p.findings.values() if f.get("trace")]
     if not found:
@@ -521,7 +524,7 @@ def _versions() -> dict:
     from importlib import metadata
 
     out = {"python": platform.python_version()}
-    for pkg in ("blockfuzz", "torch", "triton", "hypothesis", "numpy", "vllm"):
+    for pkg in ("blockfuzz", "torch", "triton", "hypothesis", "numpy", "vllm", "sglang"):
         try:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:

@@ -154,6 +154,12 @@ class SglangTarget:
         self.kv_pool.set_kv_buffer(self._layer, locs, vals, vals)
         self._written = locs.numpy().copy()
 
+    @staticmethod
+    def _prefix_len(r) -> int:
+        """The matched prefix's length (``prefix_len``; ``prefix_indices`` before it)."""
+        n = getattr(r, "prefix_len", None)
+        return len(r.prefix_indices) if n is None else n
+
     def _new_batch(self, reqs):
         p = self._p
         return p.ScheduleBatch.init_new(reqs, self.req_to_token_pool, self.allocator, self.tree,
@@ -171,13 +177,20 @@ class SglangTarget:
         r = p.Req(str(req), "", array("q", tokens),
                   p.SamplingParams(max_new_tokens=self.config.max_context_len))
         r.init_next_round_input(self.tree)  # match_kv_cache: the prefix hit
-        r.extend_end = prompt_len  # the prefill adder's commit: the whole prompt ...
-        r.lock = self.tree.lock(r.last_node)  # ... and a lock on the matched path
+        # the prefill adder's commit: the whole prompt (an extend range before 0.5.23) ...
+        if hasattr(r, "set_extend_range"):
+            r.set_extend_range(self._prefix_len(r), prompt_len)
+        else:
+            r.extend_end = prompt_len
+        if self._s.tree_lock:  # ... and a lock on the matched path
+            r.lock = self.tree.lock(r.last_node)
+        else:  # (before tree locks: a receipt of inc_lock_ref)
+            r.lock_receipt = self.tree.inc_lock_ref(r.last_node).to_dec_params()
         batch = self._new_batch([r])
         batch.prepare_for_extend()  # alloc_for_extend: row, slots, req_to_token
-        self._write(batch.out_cache_loc, payload(tokens)[r.prefix_len:prompt_len])
+        self._write(batch.out_cache_loc, payload(tokens)[self._prefix_len(r):prompt_len])
         r.output_ids.append(token_of(req, prompt_len))
-        self._s.checkpoint_kv_cache(r, self.tree)  # the result processor's, after prefill
+        self._s.publish_prefill(r, self.tree)  # the result processor's, after prefill
         self.reqs[req] = self.seen[req] = r
         if self.running is None:
             self.running = batch
@@ -232,7 +245,8 @@ class SglangTarget:
     def sgl_finish(self, req: int) -> None:
         r = self.reqs.pop(req)
         r.finished_reason = self._p.FINISH_LENGTH(length=len(r.output_ids))
-        self._s.release_kv_cache(r, self.tree, checkpoint=self.config.radix_cache)
+        self._s.release_kv_cache(r, self.tree,
+                                 **{self._s.release_insert_kw: self.config.radix_cache})
         self.running.filter_batch()
         if self.running.is_empty():
             self.running = None

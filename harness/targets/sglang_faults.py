@@ -38,15 +38,17 @@ def _checkpoint_row_not_remapped(target) -> None:
     """mini-sglang PR #142: after the insert freed the request's duplicate slots, the
     request's row was not pointed at the tree's slots (the remap was missing)."""
     tree, pool = target.tree, target.req_to_token_pool
-    checkpoint = tree.checkpoint
+    # The remap's place: RadixCache.checkpoint (0.5.23), cache_unfinished_req before.
+    name = "checkpoint" if hasattr(tree, "checkpoint") else "cache_unfinished_req"
+    publish = getattr(tree, name)
 
-    def no_remap(req, *, up_to, **kw):
+    def no_remap(req, *args, **kw):
         row = req.kv.req_pool_idx
         kept = pool.req_to_token[row].clone()
-        checkpoint(req, up_to=up_to, **kw)
+        publish(req, *args, **kw)
         pool.req_to_token[row] = kept  # the row as it was: its own (now freed) slots
 
-    tree.checkpoint = no_remap
+    setattr(tree, name, no_remap)
 
 
 def _lock_skips_matched_node(target) -> None:

@@ -110,8 +110,11 @@ def load() -> SimpleNamespace:
     ``MHATokenToKVPool``, ``TokenToKVPoolAllocator``,
     ``PagedTokenToKVPoolAllocator``, ``RadixCache``, ``CacheInitParams``,
     ``ReqKvInfo``; the functions ``alloc_for_extend``, ``alloc_for_decode``,
-    ``release_kv_cache``, ``checkpoint_kv_cache``, ``match_kv_cache``,
-    ``build_decode_registry``; and
+    ``release_kv_cache``, ``publish_prefill`` (``checkpoint_kv_cache``, or
+    before it ``maybe_cache_unfinished_req``), ``build_decode_registry``; what
+    differs by release: ``release_insert_kw`` (``checkpoint`` / ``is_insert``),
+    ``tree_lock`` (the tree has ``lock`` / ``unlock``, else ``inc_lock_ref``);
+    and
     what was read off the release: ``page_sizes`` (the allocator page sizes
     the target drives), ``radix_cache_name``, ``padding_source`` (where the
     decode graph's padding lives), ``stubbed`` (modules stubbed at import).
@@ -153,14 +156,19 @@ def load() -> SimpleNamespace:
             "requirements are measured on 0.5.23)") from None
     missing = [name for name, mod in (("alloc_for_extend", allocation),
                                       ("alloc_for_decode", allocation),
-                                      ("release_kv_cache", common),
-                                      ("checkpoint_kv_cache", common),
-                                      ("match_kv_cache", common))
+                                      ("release_kv_cache", common))
                if not hasattr(mod, name)]
+    # Publishing a prefilled request's KV: checkpoint_kv_cache (0.5.23), earlier
+    # maybe_cache_unfinished_req (cache_unfinished_req); read off the release.
+    publish = getattr(common, "checkpoint_kv_cache", None) or getattr(
+        common, "maybe_cache_unfinished_req", None)
+    if publish is None:
+        missing.append("checkpoint_kv_cache / maybe_cache_unfinished_req")
     if missing:
         raise TargetUnavailable(f"SGLang {version} has no {', '.join(missing)} in "
-                                "sglang.srt.mem_cache (the sglang target drives 0.5.23's "
-                                "allocation and release paths)")
+                                "sglang.srt.mem_cache (the sglang target drives the "
+                                "scheduler's allocation and release paths of 0.5.20 and later)")
+    release_params = inspect.signature(common.release_kv_cache).parameters
     try:
         from sglang.srt.model_executor.cuda_graph_buffer_registry import build_decode_registry
         padding_source = "cuda_graph_buffer_registry.fill_from"
@@ -175,8 +183,11 @@ def load() -> SimpleNamespace:
         CacheInitParams=CacheInitParams, ReqKvInfo=ReqKvInfo,
         alloc_for_extend=allocation.alloc_for_extend,
         alloc_for_decode=allocation.alloc_for_decode,
-        release_kv_cache=common.release_kv_cache, match_kv_cache=common.match_kv_cache,
-        checkpoint_kv_cache=common.checkpoint_kv_cache,
+        release_kv_cache=common.release_kv_cache, publish_prefill=publish,
+        # how the release path is told to insert into the tree (checkpoint=, is_insert=)
+        release_insert_kw="checkpoint" if "checkpoint" in release_params else "is_insert",
+        # how the prefill adder locks a hit: tree_cache.lock (0.5.23) or inc_lock_ref
+        tree_lock=hasattr(RadixCache, "lock"),
         build_decode_registry=build_decode_registry, page_sizes=(1, 4),
         radix_cache_name=f"{RadixCache.__module__}.{RadixCache.__name__}",
         padding_source=padding_source, stubbed=stubbed,

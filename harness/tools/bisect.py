@@ -1,4 +1,4 @@
-"""``blockfuzz bisect``: which vLLM release changed a trace's verdict.
+"""``blockfuzz bisect``: which engine release changed a trace's verdict.
 
 A trace that fails on one release and passes on another raises an engine
 developer's next question: which release changed it?  :func:`bisect` answers
@@ -41,6 +41,40 @@ KNOWN_RELEASES = ("0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0
                   "0.32.0", "0.33.0")
 ROOT = Path(__file__).resolve().parents[2]
 INSTALL_SCRIPT = ROOT / "scripts" / "install-vllm-target.sh"
+
+
+@dataclass(frozen=True)
+class Engine:
+    """An engine whose releases blockfuzz installs and replays: ``name`` is its
+    target and its package's name, ``known`` the releases ``A..B`` ranges are
+    taken from, ``script`` its install script, ``default`` the range ``bisect``
+    searches without ``--releases``."""
+
+    name: str
+    title: str
+    known: tuple
+    script: Path
+    default: str
+
+
+ENGINES = {
+    "vllm": Engine("vllm", "vLLM", KNOWN_RELEASES, INSTALL_SCRIPT, "0.26.0..0.33.0"),
+    # SGLang releases the sglang target drives (the scheduler's allocation and
+    # release paths of 0.5.20 and later; measured on 0.5.20 and 0.5.23).
+    "sglang": Engine("sglang", "SGLang", ("0.5.20", "0.5.21", "0.5.22", "0.5.23"),
+                     ROOT / "scripts" / "install-sglang-target.sh", "0.5.20..0.5.23"),
+}
+
+
+def engine_of(traces) -> Engine:
+    """The engine a set of traces is replayed on: SGLang for token-slot traces
+    (runner ``sglang``), vLLM for block-table ones; mixing them is a
+    :class:`BisectError`."""
+    kinds = {t.config.runner == "sglang" for t in traces}
+    if len(kinds) > 1:
+        raise BisectError("traces: token-slot (SGLang) and block-table (vLLM) traces mixed; "
+                          "bisect them separately")
+    return ENGINES["sglang" if kinds == {True} else "vllm"]
 
 
 class BisectError(ValueError):
@@ -143,29 +177,30 @@ def bisect(releases: list[str], measure, every: bool = False) -> BisectResult:
 
 
 # -- environments ----------------------------------------------------------------
-def active_release() -> str | None:
-    """The vLLM release installed where blockfuzz runs, or None."""
+def active_release(engine: str = "vllm") -> str | None:
+    """The release of ``engine`` installed where blockfuzz runs, or None."""
     from importlib import metadata
 
     try:
-        return metadata.version("vllm")
+        return metadata.version(engine)
     except metadata.PackageNotFoundError:
         return None
 
 
 @dataclass
 class ReleaseEnvs:
-    """One Python per release: the running one when it has that release, else a
-    cached overlay venv ``cache/vllm-RELEASE`` (made on first use; ``installed``
-    lists the releases installed by this run)."""
+    """One Python per release of ``engine``: the running one when it has that
+    release, else a cached overlay venv ``cache/ENGINE-RELEASE`` (made on first
+    use; ``installed`` lists the releases installed by this run)."""
 
     cache: Path
     installed: list = field(default_factory=list)
+    engine: str = "vllm"
 
     def python(self, release: str) -> str:
-        if active_release() == release:
+        if active_release(self.engine) == release:
             return sys.executable
-        env = self.cache / f"vllm-{release}"
+        env = self.cache / f"{self.engine}-{release}"
         python = env / "bin" / "python"
         if (env / ".ready").exists():
             return str(python)
@@ -174,17 +209,18 @@ class ReleaseEnvs:
 
     def ready(self, release: str) -> bool:
         """Is ``release`` usable without installing (active, or cached)?"""
-        return active_release() == release or (self.cache / f"vllm-{release}" /
-                                               ".ready").exists()
+        return active_release(self.engine) == release or (
+            self.cache / f"{self.engine}-{release}" / ".ready").exists()
 
     def where(self, release: str) -> str:
         """How a release's environment was had: active, cached or installed."""
-        if active_release() == release:
+        if active_release(self.engine) == release:
             return "active environment"
         return "installed now" if release in self.installed else "cached"
 
     def _make(self, env: Path, release: str) -> None:
-        print(f"blockfuzz: installing vLLM {release} into {env} (once; reused after)",
+        eng = ENGINES[self.engine]
+        print(f"blockfuzz: installing {eng.title} {release} into {env} (once; reused after)",
               file=sys.stderr, flush=True)
         python = str(env / "bin" / "python")
         try:
@@ -194,11 +230,11 @@ class ReleaseEnvs:
             base = sysconfig.get_paths()["purelib"]
             (site / "_blockfuzz_base.pth").write_text(
                 f"import site; site.addsitedir({base!r})\n")
-            ready = _run(["bash", str(INSTALL_SCRIPT), release],
+            ready = _run(["bash", str(eng.script), release],
                          {"PYTHON": python, "PYTHONPATH": str(ROOT)})
         except BisectError as e:
-            raise BisectError(f"vLLM {release}: the environment {env} could not be made: "
-                              f"{e}") from None
+            raise BisectError(f"{eng.title} {release}: the environment {env} could not be "
+                              f"made: {e}") from None
         print("blockfuzz: " + (ready.strip().splitlines() or ["ready"])[-1], file=sys.stderr,
               flush=True)
         (env / ".ready").write_text(release + "\n")
@@ -218,9 +254,9 @@ def _run(command: list[str], extra_env: dict | None = None) -> str:
     return done.stdout
 
 
-def measure_in(python: str, traces: list[str]) -> list[dict]:
-    """Per-trace verdicts of ``traces`` replayed by ``python`` (vllm target)."""
-    done = subprocess.run([python, "-m", "harness", "_verdicts", *traces],
+def measure_in(python: str, traces: list[str], engine: str = "vllm") -> list[dict]:
+    """Per-trace verdicts of ``traces`` replayed by ``python`` (the engine's target)."""
+    done = subprocess.run([python, "-m", "harness", "_verdicts", "--engine", engine, *traces],
                           capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
     if done.returncode != 0:
@@ -229,9 +265,15 @@ def measure_in(python: str, traces: list[str]) -> list[dict]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def verdicts_main(paths: list[str]) -> int:
-    """``python -m harness _verdicts TRACE...``: one JSON line, a verdict per
-    trace on the installed vLLM (no faults)."""
+def verdicts_main(argv: list[str]) -> int:
+    """``python -m harness _verdicts [--engine vllm|sglang] TRACE...``: one JSON
+    line, a verdict per trace on the installed engine (no faults)."""
+    engine = "vllm"
+    if argv[:1] == ["--engine"]:
+        engine, argv = argv[1], argv[2:]
+    if engine == "sglang":
+        return _sglang_verdicts(argv)
+    paths = argv
     from harness.targets.vllm import load, unexercised
 
     load()  # its environment must be set before Triton is imported
@@ -264,5 +306,37 @@ def verdicts_main(paths: list[str]) -> int:
         else:
             out.append({"verdict": "fail", "invariant": v.violation.invariant,
                         "op_index": v.violation.op_index, "op": v.violation.op, **mode})
+    print(json.dumps(out))
+    return 0
+
+
+def _sglang_verdicts(paths: list[str]) -> int:
+    """The ``_verdicts`` of token-slot traces on the installed SGLang."""
+    from harness.targets.sglang_release import load
+
+    from harness.core.session import replay
+    from harness.core.trace import load as load_trace
+    from harness.targets import TargetRefused, TargetUnavailable, target_spec
+
+    out = []
+    try:
+        load()
+    except TargetUnavailable as e:  # a release the target cannot drive: n/a for every trace
+        print(json.dumps([{"verdict": "n/a", "reason": str(e)}] * len(paths)))
+        return 0
+    for path in paths:
+        trace = load_trace(path)
+        refused = target_spec("sglang").refusal(trace.config)
+        if refused is not None:
+            out.append({"verdict": "n/a", "reason": str(refused)})
+            continue
+        try:
+            v = replay(trace, (), "sglang", "cpu")
+        except TargetRefused as e:
+            out.append({"verdict": "n/a", "reason": str(e)})
+            continue
+        out.append({"verdict": "pass"} if v.violation is None else
+                   {"verdict": "fail", "invariant": v.violation.invariant,
+                    "op_index": v.violation.op_index, "op": v.violation.op})
     print(json.dumps(out))
     return 0

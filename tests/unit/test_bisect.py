@@ -62,10 +62,10 @@ def test_release_lists():
 def stubbed(monkeypatch, tmp_path):
     """Measurement without environments: 0.30.0 and later pass."""
     runs = []
-    monkeypatch.setattr(b, "active_release", lambda: "0.26.0")
+    monkeypatch.setattr(b, "active_release", lambda engine="vllm": "0.26.0")
     monkeypatch.setattr(b.ReleaseEnvs, "python", lambda self, r: r)
-    monkeypatch.setattr(b, "measure_in",
-                        lambda python, paths: _fixed_at("0.30.0", runs)(python) * len(paths))
+    monkeypatch.setattr(b, "measure_in", lambda python, paths, engine="vllm":
+                        _fixed_at("0.30.0", runs)(python) * len(paths))
     trace = tmp_path / "t.json"
     shutil.copy(TRACE, trace)
     return runs, trace
@@ -142,3 +142,21 @@ def test_unwritable_cache_is_refused_before_anything_runs(stubbed, capsys, tmp_p
                  str(afile)]) == 2
     out, err = capsys.readouterr()
     assert out == "" and runs == [] and "--cache" in err and err.count("\n") == 1
+
+
+def test_token_slot_traces_bisect_sglang_releases(monkeypatch, tmp_path, capsys):
+    """A token-slot trace is bisected over SGLang releases (its default range, its
+    environments, the sglang target measuring); mixing kinds is one line, exit 2."""
+    asked = []
+    monkeypatch.setattr(b, "active_release", lambda engine="vllm": None)
+    monkeypatch.setattr(b.ReleaseEnvs, "python",
+                        lambda self, r: asked.append((self.engine, r)) or r)
+    monkeypatch.setattr(b, "measure_in", lambda python, paths, engine="vllm": (
+        asked.append(("measure", engine)) or [{"verdict": "pass"}] * len(paths)))
+    sgl = TRACE.parents[1] / "sglang" / "prefix-hit-padding-and-eviction.json"
+    assert main(["bisect", str(sgl), "--cache", str(tmp_path)]) == 1  # no change
+    out = capsys.readouterr().out
+    assert "SGLang 0.5.20, 0.5.21, 0.5.22, 0.5.23" in out and "sglang target" in out
+    assert ("sglang", "0.5.20") in asked and ("measure", "sglang") in asked
+    assert main(["bisect", str(sgl), str(TRACE), "--cache", str(tmp_path)]) == 2
+    assert "mixed" in capsys.readouterr().err

@@ -179,7 +179,8 @@ def test_campaign_across_releases_marks_findings_new_in_the_newest(tmp_path, mon
     verdicts = {"py-0.1": {"verdict": "pass"}, "py-0.2": {"verdict": "pass"}}
     asked = []
 
-    def measure(python, paths):
+    def measure(python, paths, engine="vllm"):
+        assert engine == "vllm"  # the campaign's target (gpu_impl here: vLLM's tooling)
         asked.append((python, tuple(paths)))
         return [verdicts[python]] * len(paths)
 
