@@ -626,9 +626,11 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "holds freed slots, which the allocator hands out again",
           "sgl-project/mini-sglang PR #142 'Fix radix cache duplicate prefix remapping' "
           "(SGLang's minimal engine: the unfinished request's page table kept the freed "
-          "duplicates); SGLang's RadixCache.checkpoint does this remap after its insert",
+          "duplicates); SGLang's trees remap in checkpoint (cache_unfinished_req in 0.5.20) "
+          "after their insert",
           "SGL_SLOTS_ACCOUNTED", ("SGL_KV_MATCHES",), family="scheduler",
-          sites=("sglang/srt/mem_cache/radix_cache.py",)),
+          sites=("sglang/srt/mem_cache/unified_radix_cache.py",
+                 "sglang/srt/mem_cache/radix_cache.py")),
     Fault("sgl-lock-skips-matched-node", ("sglang",),
           "locking a prefix hit walks from the matched node's parent, so the matched node "
           "itself stays unlocked: eviction may free the slots a live request's hit reads",
@@ -636,7 +638,8 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "RadixCacheManager when using lock_handle' (the walk moved to the parent before "
           "locking; SGLang's inc_lock_ref / dec_lock_ref walk from the node itself)",
           "SGL_SLOTS_ACCOUNTED", ("SGL_KV_MATCHES", "SGL_TREE_CONTENT"), family="scheduler",
-          sites=("sglang/srt/mem_cache/radix_cache.py",)),
+          sites=("sglang/srt/mem_cache/unified_cache/unified_tree_core.py",
+                 "sglang/srt/mem_cache/radix_cache.py")),
 )}
 
 

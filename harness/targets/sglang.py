@@ -5,7 +5,7 @@ code, driven as its scheduler drives it (``sglang/srt/managers/scheduler.py``,
 ``schedule_policy.py``, ``schedule_batch.py``):
 
 - ``sgl_admit``: a real ``Req``; ``Req.init_next_round_input`` matches its
-  prompt in the radix tree (``match_kv_cache``); the prefill adder's commit
+  prompt in the radix tree; the prefill adder's commit
   (its extend range, ``tree_cache.lock(last_node)``); ``ScheduleBatch.init_new``
   and ``prepare_for_extend`` (``alloc_for_extend``: a row from
   ``ReqToTokenPool``, slots from the token or paged allocator, the
@@ -24,7 +24,11 @@ code, driven as its scheduler drives it (``sglang/srt/managers/scheduler.py``,
 - ``sgl_finish``: ``release_kv_cache`` (the radix tree's insert of the
   request's KV, unlock, free of the rest and of the row) and
   ``filter_batch`` of the running batch;
-- ``sgl_evict``: ``RadixCache.evict``.
+- ``sgl_evict``: the tree's ``evict``.
+
+The tree is the release's default, from its own factory (``create_tree_cache``:
+a ``UnifiedRadixCache``), on SGLang's Python tree core, whose nodes the
+observation walks (:data:`TREE_CORE_ENV`).
 
 The harness plays the scheduler's admission (the oracle refuses an op that
 could not fit) and the model (KV values are :func:`reference.token_slots.payload`
@@ -57,6 +61,10 @@ _MODEL_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
                  "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
                  "torch_dtype": "float32"}
 _PUBLISHED: SimpleNamespace | None = None
+# The unified tree's core the target drives: SGLang's Python core, whose nodes the
+# observation walks (SGLang's default is its rust core: SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND).
+TREE_CORE_ENV = "BLOCKFUZZ_SGLANG_TREE_CORE"
+TREE_CORE = "python"
 
 
 def _publish() -> SimpleNamespace:
@@ -124,17 +132,15 @@ class SglangTarget:
             self.allocator = s.PagedTokenToKVPoolAllocator(
                 size=config.num_slots, page_size=config.page_size, dtype=torch.float32,
                 device="cpu", kvcache=self.kv_pool, need_sort=False)
-        self.tree = s.RadixCache(s.CacheInitParams(
-            disable=not config.radix_cache, req_to_token_pool=self.req_to_token_pool,
-            token_to_kv_pool_allocator=self.allocator, page_size=config.page_size))
-        top = max(config.capture_bs)
-        self.registry = s.build_decode_registry(
-            device=torch.device("cpu"), max_bs=top, max_num_token=top, seq_len_fill_value=1,
-            cache_loc_dtype=torch.int64)
         self._model_config = SimpleNamespace(
             vocab_size=_MODEL_CONFIG["vocab_size"], is_encoder_decoder=False,
             attention_arch=None, is_multimodal=False, hf_config=SimpleNamespace(),
             context_len=config.max_context_len)
+        self.tree = self._make_tree(s, config)
+        top = max(config.capture_bs)
+        self.registry = s.build_decode_registry(
+            device=torch.device("cpu"), max_bs=top, max_num_token=top, seq_len_fill_value=1,
+            cache_loc_dtype=torch.int64)
         self._layer = SimpleNamespace(layer_id=0)
         self.reqs: dict[int, object] = {}  # live request id -> SGLang Req
         self.seen: dict[int, object] = {}  # every admitted request (prefix sources)
@@ -144,6 +150,37 @@ class SglangTarget:
         from harness.targets import sglang_faults
 
         sglang_faults.apply(self, faults)  # SGLang's history, on these objects only
+
+    def _make_tree(self, s, config):
+        """The release's default tree through its own factory (``create_tree_cache``:
+        a ``UnifiedRadixCache`` with the FULL component, on the tree core
+        :data:`TREE_CORE`), or a ``RadixCache`` where the release has no factory."""
+        import dataclasses
+
+        params = s.CacheInitParams(
+            disable=not config.radix_cache, req_to_token_pool=self.req_to_token_pool,
+            token_to_kv_pool_allocator=self.allocator, page_size=config.page_size)
+        if s.create_tree_cache is None:
+            return s.RadixCache(params)
+        if "tree_core_backend" in {f.name for f in dataclasses.fields(params)}:
+            params.tree_core_backend = os.environ.get(TREE_CORE_ENV, TREE_CORE)
+        from sglang.srt.runtime_context import get_server_args
+
+        given = dict(server_args=get_server_args(), params=params, is_hybrid_swa=False,
+                     is_hybrid_ssm=False, enable_hierarchical_cache=False,
+                     disable_radix_cache=not config.radix_cache, tp_worker=None,
+                     model_config=self._model_config, tp_size=1, tp_rank=0, tp_group=None,
+                     effective_chunked_prefill_size=config.max_context_len)  # (0.5.20)
+        fields = dataclasses.fields(s.TreeCacheBuildContext)
+        unknown = [f.name for f in fields if f.name not in given
+                   and f.default is dataclasses.MISSING
+                   and f.default_factory is dataclasses.MISSING]
+        if unknown:
+            raise TargetUnavailable(f"SGLang {s.version}: its tree factory wants "
+                                    f"{', '.join(unknown)}, which the sglang target does not "
+                                    "know how to give")
+        return s.create_tree_cache(s.TreeCacheBuildContext(
+            **{k: v for k, v in given.items() if k in {f.name for f in fields}}))
 
     # -- the model's part ----------------------------------------------------------
     def _write(self, locs, values) -> None:
@@ -263,14 +300,30 @@ class SglangTarget:
         return np.sort(np.concatenate(parts).astype(np.int64))
 
     def _tree_nodes(self) -> list:
+        """Every node below the root: (token path, slot path, lock count).  A
+        ``UnifiedRadixCache`` keeps a node's slots and locks per component (FULL
+        here); a ``RadixCache`` on the node.  A node whose KV was evicted (no
+        value) ends its path."""
+        root = self.tree.root_node
+        if isinstance(root, int):  # a tree core of NodeIds (rust): no Python nodes
+            raise TargetUnavailable(f"SGLang's {self.tree._tree_core_backend} tree core keeps "
+                                    f"its nodes out of Python; set {TREE_CORE_ENV}=python")
+        full = None
+        if hasattr(root, "component_data"):
+            from sglang.srt.mem_cache.unified_cache.components import ComponentType
+
+            full = ComponentType.FULL
         out = []
-        stack = [(self.tree.root_node, (), ())]
+        stack = [(root, (), ())]
         while stack:
             node, toks, slots = stack.pop()
             for child in node.children.values():
+                data = child if full is None else child.component_data[full]
+                if data.value is None:
+                    continue
                 t = toks + tuple(int(x) for x in child.key.token_ids)
-                v = slots + tuple(int(x) for x in child.value.tolist())
-                out.append((t, v, int(child.lock_ref)))
+                v = slots + tuple(int(x) for x in data.value.tolist())
+                out.append((t, v, int(data.lock_ref)))
                 stack.append((child, t, v))
         return sorted(out)
 

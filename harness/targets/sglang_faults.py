@@ -56,11 +56,16 @@ def _lock_skips_matched_node(target) -> None:
     matched node itself was never locked (nor unlocked)."""
     tree = target.tree
     inc, dec = tree.inc_lock_ref, tree.dec_lock_ref
+    resolve = getattr(tree, "resolve_node_handle", lambda handle: handle)
 
-    def parent(node):
-        return node if node is tree.root_node or node.parent is None else node.parent
+    def parent(handle):
+        """The parent of a node, or of a NodeId (the unified tree's handles)."""
+        node = resolve(handle)
+        if node is resolve(tree.root_node) or node.parent is None:
+            return handle
+        return node.parent.id if isinstance(handle, int) else node.parent
 
-    tree.inc_lock_ref = lambda node: inc(parent(node))
+    tree.inc_lock_ref = lambda node, *a, **kw: inc(parent(node), *a, **kw)
     tree.dec_lock_ref = lambda node, *a, **kw: dec(parent(node), *a, **kw)
 
 

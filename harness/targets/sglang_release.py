@@ -113,8 +113,9 @@ def load() -> SimpleNamespace:
     ``release_kv_cache``, ``publish_prefill`` (``checkpoint_kv_cache``, or
     before it ``maybe_cache_unfinished_req``), ``build_decode_registry``; what
     differs by release: ``release_insert_kw`` (``checkpoint`` / ``is_insert``),
-    ``tree_lock`` (the tree has ``lock`` / ``unlock``, else ``inc_lock_ref``);
-    and
+    ``tree_lock`` (the tree has ``lock`` / ``unlock``, else ``inc_lock_ref``),
+    ``create_tree_cache`` / ``TreeCacheBuildContext`` (the release's default
+    tree factory, None where it has none); and
     what was read off the release: ``page_sizes`` (the allocator page sizes
     the target drives), ``radix_cache_name``, ``padding_source`` (where the
     decode graph's padding lives), ``stubbed`` (modules stubbed at import).
@@ -169,6 +170,10 @@ def load() -> SimpleNamespace:
                                 "sglang.srt.mem_cache (the sglang target drives the "
                                 "scheduler's allocation and release paths of 0.5.20 and later)")
     release_params = inspect.signature(common.release_kv_cache).parameters
+    try:  # the release's default tree factory (0.5.20 on: a UnifiedRadixCache)
+        from sglang.srt.mem_cache.registry import TreeCacheBuildContext, create_tree_cache
+    except ImportError:
+        TreeCacheBuildContext = create_tree_cache = None
     try:
         from sglang.srt.model_executor.cuda_graph_buffer_registry import build_decode_registry
         padding_source = "cuda_graph_buffer_registry.fill_from"
@@ -189,7 +194,10 @@ def load() -> SimpleNamespace:
         # how the prefill adder locks a hit: tree_cache.lock (0.5.23) or inc_lock_ref
         tree_lock=hasattr(RadixCache, "lock"),
         build_decode_registry=build_decode_registry, page_sizes=(1, 4),
-        radix_cache_name=f"{RadixCache.__module__}.{RadixCache.__name__}",
+        create_tree_cache=create_tree_cache, TreeCacheBuildContext=TreeCacheBuildContext,
+        radix_cache_name=("the default tree factory (create_tree_cache)"
+                          if create_tree_cache is not None else
+                          f"{RadixCache.__module__}.{RadixCache.__name__}"),
         padding_source=padding_source, stubbed=stubbed,
         decode_registry_kwargs=frozenset(inspect.signature(build_decode_registry).parameters))
     return _LOADED

@@ -89,13 +89,22 @@ def test_the_request_pool_is_sglangs(sglang, monkeypatch):
 
 
 def test_the_radix_cache_is_sglangs(sglang, monkeypatch):
-    """A radix cache whose lock does nothing lets eviction free a live request's
-    prefix: the freed slots are free while that request holds them."""
-    from sglang.srt.mem_cache.base_prefix_cache import IncLockRefResult
+    """The release's tree (its own factory's class) with a lock that lets go at
+    once: eviction frees a live request's prefix, whose slots are then free
+    while that request holds them."""
+    from harness.targets.sglang import SglangTarget
+    from reference.token_slots import TokenSlotConfig
 
-    monkeypatch.setattr(sglang.RadixCache, "inc_lock_ref",
-                        lambda self, node: IncLockRefResult(delta=0))
-    monkeypatch.setattr(sglang.RadixCache, "dec_lock_ref", lambda self, node, *a, **k: None)
+    tree_class = type(SglangTarget(TokenSlotConfig()).tree)
+    inc, dec = tree_class.inc_lock_ref, tree_class.dec_lock_ref
+
+    def lock_released_at_once(self, node, *a, **kw):
+        got = inc(self, node, *a, **kw)
+        dec(self, node, got.to_dec_params())
+        return got
+
+    monkeypatch.setattr(tree_class, "inc_lock_ref", lock_released_at_once)
+    monkeypatch.setattr(tree_class, "dec_lock_ref", lambda self, node, *a, **k: None)
     v = _verdict()
     assert v is not None and v.invariant == "SGL_SLOTS_ACCOUNTED" and "free while" in v.detail, v
 
