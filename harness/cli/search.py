@@ -38,17 +38,25 @@ def _fuzz_setup(args):
     if config is not None:
         _check_faults(args.fault, runner)
     _check_fault_target(faults, args.target, args.fault)
-    from harness.targets import target_spec
-
-    runners = target_spec(args.target).runners
-    if len(runners) == 1:  # a target of one kind of config (sglang: token slots)
-        if args.runner is not None and args.runner not in runners:
-            raise UsageError(f"--runner {args.runner}: the {args.target} target runs "
-                             f"runner {runners[0]} configs only")
-        runner = runner if config is not None else runners[0]
+    runner = runner if config is not None else _target_runner(args, runner)
     device = _select_device(args.device, args.target)
     _check_target(config, args.target, args.config)
     return out_dir, faults, config, runner, device
+
+
+def _target_runner(args, runner: str | None) -> str | None:
+    """The runner a search draws for: the target's only one, when it runs one kind
+    of config (sglang: token slots; ``--runner`` of another kind is one line,
+    exit 2), else ``runner``."""
+    from harness.targets import target_spec
+
+    runners = target_spec(args.target).runners
+    if len(runners) != 1:
+        return runner
+    if args.runner is not None and args.runner not in runners:
+        raise UsageError(f"--runner {args.runner}: the {args.target} target runs runner "
+                         f"{runners[0]} configs only")
+    return runners[0]
 
 
 def _seed_corpus(path: str | None) -> list:
@@ -284,7 +292,7 @@ def _nightly_campaign(args):
     if args.corpus:
         _check_out(args.corpus, "--corpus")
     faults = _check_faults(args.fault, args.runner)
-    runner = args.runner or _fault_runner(faults)
+    runner = _target_runner(args, args.runner or _fault_runner(faults))
     _check_fault_target(faults, args.target, args.fault)
     if args.release_cache is not None and args.releases is None:
         raise UsageError("--release-cache: only used with --releases (a campaign across "

@@ -74,7 +74,9 @@ class RunSettings:
 
     def fuzz(self, seed: int, verb: str = "fuzz") -> str:
         """``blockfuzz fuzz`` that re-runs ``seed`` exactly as it ran."""
-        return command(verb, program=self.program, runner=self.runner, seed=seed,
+        # A target of one kind of config implies its runner (sglang): not a --runner.
+        runner = None if self.runner == "sglang" else self.runner
+        return command(verb, program=self.program, runner=runner, seed=seed,
                        examples=self.examples,
                        profile=self.profile, config=self.config, fault=sorted(self.faults),
                        seed_corpus=self.seed_corpus, target=self._target(), device=self.device)

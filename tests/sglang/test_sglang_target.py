@@ -193,3 +193,17 @@ def test_scenarios_on_sglang_as_recorded(sglang, path):
     v = replay(scenario.trace_for("sglang"), target="sglang")
     assert v.verdict == want["verdict"]
     assert want.get("invariant") in (None, getattr(v.violation, "invariant", None))
+
+
+def test_nightly_on_sglang_finds_a_fault_and_prints_runnable_commands(sglang, tmp_path, capsys):
+    """A campaign against SGLang: token-slot coverage, a finding, and a rerun
+    command the CLI accepts (the target implies its runner: no --runner)."""
+    out = tmp_path / "n"
+    code = main(["nightly", "--target", "sglang", "--fault", "sgl-lock-skips-matched-node",
+                 "--time-budget", "120", "--workers", "1", "--out", str(out),
+                 "--max-seeds", "1", "--examples-per-seed", "20"])
+    text = capsys.readouterr().out
+    assert code == 1 and "FINDING SGL_SLOTS_ACCOUNTED" in text, text
+    rerun = next(line for line in text.splitlines() if "rerun:" in line)
+    assert "--runner" not in rerun and "--target sglang" in rerun
+    assert "reachable features hit" in text and "sgl-" in text
