@@ -34,6 +34,9 @@ RESERVED_SLOT = 0
 RESERVED_ROW = 0
 TOKEN_VOCAB = 1000  # token ids are drawn below this
 PAYLOAD_MOD = 1 << 24  # payloads are integers below 2**24: exact in float32
+# Bounds of a token-slot config: what a CPU run holds with room to spare.
+LIMITS = {"num_slots": 1 << 16, "page_size": 64, "max_num_reqs": 256,
+          "max_context_len": 4096}
 
 
 @dataclass(frozen=True)
@@ -60,19 +63,31 @@ class TokenSlotConfig:
     runner: str = "sglang"
 
     def __post_init__(self):
+        if not isinstance(self.capture_bs, (list, tuple)):
+            raise ConfigError("capture_bs", f"must be a list of batch sizes, got "
+                              f"{self.capture_bs!r}")
         object.__setattr__(self, "capture_bs", tuple(self.capture_bs))
         if self.runner != "sglang":
             raise ConfigError("runner", f"a token-slot config is runner 'sglang', not {self.runner!r}")
-        for name in ("num_slots", "page_size", "max_num_reqs", "max_context_len"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ConfigError(name, f"must be a positive integer, got {getattr(self, name)!r}")
+        for name, most in LIMITS.items():
+            v = getattr(self, name)
+            if type(v) is not int or not 1 <= v <= most:
+                raise ConfigError(name, f"must be an integer in 1..{most}, got {v!r}")
+        if type(self.radix_cache) is not bool:
+            raise ConfigError("radix_cache", f"must be true or false, got {self.radix_cache!r}")
         if self.num_slots % self.page_size:
             raise ConfigError("num_slots", f"{self.num_slots} is not a multiple of page_size "
                               f"{self.page_size}")
-        if any(not isinstance(b, int) or b < 1 for b in self.capture_bs) or \
-                list(self.capture_bs) != sorted(set(self.capture_bs)):
-            raise ConfigError("capture_bs", f"must be increasing positive integers, got "
-                              f"{list(self.capture_bs)}")
+        if self.num_slots < 2 * self.page_size:
+            raise ConfigError("num_slots", f"{self.num_slots} holds no request: at least two "
+                              f"pages of {self.page_size} (one more is over-asked per request)")
+        if self.max_context_len < 2:
+            raise ConfigError("max_context_len", "must be at least 2 (a prompt token and a "
+                              "decoded one)")
+        if not self.capture_bs or any(type(b) is not int or b < 1 for b in self.capture_bs) \
+                or list(self.capture_bs) != sorted(set(self.capture_bs)):
+            raise ConfigError("capture_bs", f"must be increasing positive integers, at least "
+                              f"one, got {list(self.capture_bs)}")
 
     @property
     def num_pages(self) -> int:

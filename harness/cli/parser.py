@@ -11,13 +11,15 @@ from harness.cli.common import BISECT_EPILOG, _Parser, _target_names
 def _add_common(p: argparse.ArgumentParser, faults: bool = True) -> None:
     if faults:
         p.add_argument("--fault", action="append", default=[], metavar="ID",
-                       help="switch on a gpu_impl fault (repeatable; see: blockfuzz faults)")
+                       help="switch on a catalogue fault (repeatable; see: blockfuzz faults): "
+                            "gpu_impl's, or SGLang's (sgl-*) on --target sglang")
     p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"],
                    help="cpu runs Triton in interpreter mode with emulated graphs "
                         "(default: $BLOCKFUZZ_DEVICE or auto)")
     p.add_argument("--target", default="gpu_impl", choices=_target_names(),
                    help="implementation under test: gpu_impl, the installed vLLM's own "
-                        "block-table classes (vllm), or the oracle itself (reference)")
+                        "code (vllm), the installed SGLang's own code (sglang: token-slot "
+                        "traces), or the oracle itself (reference)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -106,7 +108,8 @@ def _add_nightly(p) -> None:
     p.add_argument("--runner", default=None, choices=["v1", "v2"],
                    help="pin the model runner (default: drawn per example)")
     p.add_argument("--fault", action="append", default=[], metavar="ID",
-                   help="switch on a gpu_impl fault (repeatable)")
+                   help="switch on a catalogue fault (repeatable): gpu_impl's, or SGLang's "
+                        "(sgl-*) on --target sglang")
     p.add_argument("--seed-timeout", type=float, default=300.0, metavar="S",
                    help="a seed running longer is killed and recorded as a crash")
     p.add_argument("--examples-per-seed", type=int, default=25)
@@ -120,7 +123,8 @@ def _add_nightly(p) -> None:
                    help="default: $BLOCKFUZZ_DEVICE or auto")
     p.add_argument("--target", default="gpu_impl",
                    choices=[t for t in _target_names() if t != "reference"],
-                   help="implementation under test (vllm: the installed release's classes)")
+                   help="implementation under test (vllm / sglang: the installed release's "
+                        "own code)")
     p.add_argument("--releases", default=None, metavar="A..B|X,Y,Z",
                    help="with --target vllm or sglang: search the newest of these releases (in "
                         "its own cached environment), replay each finding on the older ones "

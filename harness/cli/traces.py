@@ -159,6 +159,11 @@ def _load_any(path, args):
         if getattr(args, "runner", None):
             raise UsageError(f"{path}: --runner applies to scenarios; a trace names its runner")
         return load(path)
+    from harness.targets import target_spec
+
+    if args.runner and target_spec(args.target).runners == ("sglang",):
+        raise UsageError(f"--runner {args.runner}: the {args.target} target runs token-slot "
+                         "traces; --runner picks a block-table runner")
     try:
         return load_scenario(path).trace_for(args.target, args.runner)
     except ScenarioError as e:

@@ -46,7 +46,7 @@ from pathlib import Path
 
 FORMAT = "blockfuzz-scenario"
 VERSION = 1
-GEOMETRY = {"page_size": 1, "num_tokens": 64, "max_num_reqs": 4, "max_len": 32,
+GEOMETRY = {"page_size": 4, "num_tokens": 64, "max_num_reqs": 4, "max_len": 32,
             "capture_sizes": [1, 2, 4], "prefix_caching": True}
 STEP_FIELDS = {"arrive": {"req", "prompt_len", "prefix"}, "decode": set(),
                "idle": {"bs"}, "finish": {"req"}, "evict": set()}
@@ -92,13 +92,21 @@ class Scenario:
 
     # -- token slots ------------------------------------------------------------------
     def _token_slot_trace(self):
+        from reference.config import ConfigError
         from reference.token_slots import TokenSlotConfig
 
         g = self.geometry
-        config = TokenSlotConfig(num_slots=g["num_tokens"], page_size=g["page_size"],
-                                 max_num_reqs=g["max_num_reqs"], max_context_len=g["max_len"],
-                                 capture_bs=tuple(g["capture_sizes"]),
-                                 radix_cache=g["prefix_caching"])
+        try:
+            config = TokenSlotConfig(num_slots=g["num_tokens"], page_size=g["page_size"],
+                                     max_num_reqs=g["max_num_reqs"],
+                                     max_context_len=g["max_len"],
+                                     capture_bs=tuple(g["capture_sizes"]),
+                                     radix_cache=g["prefix_caching"])
+        except ConfigError as e:
+            names = {"num_slots": "num_tokens", "max_context_len": "max_len",
+                     "capture_bs": "capture_sizes", "radix_cache": "prefix_caching"}
+            raise ScenarioError(self.source, f"geometry.{names.get(e.field, e.field)} (as a "
+                                "token-slot config)", str(e).split(": ", 1)[-1]) from None
         ops = []
         for s in self.steps:
             kind = s["op"]
@@ -134,8 +142,9 @@ class Scenario:
                 max_num_batched_tokens=max(g["max_len"], g["max_num_reqs"]),
                 cudagraph_capture_sizes=tuple(g["capture_sizes"]), allocator="engine",
                 enable_prefix_caching=g["prefix_caching"])
-        except ConfigError as e:
-            raise ScenarioError(self.source, f"geometry (as a {runner} config: {e.field})",
+        except (ConfigError, TypeError) as e:
+            raise ScenarioError(self.source, f"geometry (as a {runner} config"
+                                + (f": {e.field})" if getattr(e, "field", None) else ")"),
                                 str(e).split(": ", 1)[-1]) from None
         ref = reference_runner(config)
         running: list[int] = []
@@ -214,10 +223,14 @@ def parse(obj, source: str = "<scenario>") -> Scenario:
         if k not in GEOMETRY:
             raise ScenarioError(source, f"geometry.{k}", f"unknown; known: {', '.join(GEOMETRY)}")
         want = type(GEOMETRY[k])
-        if type(v) is not want or (want is int and v < 1):
-            raise ScenarioError(source, f"geometry.{k}", f"must be a{'' if want is list else ' positive'} "
-                                f"{want.__name__}, got {v!r}")
+        kind = {int: "a positive integer", bool: "true or false",
+                list: "a list of positive integers"}[want]
+        if type(v) is not want or (want is int and v < 1) or (want is list and any(
+                type(x) is not int or x < 1 for x in v)):
+            raise ScenarioError(source, f"geometry.{k}", f"must be {kind}, got {v!r}")
         geometry[k] = v
+    if not isinstance(obj.get("meta", {}), dict):
+        raise ScenarioError(source, "meta", "must be an object")
     steps = obj.get("steps")
     if not isinstance(steps, list) or not steps:
         raise ScenarioError(source, "steps", "must be a non-empty list")
@@ -234,6 +247,8 @@ def parse(obj, source: str = "<scenario>") -> Scenario:
                 raise ScenarioError(source, f"{where}.{k}", "must be an integer"
                                     + (" >= 0" if k == "req" else " >= 1"))
         if s["op"] == "arrive":
+            if s["req"] in prompts:
+                raise ScenarioError(source, f"{where}.req", f"request {s['req']} arrived before")
             prefix = s.get("prefix")
             if prefix is not None:
                 if not (isinstance(prefix, list) and len(prefix) == 2

@@ -188,6 +188,12 @@ def _check_meta(trace: Trace, source: str) -> None:
     if invariant is not None and invariant not in (*ids(), IMPL_CRASH):
         raise TraceError(source, "expect.invariant", f"unknown invariant {invariant!r}; "
                          f"known: {', '.join(ids())}")
+    from harness.core.invariants import REGISTRY as INVARIANTS
+
+    if invariant in INVARIANTS and trace.config.runner not in INVARIANTS[invariant].runners:
+        raise TraceError(source, "expect.invariant", f"{invariant} judges runner(s) "
+                         f"{', '.join(INVARIANTS[invariant].runners)}; this trace's config is "
+                         f"runner {trace.config.runner}")
     op_index = trace.expect.get("op_index")
     if op_index is not None and not (START_OP_INDEX <= op_index < len(trace.ops)):
         raise TraceError(source, "expect.op_index", f"{op_index} is not an op index "

@@ -4,6 +4,8 @@ dry run, and each token-slot invariant firing on a hand-built observation."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -206,3 +208,41 @@ def test_a_scenario_that_does_not_fit_names_its_step(tmp_path):
                  '[{"op": "arrive", "req": 0, "prompt_len": 4, "prefix": [3, 1]}]}')
     with pytest.raises(ScenarioError, match=r"steps\[0\]\.prefix"):
         load_scenario(p)
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"capture_bs": []}, "capture_bs"), ({"radix_cache": "no"}, "radix_cache"),
+    ({"num_slots": True}, "num_slots"), ({"num_slots": 1 << 40}, "num_slots"),
+    ({"max_context_len": 1}, "max_context_len"), ({"num_slots": 4, "page_size": 4}, "num_slots"),
+])
+def test_token_slot_config_bounds_name_the_field(change, field):
+    """Geometry that cannot run (or would not fit in memory) is refused naming the
+    field, before any engine builds pools for it."""
+    with pytest.raises(ConfigError) as e:
+        config_from_json(dict({"runner": "sglang"}, **change))
+    assert e.value.field == field
+
+
+def test_a_token_slot_trace_cannot_expect_a_block_table_invariant():
+    obj = {"format": "blockfuzz-trace", "version": 1, "config": {"runner": "sglang"},
+           "ops": [{"op": "sgl_admit", "req": 0, "prompt_len": 2}],
+           "expect": {"verdict": "fail", "invariant": "VACATED_ROWS_ZERO", "op_index": 0}}
+    with pytest.raises(TraceError, match="expect.invariant"):
+        parse(obj)
+
+
+@pytest.mark.parametrize("doc, where", [
+    ({"meta": 3}, "meta"),
+    ({"steps": [{"op": "arrive", "req": 0, "prompt_len": 2},
+                {"op": "arrive", "req": 0, "prompt_len": 2}]}, r"steps\[1\]\.req"),
+    ({"geometry": {"capture_sizes": [4, 1]}}, "capture_sizes"),
+])
+def test_bad_scenarios_name_the_field(tmp_path, doc, where):
+    from harness.core.scenario import ScenarioError, load as load_scenario
+
+    obj = dict({"format": "blockfuzz-scenario", "version": 1,
+                "steps": [{"op": "arrive", "req": 0, "prompt_len": 2}]}, **doc)
+    p = tmp_path / "s.json"
+    p.write_text(json.dumps(obj))
+    with pytest.raises(ScenarioError, match=where):
+        load_scenario(p).trace_for("sglang")
