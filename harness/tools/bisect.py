@@ -233,6 +233,9 @@ class ReleaseEnvs:
             ready = _run(["bash", str(eng.script), release],
                          {"PYTHON": python, "PYTHONPATH": str(ROOT)})
         except BisectError as e:
+            import shutil
+
+            shutil.rmtree(env, ignore_errors=True)  # no half-made environment is left
             raise BisectError(f"{eng.title} {release}: the environment {env} could not be "
                               f"made: {e}") from None
         print("blockfuzz: " + (ready.strip().splitlines() or ["ready"])[-1], file=sys.stderr,
