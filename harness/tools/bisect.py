@@ -270,76 +270,61 @@ def measure_in(python: str, traces: list[str], engine: str = "vllm") -> list[dic
 
 def verdicts_main(argv: list[str]) -> int:
     """``python -m harness _verdicts [--engine vllm|sglang] TRACE...``: one JSON
-    line, a verdict per trace on the installed engine (no faults)."""
+    line, a verdict per trace on the installed engine (no faults): ``pass``,
+    ``fail`` (invariant, op), or ``n/a`` (the release refuses the trace, cannot
+    be driven at all, or — vLLM — the trace passes but its fault lived in code
+    the vllm target does not run as vLLM's)."""
     engine = "vllm"
     if argv[:1] == ["--engine"]:
         engine, argv = argv[1], argv[2:]
-    if engine == "sglang":
-        return _sglang_verdicts(argv)
-    paths = argv
-    from harness.targets.vllm import load, unexercised
-
-    load()  # its environment must be set before Triton is imported
-    from harness.core.session import replay
-    from harness.core.trace import load as load_trace
-    from harness.targets import TargetRefused, target_spec
-
-    from harness.targets.vllm import target_mode
-
-    out = []
-    for path in paths:
-        trace = load_trace(path)
-        refused = target_spec("vllm").refusal(trace.config)
-        if refused is not None:
-            out.append({"verdict": "n/a", "reason": str(refused)})
-            continue
-        try:
-            v = replay(trace, (), "vllm", "cpu")
-        except TargetRefused as e:
-            out.append({"verdict": "n/a", "reason": str(e)})
-            continue
-        try:  # after the run: a runner vLLM's set-up refused ran on the adapter
-            mode = {"mode": target_mode(trace.config)[0]}
-        except TargetRefused:
-            mode = {}
-        if v.violation is None:
-            reason = unexercised(trace)
-            out.append({"verdict": "pass", **mode} if reason is None else
-                       {"verdict": "n/a", "reason": reason, **mode})
-        else:
-            out.append({"verdict": "fail", "invariant": v.violation.invariant,
-                        "op_index": v.violation.op_index, "op": v.violation.op, **mode})
-    print(json.dumps(out))
-    return 0
-
-
-def _sglang_verdicts(paths: list[str]) -> int:
-    """The ``_verdicts`` of token-slot traces on the installed SGLang."""
-    from harness.targets.sglang_release import load
-
-    from harness.core.session import replay
-    from harness.core.trace import load as load_trace
     from harness.targets import TargetRefused, TargetUnavailable, target_spec
 
-    out = []
+    if engine == "vllm":
+        from harness.targets.vllm import load, target_mode, unexercised
+
+        def extra(trace) -> dict:
+            try:  # after the run: a runner vLLM's set-up refused ran on the adapter
+                return {"mode": target_mode(trace.config)[0]}
+            except TargetRefused:
+                return {}
+    else:
+        from harness.targets.sglang_release import load
+
+        def extra(trace) -> dict:
+            return {}
+
+        def unexercised(trace):
+            return None
     try:
-        load()
-    except TargetUnavailable as e:  # a release the target cannot drive: n/a for every trace
-        print(json.dumps([{"verdict": "n/a", "reason": str(e)}] * len(paths)))
+        load()  # its environment must be set before Triton is imported
+    except TargetUnavailable as e:
+        if engine == "vllm":
+            raise  # measuring failed: bisect reports it (an environment that is broken)
+        # an SGLang release whose scheduler paths the target cannot drive: n/a
+        print(json.dumps([{"verdict": "n/a", "reason": str(e)}] * len(argv)))
         return 0
-    for path in paths:
+    from harness.core.session import replay
+    from harness.core.trace import load as load_trace
+
+    out = []
+    for path in argv:
         trace = load_trace(path)
-        refused = target_spec("sglang").refusal(trace.config)
+        refused = target_spec(engine).refusal(trace.config)
         if refused is not None:
             out.append({"verdict": "n/a", "reason": str(refused)})
             continue
         try:
-            v = replay(trace, (), "sglang", "cpu")
+            v = replay(trace, (), engine, "cpu")
         except TargetRefused as e:
             out.append({"verdict": "n/a", "reason": str(e)})
             continue
-        out.append({"verdict": "pass"} if v.violation is None else
-                   {"verdict": "fail", "invariant": v.violation.invariant,
-                    "op_index": v.violation.op_index, "op": v.violation.op})
+        more = extra(trace)
+        if v.violation is None:
+            reason = unexercised(trace)
+            out.append({"verdict": "pass", **more} if reason is None else
+                       {"verdict": "n/a", "reason": reason, **more})
+        else:
+            out.append({"verdict": "fail", "invariant": v.violation.invariant,
+                        "op_index": v.violation.op_index, "op": v.violation.op, **more})
     print(json.dumps(out))
     return 0
