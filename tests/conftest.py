@@ -58,3 +58,29 @@ def corpus_traces(token_slots: bool = False) -> list:
         if (runner == "sglang") == token_slots:
             out.append(p)
     return out
+
+
+INSTALL_HINT = {"vllm": "vLLM not installed (scripts/install-vllm-target.sh RELEASE)",
+                "sglang": "SGLang not installed (scripts/install-sglang-target.sh RELEASE)"}
+
+
+def give_up(engine: str):
+    """How a test that needs ``engine`` gives up: ``pytest.skip``, or
+    ``pytest.fail`` with ``$BLOCKFUZZ_REQUIRE_<ENGINE>=1`` (CI installs it: a
+    broken install must not pass)."""
+    required = os.environ.get(f"BLOCKFUZZ_REQUIRE_{engine.upper()}") == "1"
+    return pytest.fail if required else pytest.skip
+
+
+def installed_engine(engine: str):
+    """The loaded engine (``harness.targets.<engine>_release.load()``): skips with
+    one line without it (see :func:`give_up`)."""
+    import importlib
+
+    release = importlib.import_module(f"harness.targets.{engine}_release")
+    if release.installed_version() is None:
+        give_up(engine)(INSTALL_HINT[engine])
+    try:
+        return release.load()
+    except release.TargetUnavailable as e:
+        give_up(engine)(f"{engine} cannot be used in this process: {e}")

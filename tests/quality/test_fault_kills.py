@@ -23,6 +23,7 @@ from harness.core.session import replay
 from harness.core.trace import load
 from harness.search.fuzz import fuzz
 from reference import RunnerConfig
+from tests.conftest import installed_engine
 
 SEEDS = Path(__file__).resolve().parents[2] / "corpora" / "seeds"
 EXAMPLES = 200
@@ -145,7 +146,7 @@ def test_fault_killed_from_seed_0(fault_id, runner):
     fault = CATALOGUE[fault_id]
     target = "sglang" if runner == "sglang" else "gpu_impl"
     if target == "sglang":
-        _need_sglang()
+        installed_engine("sglang")
     result = fuzz(None, seed=0, examples=EXAMPLES, faults=[fault_id], runner=runner,
                   target=target, profile="ci", found_by="tests/quality")
     assert result.violation is not None, f"{fault_id} survived {EXAMPLES} examples"
@@ -156,17 +157,6 @@ def test_fault_killed_from_seed_0(fault_id, runner):
     # The shrunk trace is a real reproducer: fails with the fault, passes without.
     assert replay(result.trace, [fault_id], target).matches(result.trace.expect)
     assert replay(result.trace, [], target).violation is None
-
-
-def _need_sglang():
-    """Skip without SGLang (fail with ``$BLOCKFUZZ_REQUIRE_SGLANG=1``)."""
-    import os
-
-    from harness.targets import sglang_release
-
-    give_up = pytest.fail if os.environ.get("BLOCKFUZZ_REQUIRE_SGLANG") == "1" else pytest.skip
-    if sglang_release.installed_version() is None:
-        give_up("SGLang not installed (scripts/install-sglang-target.sh RELEASE)")
 
 
 @pytest.mark.slow  # the stateful suite runs the fixed runners in every suite

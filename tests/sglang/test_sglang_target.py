@@ -10,7 +10,6 @@ corpus trace change: proof that the component in the loop is SGLang's.
 
 from __future__ import annotations
 
-import os
 
 import pytest
 
@@ -18,7 +17,7 @@ from harness.cli import main
 from harness.core.session import replay
 from harness.core.trace import load
 from harness.targets import sglang_release
-from tests.conftest import CORPORA, corpus_traces
+from tests.conftest import CORPORA, corpus_traces, installed_engine
 
 TRACES = [p for p in sorted((CORPORA / "sglang").glob("*.json")) if not load(p).faults]
 LIFE = CORPORA / "sglang" / "prefix-hit-padding-and-eviction.json"
@@ -27,13 +26,7 @@ LIFE = CORPORA / "sglang" / "prefix-hit-padding-and-eviction.json"
 @pytest.fixture(scope="module")
 def sglang():
     """The loaded SGLang; skips without one (fails with ``$BLOCKFUZZ_REQUIRE_SGLANG=1``)."""
-    give_up = pytest.fail if os.environ.get("BLOCKFUZZ_REQUIRE_SGLANG") == "1" else pytest.skip
-    if sglang_release.installed_version() is None:
-        give_up("SGLang not installed (scripts/install-sglang-target.sh RELEASE)")
-    try:
-        return sglang_release.load()
-    except sglang_release.TargetUnavailable as e:
-        give_up(f"SGLang cannot be used in this process: {e}")
+    return installed_engine("sglang")
 
 
 def test_missing_sglang_is_one_line_exit_2(monkeypatch, capsys):

@@ -20,7 +20,7 @@ from harness.cli import main
 from harness.core.trace import load
 from harness.core.invariants import structural_ids
 from reference import GroupSpec, RunnerConfig
-from tests.conftest import CORPORA
+from tests.conftest import CORPORA, installed_engine
 
 VLLM_TRACES = sorted((CORPORA / "vllm").glob("*.json"))
 
@@ -29,13 +29,7 @@ VLLM_TRACES = sorted((CORPORA / "vllm").glob("*.json"))
 def vllm():
     """The loaded vLLM; skips without one, fails instead when
     ``$BLOCKFUZZ_REQUIRE_VLLM=1`` (CI installs it: a broken install must not pass)."""
-    give_up = pytest.fail if os.environ.get("BLOCKFUZZ_REQUIRE_VLLM") == "1" else pytest.skip
-    if vllm_target.installed_version() is None:
-        give_up("vLLM not installed (scripts/install-vllm-target.sh RELEASE)")
-    try:
-        return vllm_target.load()
-    except vllm_target.TargetUnavailable as e:
-        give_up(f"vLLM cannot be used in this process: {e}")
+    return installed_engine("vllm")
 
 
 @pytest.fixture
