@@ -121,6 +121,12 @@ class BlockFuzzMachine(RuleBasedStateMachine):
         ops = engine_ops(config)  # the config's kind of ops: block-table or token-slot
         self.swarm = (swarm_mod.draw_swarm(hyp, list(ops)) if self.use_swarm
                       else swarm_mod.DEFAULT)
+        if prefix is not None and (prefix.meta or {}).get("swarm") is not None:
+            # A frontier prefix goes on under the op mix that reached it: the
+            # mix of ops that got to the broader feature is the likeliest to
+            # get past it (the drawn swarm is drawn all the same, so the
+            # choices after it are where they were).
+            self.swarm = prefix.meta["swarm"]
         self.draws = ExampleDraws(example_seed(data, self.salt))  # every op draw after this
         self.session = Session(config, self.faults, self.target, self.device, record=True)
         # The ops this example may draw, in registry order (registered by now; the
@@ -209,7 +215,8 @@ class BlockFuzzMachine(RuleBasedStateMachine):
                 per_example[f] = per_example.get(f, 0) + 1
                 if f not in prefixes or len(prefixes[f][1]) > i + 1:
                     prefixes[f] = (self.cfg, list(self.ops[:i + 1]))
-            steer.learn(self.stats, self.cfg, self.ops, self.coverage.first)
+            steer.learn(self.stats, self.cfg, self.ops, self.coverage.first,
+                        getattr(self, "swarm", None))
             steer.learn_config(self.stats, self.cfg)
         super().teardown()
 

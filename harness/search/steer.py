@@ -128,12 +128,14 @@ def _order(table: dict, salt: int):
     return lambda k: (table[k][0], zlib.crc32(f"{k}:{salt}".encode()))
 
 
-def learn(stats: dict, config, ops: list[dict], first: dict) -> None:
+def learn(stats: dict, config, ops: list[dict], first: dict, swarm=None) -> None:
     """Record one finished example: ``first`` is {feature: op index of its first
     hit}; ``stats["steer"]`` maps key -> [examples that hit it, config, shortest
-    prefix ops], and a frontier key (``towards:``) -> [examples that hit the
-    broader feature but not this one where it was reachable, config, shortest
-    prefix to the broader feature's first hit]."""
+    prefix ops, the op mix (:class:`~harness.search.swarm.Swarm`) of the
+    example that ran that prefix], and a frontier key (``towards:``) ->
+    [examples that hit the broader feature but not this one where it was
+    reachable, config, shortest prefix to the broader feature's first hit, its
+    example's op mix]."""
     table = stats.setdefault("steer", {})
     reached = {key(f, config): i for f, i in first.items()}
     for f, broad in NARROWS.items():  # got as far as the broader feature, not to f
@@ -142,10 +144,10 @@ def learn(stats: dict, config, ops: list[dict], first: dict) -> None:
     for k, i in reached.items():
         entry = table.get(k)
         if entry is None:
-            entry = table[k] = [0, None, None]
+            entry = table[k] = [0, None, None, None]
         entry[0] += 1
         if i + 1 <= MAX_PREFIX_OPS and (entry[2] is None or len(entry[2]) > i + 1):
-            entry[1], entry[2] = config, [dict(op) for op in ops[:i + 1]]
+            entry[1], entry[2], entry[3] = config, [dict(op) for op in ops[:i + 1]], swarm
 
 
 def learn_config(stats: dict, config) -> None:
@@ -188,7 +190,8 @@ def rarest(stats: dict) -> list[Trace]:
                       key=order)[:FRONTIER]
     keys = frontier + sorted((k for k in kept if not k.startswith(TOWARDS)),
                              key=order)[:RAREST - len(frontier)]
-    return [Trace(table[k][1], table[k][2], {"verdict": "pass"}, {"steer_key": k})
+    return [Trace(table[k][1], table[k][2], {"verdict": "pass"},
+                  {"steer_key": k, **({"swarm": table[k][3]} if k.startswith(TOWARDS) else {})})
             for k in keys]
 
 
@@ -210,6 +213,7 @@ def frontier(stats: dict) -> list[Trace]:
             entries[k] = (e[0], Trace(e[1], [], {"verdict": "pass"}, {"steer_key": k}))
     for k, e in prefixes.items():  # a prefix, where one is kept, over the bare config
         if k.startswith(TOWARDS) and k[len(TOWARDS):] not in prefixes and e[2] is not None:
-            entries[k] = (e[0], Trace(e[1], e[2], {"verdict": "pass"}, {"steer_key": k}))
+            entries[k] = (e[0], Trace(e[1], e[2], {"verdict": "pass"},
+                                      {"steer_key": k, "swarm": e[3]}))
     order = _order({k: v for k, v in entries.items()}, stats.get("examples", 0))
     return [entries[k][1] for k in sorted(entries, key=order)[:FRONTIER]]
