@@ -640,6 +640,30 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "SGL_SLOTS_ACCOUNTED", ("SGL_KV_MATCHES", "SGL_TREE_CONTENT"), family="scheduler",
           sites=("sglang/srt/mem_cache/unified_cache/unified_tree_core.py",
                  "sglang/srt/mem_cache/radix_cache.py")),
+    Fault("sgl-mamba-slot-0-handed-out", ("sglang",),
+          "a hybrid model's Mamba slot allocator hands out slot 0 like any other, while "
+          "the decode graphs' capture writes its dummy rows' state there: a request, or the "
+          "radix tree's copy of a prefix's state, holds the padding slot",
+          "sgl-project/sglang PR #17404 '[BUGFIX] Skip Mamba Cache Slot 0 to Avoid Using "
+          "Dummy Cache' (the Mamba pool's free slots started at 0; graph capture's dummy "
+          "state in slot 0 could be used by the prefix cache)",
+          "SGL_STATE_RESERVED", ("SGL_STATE_ACCOUNTED",), family="core",
+          sites=("sglang/srt/mem_cache/allocator/mamba.py",
+                 "sglang/srt/mem_cache/memory_pool.py")),
+    Fault("sgl-mamba-padding-keeps-stale-state-index", ("sglang",),
+          "a decode graph replay refreshes the state indices of its real rows only: a "
+          "padded row keeps the index an earlier, larger batch left in the captured "
+          "buffer — a finished request's slot, now free or the radix tree's — and the "
+          "padded row's garbage state is written there",
+          "xLLM-AI/xllm PR #1904 'bugfix: fix mlu graph linear state padding.' (the graph's "
+          "padded rows kept an old linear-state id and the GDN decode kernel polluted a "
+          "real request's state; SGLang's Mamba backend points padded rows at PAD_SLOT_ID "
+          "in _replay_metadata, re-created there without that step) — the seed bug's "
+          "shape (stale rows let padded runs write Mamba state into freed blocks) in "
+          "SGLang's Mamba pool",
+          "SGL_STATE_RESERVED", ("SGL_STATE_NO_STALE_WRITE", "SGL_STATE_TREE_CONTENT",
+                                 "SGL_STATE_MATCHES"), family="core",
+          sites=("sglang/srt/layers/attention/hybrid_linear_attn_backend.py",)),
 )}
 
 

@@ -37,6 +37,10 @@ PAYLOAD_MOD = 1 << 24  # payloads are integers below 2**24: exact in float32
 # Bounds of a token-slot config: what a CPU run holds with room to spare.
 LIMITS = {"num_slots": 1 << 16, "page_size": 64, "max_num_reqs": 256,
           "max_context_len": 4096}
+MAMBA_SLOTS_MAX = 512  # Mamba state slots (0: no Mamba layer)
+# The state a cleared Mamba slot holds (SGLang's clear_slots zeroes it): the
+# state of the empty prefix.
+EMPTY_STATE = 0.0
 
 
 @dataclass(frozen=True)
@@ -50,7 +54,13 @@ class TokenSlotConfig:
     one more, row 0); max_context_len: slots per row; capture_bs: the decode
     CUDA graph's batch sizes (a decode batch is padded to the smallest that
     fits; larger ones run eager, unpadded); radix_cache: a finished request's
-    KV goes into the radix tree (False: SGLang's ``disable_radix_cache``).
+    KV goes into the radix tree (False: SGLang's ``disable_radix_cache``);
+    mamba_slots: a hybrid model's Mamba state slots (SGLang's ``mamba_size``:
+    ``HybridReqToTokenPool`` holds one more, slot 0, the padding slot; each
+    live request holds one slot through its row's entry in
+    ``req_index_to_mamba_index_mapping``, and the radix tree keeps finished
+    prefixes' states in slots of its own), 0 for an attention-only model;
+    at most :data:`MAMBA_SLOTS_MAX`.
     Raises :class:`~reference.config.ConfigError` naming the field.
     """
 
@@ -60,6 +70,7 @@ class TokenSlotConfig:
     max_context_len: int = 32
     capture_bs: tuple = (1, 2, 4)
     radix_cache: bool = True
+    mamba_slots: int = 0
     runner: str = "sglang"
 
     def __post_init__(self):
@@ -73,6 +84,13 @@ class TokenSlotConfig:
             v = getattr(self, name)
             if type(v) is not int or not 1 <= v <= most:
                 raise ConfigError(name, f"must be an integer in 1..{most}, got {v!r}")
+        if type(self.mamba_slots) is not int or not 0 <= self.mamba_slots <= MAMBA_SLOTS_MAX:
+            raise ConfigError("mamba_slots", f"must be an integer in 0..{MAMBA_SLOTS_MAX}, got "
+                              f"{self.mamba_slots!r}")
+        if 0 < self.mamba_slots < self.mamba_slots_for(1):
+            raise ConfigError("mamba_slots", f"{self.mamba_slots} holds no request (one needs "
+                              f"{self.mamba_slots_for(1)} with radix_cache {self.radix_cache}): "
+                              "0 (no Mamba layer) or more")
         if type(self.radix_cache) is not bool:
             raise ConfigError("radix_cache", f"must be true or false, got {self.radix_cache!r}")
         if self.num_slots % self.page_size:
@@ -89,6 +107,14 @@ class TokenSlotConfig:
             raise ConfigError("capture_bs", f"must be increasing positive integers, at least "
                               f"one, got {list(self.capture_bs)}")
 
+    def mamba_slots_for(self, live: int) -> int:
+        """Mamba state slots ``live`` requests may need at once, the last one
+        admitted just now: each holds its own slot; with the radix cache each
+        also locks the tree's copy of its state after its prefill (the
+        result processor's checkpoint), and the newest its prefix hit's state
+        until then."""
+        return 2 * live + 1 if self.radix_cache else live
+
     @property
     def num_pages(self) -> int:
         """Allocatable pages (page 0, the reserved one, not counted)."""
@@ -102,12 +128,13 @@ class TokenSlotConfig:
         return {"runner": self.runner, "num_slots": self.num_slots,
                 "page_size": self.page_size, "max_num_reqs": self.max_num_reqs,
                 "max_context_len": self.max_context_len, "capture_bs": list(self.capture_bs),
-                "radix_cache": self.radix_cache}
+                "radix_cache": self.radix_cache,
+                **({"mamba_slots": self.mamba_slots} if self.mamba_slots else {})}
 
     @classmethod
     def from_json(cls, d: dict) -> TokenSlotConfig:
         known = {"runner", "num_slots", "page_size", "max_num_reqs", "max_context_len",
-                 "capture_bs", "radix_cache"}
+                 "capture_bs", "radix_cache", "mamba_slots"}
         unknown = sorted(set(d) - known)
         if unknown:
             raise ConfigError(unknown[0], "not a token-slot config field")
@@ -125,6 +152,22 @@ def payload(tokens) -> np.ndarray:
         h = (h * 1000003 + int(t) + 1) % PAYLOAD_MOD
         out[i] = h
     return out
+
+
+def state_after(tokens, state: float = EMPTY_STATE) -> float:
+    """A Mamba layer's state after it consumes ``tokens`` from ``state``: the
+    rolling hash of :func:`payload` continued from the hash ``state`` holds
+    (:data:`EMPTY_STATE`: the empty prefix), so the state of a request that has
+    consumed its first n tokens equals the KV payload of its position n - 1,
+    and a state that started wrong (a hit's state not copied, a slot not
+    cleared, NaN from a padded row) stays wrong.  Returns a float32 value (NaN
+    in, NaN out)."""
+    if np.isnan(state):
+        return np.float32(np.nan)
+    h = 7 if state == EMPTY_STATE else int(state)
+    for t in tokens:
+        h = (h * 1000003 + int(t) + 1) % PAYLOAD_MOD
+    return np.float32(h)
 
 
 def token_of(req: int, position: int) -> int:
@@ -215,6 +258,11 @@ class TokenSlotReference:
         if not self._room(prompt_len, 1):
             raise OpError("prompt_len", f"no room for {prompt_len} tokens ({self.held_slots()} of "
                           f"{cfg.num_slots} slots held by live requests)")
+        live = len(self.live())
+        if cfg.mamba_slots and cfg.mamba_slots_for(live + 1) > cfg.mamba_slots:
+            raise OpError("req", f"no Mamba state slot for a request beside {live} live "
+                          f"ones ({cfg.mamba_slots} slots; {live + 1} requests may need "
+                          f"{cfg.mamba_slots_for(live + 1)})")
         self.requests[req] = RequestTokens(tokens + [token_of(req, prompt_len)], prompt_len,
                                            prompt_len)
         self.last_forward = {"kind": "extend", "reqs": [req],
@@ -266,6 +314,12 @@ class TokenSlotReference:
         self.last_forward = None
 
     # -- what the invariants read -----------------------------------------------------
+    def expected_state(self, req: int) -> np.float32:
+        """The Mamba state request ``req``'s slot must hold: the state after its
+        first ``kv_len`` tokens (hybrid configs)."""
+        s = self.requests[req]
+        return state_after(s.tokens[:s.kv_len])
+
     def expected_kv(self, req: int) -> np.ndarray:
         """The KV request ``req``'s first ``kv_len`` positions must hold."""
         s = self.requests[req]

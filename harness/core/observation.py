@@ -10,7 +10,7 @@ read only by that op's checks) — checks never write into an observation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -180,7 +180,17 @@ class TokenSlotObservation:
       (``{"req_pool_indices", "out_cache_loc", "seq_lens"}`` int64 arrays,
       ``"raw_bs"``, ``"padded_bs"``), None before any padded forward;
     - ``written``: the slots the last op's forward wrote (int64, in write
-      order; padded rows included), None when it ran none.
+      order; padded rows included), None when it ran none;
+    - a hybrid model's Mamba pool (``mamba_slots`` > 0; else empty / None):
+      ``state_slots`` ``{req: state slot}`` (its row's entry in
+      ``req_index_to_mamba_index_mapping``, what the kernels read);
+      ``state``: float32 ``[mamba_slots + 1]``, the state each slot holds
+      (slot 0 the reserved one); ``state_free``: sorted int64, the Mamba
+      allocator's free slots; ``state_tree``: ``[(tokens, slot, lock_ref)]``,
+      one entry per radix-tree node holding a Mamba state (the state after
+      its path); ``state_written``: the slots the last op's Mamba update wrote
+      (int64; None when it ran none); the padded replay's state indices are
+      ``padding["state_indices"]``.
     The reference's own observation is the oracle itself
     (:class:`reference.token_slots.TokenSlotReference`).
     """
@@ -193,3 +203,8 @@ class TokenSlotObservation:
     tree: list
     padding: dict | None = None
     written: np.ndarray | None = None
+    state_slots: dict = field(default_factory=dict)
+    state: np.ndarray | None = None
+    state_free: np.ndarray | None = None
+    state_tree: list = field(default_factory=list)
+    state_written: np.ndarray | None = None

@@ -391,15 +391,25 @@ def token_slot_configs(draw) -> TokenSlotConfig:
     the token or the paged allocator, a pool small enough that eviction and
     slot reuse come within a few requests, up to four request rows, decode
     graphs captured at a few batch sizes (some batches padded, some eager), the
-    radix cache mostly on.  The simplest draw is the default config."""
+    radix cache mostly on; in one config in two with the token allocator, a
+    hybrid model's Mamba pool (SGLang's Mamba component needs page size 1
+    without its extra tracking buffer), sized for one to all request rows
+    (:meth:`~reference.token_slots.TokenSlotConfig.mamba_slots_for`), so that
+    the tree's states are evicted within a few requests.  The simplest draw is
+    the default config."""
     page_size = draw(st.sampled_from([1, 4]))
     num_slots = draw(st.sampled_from([64, 32, 48, 96])) // page_size * page_size
     capture_bs = draw(st.sampled_from([(1, 2, 4), (4,), (1, 2), (2, 4), (1, 2, 3, 4)]))
-    return TokenSlotConfig(num_slots=num_slots, page_size=page_size,
-                           max_num_reqs=draw(st.sampled_from([4, 2, 3])),
-                           max_context_len=draw(st.sampled_from([32, 16, 24])),
-                           capture_bs=capture_bs,
-                           radix_cache=draw(st.sampled_from([True, True, True, False])))
+    config = TokenSlotConfig(num_slots=num_slots, page_size=page_size,
+                             max_num_reqs=draw(st.sampled_from([4, 2, 3])),
+                             max_context_len=draw(st.sampled_from([32, 16, 24])),
+                             capture_bs=capture_bs,
+                             radix_cache=draw(st.sampled_from([True, True, True, False])))
+    if page_size == 1 and draw(st.sampled_from([False, True])):
+        fits = draw(st.integers(1, config.max_num_reqs))  # requests the pool holds at once
+        config = dataclasses.replace(config, mamba_slots=config.mamba_slots_for(fits)
+                                     + draw(st.sampled_from([0, 2])))
+    return config
 
 
 def configs_for(target: str, runner: str | None = None):

@@ -47,11 +47,12 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from reference.token_slots import RESERVED_ROW, TokenSlotConfig, payload, token_of
+from reference.token_slots import (RESERVED_ROW, TokenSlotConfig, payload, state_after,
+                                   token_of)
 
 from harness.core.observation import TokenSlotObservation
 from harness.targets.registry import TargetRefused, TargetSpec, TargetUnavailable
-from harness.targets.sglang_release import installed_version, load
+from harness.targets.sglang_release import installed_version, load, load_mamba
 
 # A one-layer model config: SGLang's ServerArgs resolves a model path at
 # publication; nothing of the model is loaded.
@@ -108,6 +109,55 @@ def _publish() -> SimpleNamespace:
     return _PUBLISHED
 
 
+MAMBA_LAYER = 1  # the hybrid model's Mamba layer (its attention layer is 0)
+
+
+def _hybrid_pool(s, config: TokenSlotConfig):
+    """SGLang's ``HybridReqToTokenPool`` for a hybrid model of one attention and
+    one Mamba2 layer whose state is one float32 value per slot (the temporal
+    state; the conv state rides along): ``config.mamba_slots`` slots plus the
+    reserved slot 0, no extra tracking buffer (the default ``no_buffer``
+    strategy), no overlap scheduling."""
+    import torch
+
+    m = load_mamba()
+    shape = m.Mamba2StateShape.create(tp_world_size=1, intermediate_size=1, n_groups=1,
+                                      num_heads=1, head_dim=1, state_size=1, conv_kernel=2)
+    params = m.Mamba2CacheParams(shape=shape, layers=[MAMBA_LAYER], dtype=m.Mamba2StateDType(
+        conv=torch.float32, temporal=torch.float32))
+    given = dict(size=config.max_num_reqs, mamba_size=config.mamba_slots,
+                 mamba_spec_state_size=config.mamba_slots,
+                 max_context_len=config.max_context_len, device="cpu",
+                 enable_memory_saver=False, cache_params=params, mamba_layer_ids=[MAMBA_LAYER],
+                 enable_mamba_extra_buffer=False, enable_overlap_schedule=False)
+    return m.HybridReqToTokenPool(**{k: v for k, v in given.items() if k in m.pool_kwargs})
+
+
+def _mamba_backend(pool, max_bs: int):
+    """SGLang's Mamba2 attention backend as far as its decode-graph replay goes:
+    an instance whose construction (which needs a model runner) is replaced by
+    the attributes it would set for this pool, then its own
+    ``init_cuda_graph_state`` (the captured per-batch-size state-index buffers)."""
+    import torch
+
+    m = load_mamba()
+    b = object.__new__(m.Mamba2AttnBackend)
+    b.pad_slot_id, b.device, b.topk, b.is_draft_worker = m.PAD_SLOT_ID, "cpu", 0, False
+    b.req_to_token_pool, b.token_to_kv_pool = pool, None
+    b.enable_unified_memory, b._fused_state_indices_ok = False, False
+    b.forward_metadata, b.mamba_track_indices_buf = None, None
+    b.state_indices_list, b.query_start_loc_list = [], []
+    b.replayssm_write_pos_list = b.replayssm_force_flush_list = None
+    b.retrieve_next_token_list, b.retrieve_next_sibling_list = [], []
+    b.retrieve_parent_token_list = []
+    b.cached_cuda_graph_decode_query_start_loc = None
+    b.cached_cuda_graph_verify_query_start_loc = None
+    b._graph_seq_len_fill_value = 1
+    with torch.no_grad():
+        b.init_cuda_graph_state(max_bs, max_bs)
+    return b
+
+
 class SglangTarget:
     """SGLang's pools, allocator, radix cache, scheduler batches and decode-graph
     padding for one :class:`~reference.token_slots.TokenSlotConfig`.
@@ -126,9 +176,12 @@ class SglangTarget:
         self.config = config
         s, p = load(), _publish()
         self._s, self._p, self._torch = s, p, torch
-        self.req_to_token_pool = s.ReqToTokenPool(
-            size=config.max_num_reqs, max_context_len=config.max_context_len, device="cpu",
-            enable_memory_saver=False)
+        if config.mamba_slots:  # a hybrid model: one Mamba layer beside the attention one
+            self.req_to_token_pool = _hybrid_pool(s, config)
+        else:
+            self.req_to_token_pool = s.ReqToTokenPool(
+                size=config.max_num_reqs, max_context_len=config.max_context_len, device="cpu",
+                enable_memory_saver=False)
         self.kv_pool = s.MHATokenToKVPool(
             size=config.num_slots, page_size=config.page_size, dtype=torch.float32, head_num=1,
             head_dim=1, layer_num=1, device="cpu", enable_memory_saver=False)
@@ -150,6 +203,12 @@ class SglangTarget:
             device=torch.device("cpu"), max_bs=top, max_num_token=top, seq_len_fill_value=1,
             cache_loc_dtype=torch.int64)
         self._layer = SimpleNamespace(layer_id=0)
+        self.mamba_backend = _mamba_backend(self.req_to_token_pool, top) \
+            if config.mamba_slots else None
+        self._state_written = None  # Mamba slots the last forward wrote
+        self._state_padding = None  # the state indices of the last padded replay
+        if self.mamba_backend is not None:
+            self._capture()
         self.reqs: dict[int, object] = {}  # live request id -> SGLang Req
         self.seen: dict[int, object] = {}  # every admitted request (prefix sources)
         self.running = None  # the running ScheduleBatch
@@ -175,7 +234,7 @@ class SglangTarget:
         from sglang.srt.runtime_context import get_server_args
 
         given = dict(server_args=get_server_args(), params=params, is_hybrid_swa=False,
-                     is_hybrid_ssm=False, enable_hierarchical_cache=False,
+                     is_hybrid_ssm=bool(config.mamba_slots), enable_hierarchical_cache=False,
                      disable_radix_cache=not config.radix_cache, tp_worker=None,
                      model_config=self._model_config, tp_size=1, tp_rank=0, tp_group=None,
                      effective_chunked_prefill_size=config.max_context_len)  # (0.5.20)
@@ -198,6 +257,61 @@ class SglangTarget:
         vals = torch.as_tensor(np.asarray(values, np.float32)).reshape(-1, 1, 1)
         self.kv_pool.set_kv_buffer(self._layer, locs, vals, vals)
         self._written = locs.numpy().copy()
+
+    def _state(self):
+        """The Mamba layer's temporal state, one float32 value per slot (a view)."""
+        pool = self.req_to_token_pool.mamba_pool
+        return pool.mamba_cache.temporal[0].reshape(pool.mamba_cache.temporal.shape[1], -1)[:, 0]
+
+    def _update_states(self, slots, token_lists) -> None:
+        """The Mamba layer's forward (ours: SGLang's kernels need a GPU): each row
+        with a state index >= 0 reads its slot's state and writes the state after
+        its tokens (:func:`~reference.token_slots.state_after`); a row of
+        ``None`` tokens is a padded row and writes NaN (garbage, as a padded row
+        computes); ``PAD_SLOT_ID`` (-1) rows are skipped, as SGLang's kernels skip
+        them."""
+        state = self._state()
+        written = []
+        for slot, toks in zip([int(x) for x in slots], token_lists):
+            if slot < 0:
+                continue
+            state[slot] = np.nan if toks is None else float(state_after(toks, float(state[slot])))
+            written.append(slot)
+        self._state_written = np.asarray(written, np.int64)
+
+    def _capture(self) -> None:
+        """The decode graphs' capture at start-up, as far as the Mamba layer goes:
+        per captured size, the backend's metadata for a batch of dummy rows
+        (``req_pool_indices`` all 0, no padding counted: every row reads
+        ``req_index_to_mamba_index_mapping[0]``, slot 0) and their state
+        update, which writes garbage (NaN) into slot 0."""
+        torch, m = self._torch, load_mamba()
+        for bs in self.config.capture_bs:
+            self.mamba_backend._replay_metadata(bs, torch.zeros(bs, dtype=torch.int64),
+                                                m.ForwardMode.DECODE, None, None,
+                                                num_padding=0, in_capture=True)
+            self._update_states(self.mamba_backend.state_indices_list[bs - 1][:bs].clone(),
+                                [None] * bs)
+        self._state_written = None
+
+    def _mamba_prefill(self, batch, token_lists) -> None:
+        """An extend batch's Mamba part: the model runner's deferred copy-on-write
+        of a prefix hit's state into the request's slot, or the clear of a fresh
+        slot (SGLang's own), then the layer's update from the request's slot
+        (``get_mamba_indices`` of its row)."""
+        pool = self.req_to_token_pool
+        # The model runner's deferred clear / copy-on-write before an extend's
+        # Mamba layers run (model_runner.py: _maybe_execute_deferred_mamba_cow_and_clear;
+        # that module needs the server's imports): what the batch collected.
+        clear = getattr(batch, "mamba_clear_indices", None)
+        if clear is not None and len(clear):
+            pool.mamba_pool.clear_slots(pool.translate_mamba_indices(clear))
+        src = getattr(batch, "mamba_cow_src_indices", None)
+        if src is not None and len(src):
+            pool.copy_mamba_state(pool.translate_mamba_indices(src),
+                                  pool.translate_mamba_indices(batch.mamba_cow_dst_indices))
+        slots = self.req_to_token_pool.get_mamba_indices(batch.req_pool_indices.to(self._torch.int64))
+        self._update_states(slots, token_lists)
 
     @staticmethod
     def _prefix_len(r) -> int:
@@ -234,6 +348,8 @@ class SglangTarget:
         batch = self._new_batch([r])
         batch.prepare_for_extend()  # alloc_for_extend: row, slots, req_to_token
         self._write(batch.out_cache_loc, payload(tokens)[self._prefix_len(r):prompt_len])
+        if self.config.mamba_slots:
+            self._mamba_prefill(batch, [tokens[self._prefix_len(r):prompt_len]])
         r.output_ids.append(token_of(req, prompt_len))
         self._s.publish_prefill(r, self.tree)  # the result processor's, after prefill
         self.reqs[req] = self.seen[req] = r
@@ -251,9 +367,13 @@ class SglangTarget:
         for r in batch.reqs:
             fill = list(r.origin_input_ids) + list(r.output_ids)
             values.append(payload(fill)[-1])
+        last = [[(list(r.origin_input_ids) + list(r.output_ids))[-1]] for r in batch.reqs]
         padded = self.config.padded_bs(bs)
         if padded is None:  # no captured size fits: eager, unpadded
             self._write(batch.out_cache_loc, values)
+            if self.config.mamba_slots:
+                self._update_states(self.req_to_token_pool.get_mamba_indices(
+                    batch.req_pool_indices.to(torch.int64)), last)
         else:
             seq = batch.seq_lens.to(torch.int64)
             fb = SimpleNamespace(
@@ -262,13 +382,16 @@ class SglangTarget:
                 req_pool_indices=batch.req_pool_indices.to(torch.int64), seq_lens=seq,
                 seq_lens_cpu=seq.clone(), mrope_positions=None,
                 global_num_token_non_padded=None, num_token_non_padded=None)
-            self._replay(fb, bs, padded, values)
+            self._replay(fb, bs, padded, values, last)
         for r in batch.reqs:
             r.output_ids.append(token_of(int(r.rid), len(r.origin_input_ids) + len(r.output_ids)))
 
-    def _replay(self, fb, bs: int, padded: int, values) -> None:
+    def _replay(self, fb, bs: int, padded: int, values, tokens=()) -> None:
         """The decode graph's replay: its padding fills the captured buffers, and
-        the captured KV write reads ``out_cache_loc`` from them (padded rows: NaN)."""
+        the captured KV write reads ``out_cache_loc`` from them (padded rows: NaN).
+        A hybrid model's Mamba backend then turns the captured ``req_pool_indices``
+        into state indices (its ``_replay_metadata``: padded rows to
+        ``PAD_SLOT_ID``), and the captured state update reads them."""
         self.registry.fill_from(fb, raw_bs=bs, padded_bs=padded, raw_num_tokens=bs,
                                 padded_num_tokens=padded)
         buf = {n: self.registry.get_slot(n).buffer for n in
@@ -277,6 +400,16 @@ class SglangTarget:
         self._padded.update(raw_bs=bs, padded_bs=padded)
         self._write(buf["out_cache_loc"][:padded].clone(),
                     list(values) + [np.nan] * (padded - bs))
+        if self.mamba_backend is not None:
+            m = load_mamba()
+            seq = buf["seq_lens"][:padded].clone()
+            self.mamba_backend._replay_metadata(
+                padded, buf["req_pool_indices"][:padded], m.ForwardMode.DECODE, None, seq,
+                num_padding=padded - bs)
+            idx = self.mamba_backend.state_indices_list[padded - 1][:padded].clone()
+            self._state_padding = idx.numpy().astype(np.int64)
+            self._padded["state_indices"] = self._state_padding
+            self._update_states(idx, list(tokens) + [None] * (padded - bs))
 
     def sgl_idle(self, bs: int) -> None:
         torch = self._torch
@@ -335,6 +468,41 @@ class SglangTarget:
                 stack.append((child, t, v))
         return sorted(out)
 
+    def _tree_states(self) -> list:
+        """The radix tree's Mamba states: (token path, state slot, lock count) per
+        node whose MAMBA component holds a value (the state after that path)."""
+        from sglang.srt.mem_cache.unified_cache.components import ComponentType
+
+        mamba, full = ComponentType.MAMBA, ComponentType.FULL
+        out, stack = [], [(self.tree.root_node, ())]
+        while stack:
+            node, toks = stack.pop()
+            for child in node.children.values():
+                if child.component_data[full].value is None:
+                    continue
+                t = toks + tuple(int(x) for x in child.key.token_ids)
+                data = child.component_data.get(mamba) if hasattr(
+                    child.component_data, "get") else child.component_data[mamba]
+                if data is not None and data.value is not None:
+                    for slot in data.value.reshape(-1).tolist():
+                        out.append((t, int(slot), int(data.lock_ref)))
+                stack.append((child, t))
+        return sorted(out)
+
+    def _mamba_observation(self) -> dict:
+        if not self.config.mamba_slots:
+            return {}
+        pool = self.req_to_token_pool
+        written, self._state_written = self._state_written, None
+        rows = {q: int(r.kv.req_pool_idx) for q, r in self.reqs.items()}
+        mapping = pool.req_index_to_mamba_index_mapping
+        return dict(
+            state_slots={q: int(mapping[row]) for q, row in rows.items()},
+            state=self._state().numpy().astype(np.float32).copy(),
+            state_free=np.sort(np.asarray(pool.mamba_allocator.free_slots.tolist(), np.int64)),
+            state_tree=self._tree_states() if self.config.radix_cache else [],
+            state_written=written)
+
     def observe(self) -> TokenSlotObservation:
         kv = self.kv_pool.k_buffer[0][:, 0, 0].numpy().copy()
         written, self._written = self._written, None
@@ -345,7 +513,7 @@ class SglangTarget:
             kv=kv, free_pages=self._free_pages(),
             tree=self._tree_nodes() if self.config.radix_cache else [],
             padding=None if self._padded is None else dict(self._padded),
-            written=written)
+            written=written, **self._mamba_observation())
 
 
 def _refusal(config) -> TargetRefused | None:
@@ -355,6 +523,10 @@ def _refusal(config) -> TargetRefused | None:
     if config.page_size not in load().page_sizes:
         return TargetRefused("page_size", f"{config.page_size}: the sglang target drives "
                              f"page sizes {list(load().page_sizes)}")
+    if config.mamba_slots and config.page_size != 1:
+        return TargetRefused("page_size", f"{config.page_size} with mamba_slots: SGLang's Mamba "
+                             "cache component needs page size 1 without its extra tracking "
+                             "buffer (the no_buffer strategy the target drives)")
     return None
 
 

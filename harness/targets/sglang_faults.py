@@ -69,11 +69,50 @@ def _lock_skips_matched_node(target) -> None:
     tree.dec_lock_ref = lambda node, *a, **kw: dec(parent(node), *a, **kw)
 
 
+def _mamba_slot_0_handed_out(target) -> None:
+    """Before sgl-project/sglang PR #17404: the Mamba pool's free slots started at 0
+    (the slot graph capture's dummy rows write was not reserved)."""
+    pool = getattr(target.req_to_token_pool, "mamba_allocator", None)
+    if pool is None:
+        return  # an attention-only config: no Mamba pool to change
+    import torch
+
+    pool.free_slots = torch.cat([torch.zeros(1, dtype=pool.free_slots.dtype),
+                                 pool.free_slots])
+
+
+def _mamba_padding_keeps_stale_state_index(target) -> None:
+    """The Mamba backend's replay metadata refreshes the real rows' state indices
+    only (the padded rows' zeroing and PAD_SLOT_ID step left out), as xLLM's graph
+    padding did before its PR #1904: padded rows keep what the captured buffer
+    held."""
+    backend = target.mamba_backend
+    if backend is None:
+        return
+    replay = backend._replay_metadata
+
+    def replay_real_rows(bs, req_pool_indices, *args, num_padding=None, in_capture=False,
+                         **kw):
+        if in_capture or not num_padding:
+            return replay(bs, req_pool_indices, *args, num_padding=num_padding,
+                          in_capture=in_capture, **kw)
+        buf = backend.state_indices_list[bs - 1]
+        kept = buf[bs - num_padding:].clone()
+        out = replay(bs, req_pool_indices, *args, num_padding=num_padding,
+                     in_capture=in_capture, **kw)
+        buf[bs - num_padding:] = kept
+        return out
+
+    backend._replay_metadata = replay_real_rows
+
+
 PATCHES = {
     "sgl-padding-keeps-stale-cache-loc": _padding_keeps_stale_cache_loc,
     "sgl-request-row-0-handed-out": _request_row_0_handed_out,
     "sgl-checkpoint-row-not-remapped": _checkpoint_row_not_remapped,
     "sgl-lock-skips-matched-node": _lock_skips_matched_node,
+    "sgl-mamba-slot-0-handed-out": _mamba_slot_0_handed_out,
+    "sgl-mamba-padding-keeps-stale-state-index": _mamba_padding_keeps_stale_state_index,
 }
 
 

@@ -201,3 +201,49 @@ def load() -> SimpleNamespace:
         padding_source=padding_source, stubbed=stubbed,
         decode_registry_kwargs=frozenset(inspect.signature(build_decode_registry).parameters))
     return _LOADED
+
+
+_MAMBA: SimpleNamespace | None = None
+
+
+def load_mamba() -> SimpleNamespace:
+    """SGLang's hybrid-model (Mamba) code beside :func:`load`'s, imported once:
+    ``HybridReqToTokenPool`` (its ``clear_slots`` / ``copy_mamba_state``: the
+    model runner's deferred clear and copy-on-write of a prefix hit's state),
+    the Mamba2 state shapes and dtypes, the Mamba attention backend whose graph replay turns padded rows into state indices
+    (``Mamba2AttnBackend``: ``init_cuda_graph_state`` / ``_replay_metadata``),
+    ``ForwardMode`` and ``PAD_SLOT_ID``.  Raises :class:`TargetUnavailable`
+    (one line) where the release lacks any of them."""
+    global _MAMBA
+    if _MAMBA is not None:
+        return _MAMBA
+    s = load()
+    try:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from sglang.srt.configs.mamba_utils import (Mamba2CacheParams, Mamba2StateDType,
+                                                        Mamba2StateShape)
+            from sglang.srt.layers.attention.hybrid_linear_attn_backend import (
+                PAD_SLOT_ID, Mamba2AttnBackend)
+            from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
+            from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    except Exception as e:  # noqa: BLE001 (any import failure: no hybrid model here)
+        raise TargetUnavailable(f"SGLang {s.version}: its hybrid-model (Mamba) code does not "
+                                f"import here ({type(e).__name__}: {e})") from None
+    replay = getattr(Mamba2AttnBackend, "_replay_metadata", None)
+    missing = [n for n, v in (("Mamba2AttnBackend._replay_metadata", replay),
+                              ("HybridReqToTokenPool.copy_mamba_state",
+                               getattr(HybridReqToTokenPool, "copy_mamba_state", None)))
+               if v is None]
+    if missing:
+        raise TargetUnavailable(f"SGLang {s.version} has no {', '.join(missing)} (the sglang "
+                                "target drives a hybrid model's Mamba pool through them)")
+    _MAMBA = SimpleNamespace(
+        HybridReqToTokenPool=HybridReqToTokenPool, Mamba2CacheParams=Mamba2CacheParams,
+        Mamba2StateDType=Mamba2StateDType, Mamba2StateShape=Mamba2StateShape,
+        Mamba2AttnBackend=Mamba2AttnBackend, ForwardMode=ForwardMode, PAD_SLOT_ID=PAD_SLOT_ID,
+        pool_kwargs=frozenset(inspect.signature(HybridReqToTokenPool.__init__).parameters))
+    return _MAMBA
+

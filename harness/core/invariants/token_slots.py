@@ -18,13 +18,29 @@ choice's effects:
 - ``SGL_TREE_CONTENT``: every radix-tree node's slots hold the KV of its path;
 - ``SGL_SLOTS_ACCOUNTED``: every page is exactly one of free or in use (a live
   row's or the tree's), never both, none lost; rows likewise.
+
+A hybrid model's Mamba pool (``mamba_slots`` > 0; each check is empty for an
+attention-only config):
+
+- ``SGL_STATE_RESERVED``: no live request and no radix-tree node holds Mamba
+  slot 0 (the padding slot a graph capture's dummy rows write), and a padded
+  replay's padded rows get ``PAD_SLOT_ID`` or slot 0 as their state index;
+- ``SGL_STATE_NO_STALE_WRITE``: an op writes only the state slots of the
+  requests it ran, slot 0, and slots no live request held before it (free
+  ones, or the tree's that no live request holds);
+- ``SGL_STATE_MATCHES``: every live request's state slot holds the state after
+  its committed tokens (a prefix hit's state copied, a fresh slot cleared);
+- ``SGL_STATE_TREE_CONTENT``: every radix-tree node's Mamba state is the state
+  after its path;
+- ``SGL_STATE_ACCOUNTED``: every state slot is exactly one of free, a live
+  request's or a tree node's; slot 0 never free, none lost.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from reference.token_slots import RESERVED_ROW, RESERVED_SLOT, payload
+from reference.token_slots import RESERVED_ROW, RESERVED_SLOT, payload, state_after
 
 from harness.core.invariants import CheckContext, Invariant, Violation, register
 
@@ -224,3 +240,159 @@ register(Invariant("SGL_SLOTS_ACCOUNTED", "every page is free or held (by a live
                    "the tree), never both, none lost; rows held once",
                    check_slots_accounted, structural=True, applies=_token_slot_op,
                    applies_text="every token-slot op", runners=RUNNERS))
+
+
+# -- a hybrid model's Mamba pool ------------------------------------------------------
+RESERVED_STATE = 0  # Mamba slot 0: the padding slot (SGLang's MambaSlotAllocator skips it)
+PAD_SLOT_ID = -1  # a padded row's state index the Mamba kernels skip
+
+
+def _hybrid(ctx: CheckContext) -> bool:
+    return bool(getattr(ctx.config, "mamba_slots", 0)) and ctx.after.state is not None
+
+
+def _state_holder(obs, slot: int) -> str:
+    for req, s in sorted(obs.state_slots.items()):
+        if s == slot:
+            return f"request {req}"
+    for tokens, s, lock in obs.state_tree:
+        if s == slot:
+            return f"the radix tree's state after {len(tokens)} tokens (lock {lock})"
+    if obs.state_free is not None and slot in set(obs.state_free.tolist()):
+        return "no one (a free slot)"
+    return "no one"
+
+
+def check_state_reserved(ctx: CheckContext) -> list[Violation]:
+    if not _hybrid(ctx):
+        return []
+    obs, out = ctx.after, []
+    for req, slot in sorted(obs.state_slots.items()):
+        if slot == RESERVED_STATE:
+            out.append(ctx.violation("SGL_STATE_RESERVED", f"request {req} holds Mamba slot 0, "
+                                     "the padding slot a graph capture's dummy rows write",
+                                     row=obs.rows.get(req)))
+    for tokens, slot, lock in obs.state_tree:
+        if slot == RESERVED_STATE:
+            out.append(ctx.violation("SGL_STATE_RESERVED", f"the radix tree keeps the state "
+                                     f"after {len(tokens)} tokens in Mamba slot 0, the padding "
+                                     "slot"))
+    pad, ref = obs.padding, ctx.reference.last_forward
+    if pad is not None and ref is not None and ref.get("padded_bs") is not None \
+            and "state_indices" in pad:
+        lo, hi = pad["raw_bs"], pad["padded_bs"]
+        idx = pad["state_indices"][lo:hi]
+        bad = np.flatnonzero((idx != PAD_SLOT_ID) & (idx != RESERVED_STATE))
+        if bad.size:
+            i = lo + int(bad[0])
+            out.append(ctx.violation(
+                "SGL_STATE_RESERVED", f"padded row {i} of {hi} has Mamba state index "
+                f"{int(pad['state_indices'][i])} ({_state_holder(obs, int(pad['state_indices'][i]))}),"
+                " not PAD_SLOT_ID or the reserved slot 0", row=i))
+    return out
+
+
+def check_state_no_stale_write(ctx: CheckContext) -> list[Violation]:
+    if not _hybrid(ctx) or ctx.before is None or ctx.before.state is None:
+        return []
+    before, after = ctx.before, ctx.after
+    changed = set(np.flatnonzero(before.state.view(np.uint32)
+                                 != after.state.view(np.uint32)).tolist())
+    if after.state_written is not None:
+        changed.update(int(s) for s in after.state_written)
+    ref = ctx.reference.last_forward or {}
+    allowed = {RESERVED_STATE}
+    allowed.update(after.state_slots[r] for r in ref.get("positions", {}) if r in after.state_slots)
+    allowed.update(int(s) for s in before.state_free.tolist())
+    live = set(before.state_slots.values())
+    allowed.update(s for _, s, _ in before.state_tree if s not in live)
+    bad = sorted(changed - allowed)
+    if not bad:
+        return []
+    slot = bad[0]
+    return [ctx.violation("SGL_STATE_NO_STALE_WRITE", f"Mamba slot {slot} was written, held by "
+                          f"{_state_holder(before, slot)}; the op ran no request there"
+                          + (f" ({len(bad)} slots in all)" if len(bad) > 1 else ""),
+                          block=slot)]
+
+
+def check_state_matches(ctx: CheckContext) -> list[Violation]:
+    if not _hybrid(ctx):
+        return []
+    ref, obs, out = ctx.reference, ctx.after, []
+    for req in ref.live():
+        slot = obs.state_slots.get(req)
+        if slot is None:
+            continue  # SGL_KV_MATCHES names a live request the engine lacks
+        got, want = obs.state[slot], ref.expected_state(req)
+        if np.float32(got).view(np.uint32) != np.float32(want).view(np.uint32):
+            out.append(ctx.violation(
+                "SGL_STATE_MATCHES", f"request {req}'s Mamba slot {slot} holds {float(got)}, not "
+                f"the state after its {ref.requests[req].kv_len} tokens ({float(want)})",
+                row=obs.rows.get(req), block=slot))
+    return out
+
+
+def check_state_tree_content(ctx: CheckContext) -> list[Violation]:
+    if not _hybrid(ctx):
+        return []
+    obs = ctx.after
+    for tokens, slot, lock in obs.state_tree:
+        got, want = obs.state[slot], state_after(tokens)
+        if np.float32(got).view(np.uint32) != np.float32(want).view(np.uint32):
+            return [ctx.violation(
+                "SGL_STATE_TREE_CONTENT", f"the radix tree's state after {len(tokens)} tokens "
+                f"(Mamba slot {slot}, lock {lock}) holds {float(got)}, not the state after its "
+                f"path ({float(want)})", block=slot)]
+    return []
+
+
+def check_state_accounted(ctx: CheckContext) -> list[Violation]:
+    if not _hybrid(ctx):
+        return []
+    obs, out = ctx.after, []
+    free = obs.state_free.tolist()
+    holders: dict[int, list[str]] = {}
+    for req, slot in sorted(obs.state_slots.items()):
+        holders.setdefault(slot, []).append(f"request {req}")
+    for tokens, slot, lock in obs.state_tree:
+        holders.setdefault(slot, []).append(f"the tree's state after {len(tokens)} tokens")
+    for slot in sorted(set(free)):
+        if free.count(slot) > 1:
+            out.append(ctx.violation("SGL_STATE_ACCOUNTED", f"Mamba slot {slot} is free twice",
+                                     block=slot))
+        if slot in holders:
+            out.append(ctx.violation("SGL_STATE_ACCOUNTED", f"Mamba slot {slot} is free while "
+                                     f"{holders[slot][0]} holds it", block=slot))
+    for slot, who in sorted(holders.items()):
+        if len(who) > 1:
+            out.append(ctx.violation("SGL_STATE_ACCOUNTED", f"Mamba slot {slot} is held by "
+                                     f"{who[0]} and {who[1]}", block=slot))
+    if RESERVED_STATE in set(free):
+        out.append(ctx.violation("SGL_STATE_ACCOUNTED", "the reserved Mamba slot 0 is free",
+                                 block=RESERVED_STATE))
+    lost = sorted(set(range(1, ctx.config.mamba_slots + 1)) - set(free) - set(holders))
+    if lost:
+        out.append(ctx.violation("SGL_STATE_ACCOUNTED", f"Mamba slot {lost[0]} is neither free "
+                                 f"nor held ({len(lost)} slots lost)", block=lost[0]))
+    return out
+
+
+register(Invariant("SGL_STATE_RESERVED", "no live request or radix-tree node holds Mamba "
+                   "slot 0, and padded rows get PAD_SLOT_ID or slot 0 as their state index",
+                   check_state_reserved, structural=True, applies=_token_slot_op,
+                   applies_text="every token-slot op (hybrid configs)", runners=RUNNERS))
+register(Invariant("SGL_STATE_NO_STALE_WRITE", "an op writes only the Mamba state slots of "
+                   "the requests it ran, slot 0, and slots no live request held",
+                   check_state_no_stale_write, applies=_token_slot_op,
+                   applies_text="every token-slot op (hybrid configs)", runners=RUNNERS))
+register(Invariant("SGL_STATE_MATCHES", "every live request's Mamba slot holds the state "
+                   "after its committed tokens", check_state_matches, applies=_token_slot_op,
+                   applies_text="every token-slot op (hybrid configs)", runners=RUNNERS))
+register(Invariant("SGL_STATE_TREE_CONTENT", "every radix-tree node's Mamba state is the "
+                   "state after its path", check_state_tree_content, applies=_token_slot_op,
+                   applies_text="every token-slot op (hybrid configs)", runners=RUNNERS))
+register(Invariant("SGL_STATE_ACCOUNTED", "every Mamba state slot is free, a live request's "
+                   "or a tree node's, exactly one; slot 0 never free, none lost",
+                   check_state_accounted, structural=True, applies=_token_slot_op,
+                   applies_text="every token-slot op (hybrid configs)", runners=RUNNERS))

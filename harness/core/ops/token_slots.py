@@ -41,8 +41,9 @@ def _prompt_room(m) -> int:
 
 
 def _can_admit(m) -> bool:
-    return (_token_slots(m) and len(_ref(m).live()) < m.cfg.max_num_reqs
-            and _prompt_room(m) >= 1)
+    live, cfg = len(_ref(m).live()), m.cfg
+    return (_token_slots(m) and live < cfg.max_num_reqs and _prompt_room(m) >= 1
+            and (not cfg.mamba_slots or cfg.mamba_slots_for(live + 1) <= cfg.mamba_slots))
 
 
 def _draw_admit(m, data) -> dict:
