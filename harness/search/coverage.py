@@ -694,6 +694,14 @@ TOKEN_SLOT_FEATURES: dict[str, str] = {
                               "(freed rows and slots handed out again)",
     "sgl-pool-nearly-full": "live requests hold at least three quarters of the slots",
     "sgl-decode-opens-page": "a decode whose new position starts a page (paged allocator)",
+    "sgl-hybrid-prompt-from-finished": "a hybrid model (Mamba pool): a prompt that starts "
+                                       "with a finished request's tokens (a state the tree "
+                                       "may hold, copied into the new request's slot)",
+    "sgl-hybrid-padding-over-earlier-rows": "a hybrid model: a padded replay (decode or "
+                                            "idle) whose padded rows were real rows of an "
+                                            "earlier replay at that graph size",
+    "sgl-hybrid-states-pressed": "a hybrid model: the live requests may need every Mamba "
+                                 "slot but two (the tree's states give way to new ones)",
 }
 FEATURES.update(TOKEN_SLOT_FEATURES)
 TOKEN_SLOT_NEEDS = {
@@ -701,6 +709,9 @@ TOKEN_SLOT_NEEDS = {
     "sgl-evict-under-hit": lambda c: c.radix_cache,
     "sgl-decode-opens-page": lambda c: c.page_size > 1,
     "sgl-eager-decode": lambda c: c.max_num_reqs > max(c.capture_bs),
+    "sgl-hybrid-prompt-from-finished": lambda c: c.mamba_slots > 0 and c.radix_cache,
+    "sgl-hybrid-padding-over-earlier-rows": lambda c: c.mamba_slots > 0,
+    "sgl-hybrid-states-pressed": lambda c: c.mamba_slots > 0,
 }
 
 
@@ -715,6 +726,7 @@ class TokenSlotTracker:
     last_finish: int = -REUSE_WINDOW - 1
     prev_forward: dict | None = None
     hits: set = field(default_factory=set)  # live requests admitted on a finished one's tokens
+    real_rows: dict = field(default_factory=dict)  # graph size -> real rows of its last replay
 
     def before(self, op: dict, ledger, reference) -> None:
         self._opens = False
@@ -757,11 +769,29 @@ class TokenSlotTracker:
             hit.append("sgl-evict-under-hit")
         if reference.held_slots() * 4 >= cfg.num_slots * 3:
             hit.append("sgl-pool-nearly-full")
+        if cfg.mamba_slots:
+            hit += self._hybrid_hits(op, fwd, reference)
         if fwd is not None:
             self.prev_forward = fwd
         for f in hit:
             self.first.setdefault(f, self.op_index)
         self.op_index += 1
+        return hit
+
+
+    def _hybrid_hits(self, op: dict, fwd, reference) -> list[str]:
+        """A hybrid model's features (a Mamba pool beside the KV pool)."""
+        cfg, hit = self.config, []
+        if op["op"] == "sgl_admit" and self._source_live is False:
+            hit.append("sgl-hybrid-prompt-from-finished")
+        padded = (fwd or {}).get("padded_bs") if op["op"] in ("sgl_decode", "sgl_idle") else None
+        if padded is not None:
+            real = len(fwd["reqs"])
+            if real < padded and self.real_rows.get(padded, 0) > real:
+                hit.append("sgl-hybrid-padding-over-earlier-rows")
+            self.real_rows[padded] = real
+        if cfg.mamba_slots_for(len(reference.live())) >= cfg.mamba_slots - 2:
+            hit.append("sgl-hybrid-states-pressed")
         return hit
 
 

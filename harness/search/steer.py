@@ -79,11 +79,13 @@ def traits(config) -> list[str]:
     geometry draws each mechanism with its own odds, so a pair can be rare in
     one run by chance: :func:`learn_config` counts examples per pair of traits.
     A token-slot config (runner ``sglang``): its runner, the paged allocator,
-    the radix cache, decode batches that can outgrow the captured sizes."""
+    the radix cache, decode batches that can outgrow the captured sizes, a
+    hybrid model's Mamba pool."""
     c = config
     if c.runner == "sglang":
         on = {"sglang": True, "paged": c.page_size > 1, "radix": c.radix_cache,
-              "eager-decodes": c.max_num_reqs > max(c.capture_bs)}
+              "eager-decodes": c.max_num_reqs > max(c.capture_bs),
+              "mamba": c.mamba_slots > 0}
         return sorted(t for t, v in on.items() if v)
     on = {c.runner: True,
           "mamba": bool(c.mamba_groups),

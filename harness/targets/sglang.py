@@ -523,6 +523,11 @@ def _refusal(config) -> TargetRefused | None:
     if config.page_size not in load().page_sizes:
         return TargetRefused("page_size", f"{config.page_size}: the sglang target drives "
                              f"page sizes {list(load().page_sizes)}")
+    if config.mamba_slots:
+        try:
+            load_mamba()
+        except TargetUnavailable as e:
+            return TargetRefused("mamba_slots", str(e))
     if config.mamba_slots and config.page_size != 1:
         return TargetRefused("page_size", f"{config.page_size} with mamba_slots: SGLang's Mamba "
                              "cache component needs page size 1 without its extra tracking "
@@ -550,9 +555,19 @@ def _version() -> str | None:
     return None if v is None else f"SGLang {v}"
 
 
+def _limits() -> dict:
+    """What drawn token-slot configs may hold here: a Mamba pool only where this
+    release's hybrid-model code loads (:func:`load_mamba`)."""
+    try:
+        load_mamba()
+    except TargetUnavailable:
+        return {"mamba": False}
+    return {"mamba": True}
+
+
 SPEC = TargetSpec(name="sglang", description="the installed SGLang's pools, allocators, "
                   "radix cache, scheduler batches and decode-graph padding",
                   factory=_factory, select_device=_select_device, refusal=_refusal,
-                  version=_version, runners=("sglang",), takes_faults=True)
+                  version=_version, runners=("sglang",), takes_faults=True, limits=_limits)
 
 __all__ = ["RESERVED_ROW", "SPEC", "SglangTarget"]

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 from harness.core.invariants import classify_writes
 from harness.core.session import Session
 from harness.core.trace import Trace
@@ -47,6 +49,18 @@ def _token_slot_rows(session: Session) -> list[dict] | None:
         lines.append({"text": f"tree: {len(tokens)} tokens at slots {_runs(list(slots))}, "
                               f"lock {lock}"})
     lines.append({"text": f"free pages: {len(obs.free_pages)} of {session.config.num_pages}"})
+    if obs.state is not None:  # a hybrid model's Mamba pool
+        for req, slot in sorted(obs.state_slots.items()):
+            flag = " !!" if slot == 0 else ""
+            lines.append({"text": f"state: req {req} at Mamba slot {slot}{flag}"})
+        for tokens, slot, lock in obs.state_tree:
+            lines.append({"text": f"tree state: after {len(tokens)} tokens at Mamba slot "
+                                  f"{slot}, lock {lock}"})
+        pad = (obs.padding or {}).get("state_indices")
+        if pad is not None:
+            lines.append({"text": f"graph state indices: {pad.tolist()} (PAD_SLOT_ID -1)"})
+        lines.append({"text": f"free Mamba slots: {len(obs.state_free)} of "
+                              f"{session.config.mamba_slots}"})
     return lines
 
 
@@ -83,6 +97,33 @@ def _token_slot_writes(session: Session) -> list[dict] | None:
                     "value": "NaN (padding)" if v != v else "KV",
                     "owner": "reserved padding slot" if s == 0 else _owner_text(ctx, s),
                     "offending": s not in allowed})
+    out += _state_writes(ctx, before, after)
+    return out
+
+
+def _state_writes(ctx, before, after) -> list[dict]:
+    """A hybrid model's Mamba state writes of the op (the layer's update, a
+    cleared or copied slot), each with what held the slot before."""
+    from harness.core.invariants.token_slots import _state_holder
+
+    if after.state is None or before is None or before.state is None:
+        return []
+    changed = set(np.flatnonzero(before.state.view(np.uint32)
+                                 != after.state.view(np.uint32)).tolist())
+    changed.update(int(x) for x in (after.state_written if after.state_written is not None
+                                    else []))
+    fwd = ctx.reference.last_forward or {}
+    ran = {after.state_slots[r] for r in fwd.get("positions", {}) if r in after.state_slots}
+    free = set(before.state_free.tolist())
+    live = set(before.state_slots.values())
+    tree = {s for _, s, _ in before.state_tree if s not in live}
+    out = []
+    for s in sorted(changed):
+        v = float(after.state[s])
+        out.append({"group": "mamba", "block": s, "cells": "", "layer": "mamba",
+                    "value": "NaN (padding)" if v != v else "state",
+                    "owner": "reserved padding slot" if s == 0 else _state_holder(before, s),
+                    "offending": not (s == 0 or s in ran or s in free or s in tree)})
     return out
 
 

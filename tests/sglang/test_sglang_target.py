@@ -200,3 +200,69 @@ def test_nightly_on_sglang_finds_a_fault_and_prints_runnable_commands(sglang, tm
     rerun = next(line for line in text.splitlines() if "rerun:" in line)
     assert "--runner" not in rerun and "--target sglang" in rerun
     assert "reachable features hit" in text and "sgl-" in text
+
+
+HYBRID = CORPORA / "sglang" / "hybrid-prefix-hit-state-copy-and-eviction.json"
+
+
+def test_the_hit_state_copy_is_sglangs(sglang, monkeypatch):
+    """A hybrid pool whose copy-on-write of a prefix hit's state does nothing
+    (SGLang's HybridReqToTokenPool.copy_mamba_state patched out) is caught: the
+    request's state does not continue from its hit's."""
+    cls = sglang_release.load_mamba().HybridReqToTokenPool
+    monkeypatch.setattr(cls, "copy_mamba_state", lambda self, src, dst: None)
+    v = _verdict(HYBRID)
+    assert v is not None and v.invariant == "SGL_STATE_MATCHES" and v.op_index == 3, v
+
+
+def test_the_mamba_slot_allocator_is_sglangs(sglang, monkeypatch):
+    """A Mamba slot allocator whose free list starts at 0 (SGLang's own
+    MambaSlotAllocator.clear, then slot 0 put first) is caught."""
+    from sglang.srt.mem_cache.allocator.mamba import MambaSlotAllocator
+
+    real = MambaSlotAllocator.clear
+
+    def clear(self):
+        real(self)
+        import torch
+
+        self.free_slots = torch.cat([torch.zeros(1, dtype=self.free_slots.dtype),
+                                     self.free_slots])
+
+    monkeypatch.setattr(MambaSlotAllocator, "clear", clear)
+    v = _verdict(HYBRID)
+    assert v is not None and v.invariant == "SGL_STATE_RESERVED", v
+
+
+def test_the_mamba_backends_padding_is_sglangs(sglang, monkeypatch):
+    """A Mamba backend whose graph replay maps padded rows through the request map
+    instead of PAD_SLOT_ID (SGLang's _replay_metadata, its padded rows then
+    pointed at the first real row's slot) is caught."""
+    cls = sglang_release.load_mamba().Mamba2AttnBackend
+    real = cls._replay_metadata
+
+    def replay_metadata(self, bs, req_pool_indices, *args, num_padding=None, **kw):
+        out = real(self, bs, req_pool_indices, *args, num_padding=num_padding, **kw)
+        if num_padding and bs > num_padding:
+            buf = self.state_indices_list[bs - 1]
+            buf[bs - num_padding:] = buf[0]
+        return out
+
+    monkeypatch.setattr(cls, "_replay_metadata", replay_metadata)
+    v = _verdict(HYBRID)
+    assert v is not None and v.invariant == "SGL_STATE_RESERVED", v
+
+
+def test_hybrid_config_refused_where_sglang_cannot_drive_it(sglang, capsys):
+    """A hybrid config with the paged allocator: one line, exit 2 (SGLang's Mamba
+    component needs page size 1 without its extra tracking buffer)."""
+    import json
+    import tempfile
+
+    trace = json.loads(HYBRID.read_text())
+    trace["config"].update(page_size=4, num_slots=64)
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(trace, f)
+    assert main(["replay", "--target", "sglang", f.name]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "page size 1" in err[0], err

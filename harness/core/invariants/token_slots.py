@@ -259,7 +259,7 @@ def _state_holder(obs, slot: int) -> str:
         if s == slot:
             return f"the radix tree's state after {len(tokens)} tokens (lock {lock})"
     if obs.state_free is not None and slot in set(obs.state_free.tolist()):
-        return "no one (a free slot)"
+        return "a free slot"
     return "no one"
 
 
