@@ -517,7 +517,8 @@ def _shrink_token_slot_config(best, invariant, faults, target, device, budget):
     fails: its fields moved to their defaults one at a time, then its limits
     (request rows, slots, context length) lowered by halving.  The ops the
     plainer config refuses are dropped with it (a request that only filled a
-    larger pool goes when the pool shrinks).  Returns (best, replays)."""
+    larger pool goes when the pool shrinks); a hybrid model's Mamba pool is
+    lowered down to one request's slots.  Returns (best, replays)."""
     import dataclasses
 
     from reference.token_slots import TokenSlotConfig
@@ -544,8 +545,10 @@ def _shrink_token_slot_config(best, invariant, faults, target, device, budget):
     for f in dataclasses.fields(TokenSlotConfig):
         if getattr(best.config, f.name) != getattr(plain, f.name):
             attempt(**{f.name: getattr(plain, f.name)})
-    for name in ("max_num_reqs", "num_slots", "max_context_len"):
+    for name in ("max_num_reqs", "num_slots", "max_context_len", "mamba_slots"):
         lo = best.config.page_size if name == "num_slots" else 1
+        if name == "mamba_slots":  # a hybrid model's Mamba pool: down to one request's
+            lo = best.config.mamba_slots_for(1) if best.config.mamba_slots else 0
         while getattr(best.config, name) > lo:
             v = max(lo, getattr(best.config, name) // 2)
             if name == "num_slots":

@@ -116,7 +116,7 @@ def _state_writes(ctx, before, after) -> list[dict]:
     ran = {after.state_slots[r] for r in fwd.get("positions", {}) if r in after.state_slots}
     free = set(before.state_free.tolist())
     live = set(before.state_slots.values())
-    tree = {s for _, s, _ in before.state_tree if s not in live}
+    tree = {s for _, s, lock in before.state_tree if s not in live and not lock}
     out = []
     for s in sorted(changed):
         v = float(after.state[s])

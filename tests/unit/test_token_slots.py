@@ -13,7 +13,7 @@ from harness.core import invariants as inv
 from harness.core.observation import TokenSlotObservation
 from harness.core.trace import TraceError, load, parse
 from reference import ConfigError, OpError, config_from_json
-from reference.token_slots import TokenSlotConfig, TokenSlotReference, payload
+from reference.token_slots import TokenSlotConfig, TokenSlotReference, payload, state_after
 from tests.conftest import CORPORA
 
 
@@ -246,3 +246,100 @@ def test_bad_scenarios_name_the_field(tmp_path, doc, where):
     p.write_text(json.dumps(obj))
     with pytest.raises(ScenarioError, match=where):
         load_scenario(p).trace_for("sglang")
+
+
+# -- a hybrid model's Mamba pool ------------------------------------------------------
+HCFG = TokenSlotConfig(num_slots=8, max_num_reqs=2, max_context_len=8, capture_bs=(2,),
+                       mamba_slots=5)
+
+
+@pytest.mark.parametrize("change", [{"mamba_slots": -1}, {"mamba_slots": True},
+                                    {"mamba_slots": 2}, {"mamba_slots": 1 << 20},
+                                    {"mamba_slots": "4"}])
+def test_mamba_slots_bounds_name_the_field(change):
+    with pytest.raises(ConfigError) as e:
+        config_from_json(dict({"runner": "sglang"}, **change))
+    assert e.value.field == "mamba_slots"
+
+
+def test_mamba_slots_round_trip_and_stay_out_of_attention_only_configs():
+    assert "mamba_slots" not in TokenSlotConfig().to_json()
+    assert TokenSlotConfig.from_json(HCFG.to_json()) == HCFG
+    # One request: its slot, the tree's copy after its prefill, its hit's state.
+    assert HCFG.mamba_slots_for(1) == 3 and HCFG.mamba_slots_for(2) == 5
+    assert TokenSlotConfig(radix_cache=False, mamba_slots=1).mamba_slots_for(1) == 1
+
+
+def test_a_state_continues_from_where_it_stopped():
+    toks = [5, 17, 3, 900, 41]
+    assert state_after(toks) == payload(toks)[-1]
+    assert state_after(toks[2:], state_after(toks[:2])) == state_after(toks)
+    assert state_after(toks[1:]) != state_after(toks)  # a state not copied stays wrong
+    assert np.isnan(state_after(toks, np.float32(np.nan)))
+
+
+def test_the_oracle_refuses_a_request_without_a_state_slot():
+    ref = TokenSlotReference(TokenSlotConfig(max_num_reqs=4, mamba_slots=5))
+    ref.sgl_admit(0, 2)
+    ref.sgl_admit(1, 2)  # two requests may need all five slots
+    with pytest.raises(OpError, match="Mamba state slot"):
+        ref.sgl_admit(2, 2)
+    assert sorted(ref.live()) == [0, 1]
+
+
+def _hobs(state_slots, state, free, tree=(), written=None, padding=None):
+    obs = _obs({q: q + 1 for q in state_slots}, {q: [3 + q] for q in state_slots},
+               padding=padding)
+    obs.state_slots, obs.state = dict(state_slots), state
+    obs.state_free, obs.state_tree = np.array(free, np.int64), list(tree)
+    obs.state_written = written
+    return obs
+
+
+def _hcheck(after, ref, before=None, op=None):
+    ctx = inv.CheckContext(HCFG, ref, after, ref, 0, op or {"op": "sgl_decode"}, before, None)
+    return [v.invariant for v in inv.check(ctx) if v.invariant.startswith("SGL_STATE")]
+
+
+@pytest.mark.parametrize("case, invariant", [
+    (None, None),
+    ("slot 0", "SGL_STATE_RESERVED"),
+    ("padded row", "SGL_STATE_RESERVED"),
+    ("wrong state", "SGL_STATE_MATCHES"),
+    ("tree state", "SGL_STATE_TREE_CONTENT"),
+    ("stale write", "SGL_STATE_NO_STALE_WRITE"),
+    ("free and held", "SGL_STATE_ACCOUNTED"),
+    ("lost", "SGL_STATE_ACCOUNTED"),
+])
+def test_each_state_invariant_fires(case, invariant):
+    ref = TokenSlotReference(HCFG)
+    ref.sgl_admit(0, 1)
+    ref.sgl_decode()
+    state = np.zeros(HCFG.mamba_slots + 1, np.float32)
+    tree_toks = tuple(ref.requests[0].tokens[:1])
+    slot, free, tree = 2, [3, 4, 5], [(tree_toks, 1, 1)]
+    state[1] = state_after(tree_toks)
+    written = np.array([2])
+    pad = {"req_pool_indices": np.array([1, 0]), "out_cache_loc": np.array([4, 0]),
+           "seq_lens": np.array([2, 1]), "raw_bs": 1, "padded_bs": 2,
+           "state_indices": np.array([2, -1])}
+    before_state = state.copy()
+    if case == "slot 0":
+        slot, free = 0, [2, 3, 4, 5]
+    elif case == "padded row":
+        pad["state_indices"] = np.array([2, 1])
+    elif case == "tree state":
+        state[1] += 1
+    elif case == "stale write":
+        written = np.array([2, 1])
+    elif case == "free and held":
+        free = [2, 3, 4, 5]
+    elif case == "lost":
+        free = [3, 4]
+    state[slot] = ref.expected_state(0) if case != "wrong state" else 7.0
+    if case == "stale write":
+        state[1] = np.nan
+    before = _hobs({0: slot}, before_state, free, tree)
+    after = _hobs({0: slot}, state, free, tree, written, pad)
+    found = _hcheck(after, ref, before)
+    assert (found == []) if invariant is None else (invariant in found), found

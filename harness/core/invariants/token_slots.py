@@ -27,7 +27,7 @@ attention-only config):
   replay's padded rows get ``PAD_SLOT_ID`` or slot 0 as their state index;
 - ``SGL_STATE_NO_STALE_WRITE``: an op writes only the state slots of the
   requests it ran, slot 0, and slots no live request held before it (free
-  ones, or the tree's that no live request holds);
+  ones, or the tree's unlocked states, which an allocation may evict);
 - ``SGL_STATE_MATCHES``: every live request's state slot holds the state after
   its committed tokens (a prefix hit's state copied, a fresh slot cleared);
 - ``SGL_STATE_TREE_CONTENT``: every radix-tree node's Mamba state is the state
@@ -248,7 +248,8 @@ PAD_SLOT_ID = -1  # a padded row's state index the Mamba kernels skip
 
 
 def _hybrid(ctx: CheckContext) -> bool:
-    return bool(getattr(ctx.config, "mamba_slots", 0)) and ctx.after.state is not None
+    return bool(getattr(ctx.config, "mamba_slots", 0)) and \
+        getattr(ctx.after, "state", None) is not None  # (the oracle's own: no pool)
 
 
 def _state_holder(obs, slot: int) -> str:
@@ -293,7 +294,7 @@ def check_state_reserved(ctx: CheckContext) -> list[Violation]:
 
 
 def check_state_no_stale_write(ctx: CheckContext) -> list[Violation]:
-    if not _hybrid(ctx) or ctx.before is None or ctx.before.state is None:
+    if not _hybrid(ctx) or getattr(ctx.before, "state", None) is None:
         return []
     before, after = ctx.before, ctx.after
     changed = set(np.flatnonzero(before.state.view(np.uint32)
@@ -305,7 +306,8 @@ def check_state_no_stale_write(ctx: CheckContext) -> list[Violation]:
     allowed.update(after.state_slots[r] for r in ref.get("positions", {}) if r in after.state_slots)
     allowed.update(int(s) for s in before.state_free.tolist())
     live = set(before.state_slots.values())
-    allowed.update(s for _, s, _ in before.state_tree if s not in live)
+    # An unlocked tree state may be evicted and its slot handed out in the op.
+    allowed.update(s for _, s, lock in before.state_tree if s not in live and not lock)
     bad = sorted(changed - allowed)
     if not bad:
         return []
