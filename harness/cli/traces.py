@@ -22,11 +22,11 @@ from harness.cli.common import (
 def cmd_shrink(args) -> int:
     """Shrink a failing trace to TRACE.shrunk.json (or --out)."""
     from harness.core.session import replay
-    from harness.core.trace import load, write_atomic
+    from harness.core.trace import write_atomic
     from harness.search.shrink import shrink
     from harness.tools.commands import RunSettings
 
-    trace = load(args.trace)
+    trace = _load_trace(args.trace, args.target)
     faults = _trace_faults(args, trace, args.trace, note=None)
     out = _check_out(args.out or str(Path(args.trace).with_suffix(".shrunk.json")),
                      "--out" if args.out else "TRACE (writes TRACE.shrunk.json; --out)",
@@ -61,10 +61,9 @@ def cmd_shrink(args) -> int:
 
 def cmd_explain(args) -> int:
     """Op-by-op table; the recorded-faults note goes to stderr (stdout is the document)."""
-    from harness.core.trace import load
     from harness.tools.explain import explain, layout_note, render
 
-    trace = load(args.trace)
+    trace = _load_trace(args.trace, args.target)
     faults = _trace_faults(args, trace, args.trace, note=None)
     device = _select_device(args.device, args.target)
     _check_target(trace.config, args.target, args.trace)
@@ -148,17 +147,46 @@ def _replay_one(args, path, trace, use, device, expect) -> tuple[bool, bool | No
     return verdict.violation is not None, not ok
 
 
+def _refused_config_first(path, target) -> None:
+    """A trace whose ops the oracle refuses may have a config the target refuses
+    outright (a page size it does not drive, whose pages the oracle then finds
+    no room in): that is the one line to give.  Raises :class:`UsageError`
+    naming the config field when the target refuses the config; else nothing."""
+    import json
+
+    from reference import config_from_json
+
+    if target is None:
+        return
+    try:
+        config = config_from_json(json.loads(open(path).read())["config"])
+    except Exception:  # noqa: BLE001 (the config itself is bad: the load's error says so)
+        return
+    _check_target(config, target, str(path))
+
+
+def _load_trace(path, target):
+    """:func:`harness.core.trace.load`, with a config ``target`` refuses reported
+    first (:func:`_refused_config_first`)."""
+    from harness.core.trace import TraceError, load
+
+    try:
+        return load(path)
+    except TraceError:
+        _refused_config_first(path, target)
+        raise
+
+
 def _load_any(path, args):
     """A trace file, or a scenario file turned into the trace of ``--target``'s
     model (``--runner`` for block tables); one-line errors (exit 2)."""
     from harness.core.scenario import ScenarioError, is_scenario
     from harness.core.scenario import load as load_scenario
-    from harness.core.trace import load
 
     if not is_scenario(path):
         if getattr(args, "runner", None):
             raise UsageError(f"{path}: --runner applies to scenarios; a trace names its runner")
-        return load(path)
+        return _load_trace(path, getattr(args, "target", None))
     from harness.targets import target_spec
 
     if args.runner and target_spec(args.target).runners == ("sglang",):
@@ -172,8 +200,6 @@ def _load_any(path, args):
 
 def cmd_replay(args) -> int:
     """Replay traces; --check-expect compares each verdict with the trace's expect."""
-    from harness.core.trace import load
-
     by_release = args.check_expect and args.target == "vllm"
     if args.check_expect and not by_release:
         args.faults_from_trace = True

@@ -266,3 +266,18 @@ def test_hybrid_config_refused_where_sglang_cannot_drive_it(sglang, capsys):
     assert main(["replay", "--target", "sglang", f.name]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "page size 1" in err[0], err
+
+
+@pytest.mark.parametrize("verb", ["replay", "explain", "shrink"])
+def test_a_page_size_the_target_does_not_drive_is_named_first(sglang, capsys, tmp_path, verb):
+    """A page size the sglang target does not drive: its refusal, not the oracle's
+    "no room" that the larger pages then cause (one line, exit 2)."""
+    import json
+
+    trace = json.loads(LIFE.read_text())
+    trace["config"].update(page_size=16, num_slots=64)
+    path = tmp_path / "p16.json"
+    path.write_text(json.dumps(trace))
+    assert main([verb, "--target", "sglang", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "config.page_size: 16" in err[0], err
