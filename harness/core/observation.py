@@ -181,6 +181,11 @@ class TokenSlotObservation:
       ``"raw_bs"``, ``"padded_bs"``), None before any padded forward;
     - ``written``: the slots the last op's forward wrote (int64, in write
       order; padded rows included), None when it ran none;
+    - ``reads``: the last op's decode attention reads, one
+      ``(req, row, seq_len, values)`` per real row — the row and length the
+      forward ran with (the captured buffers on a graph replay) and the KV it
+      gathered through that row of ``req_to_token`` (float32 ``[seq_len]``);
+      None when the op ran no decode;
     - a hybrid model's Mamba pool (``mamba_slots`` > 0; else empty / None):
       ``state_slots`` ``{req: state slot}`` (its row's entry in
       ``req_index_to_mamba_index_mapping``, what the kernels read);
@@ -203,6 +208,7 @@ class TokenSlotObservation:
     tree: list
     padding: dict | None = None
     written: np.ndarray | None = None
+    reads: list | None = None
     state_slots: dict = field(default_factory=dict)
     state: np.ndarray | None = None
     state_free: np.ndarray | None = None

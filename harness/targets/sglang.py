@@ -205,6 +205,7 @@ class SglangTarget:
         self._layer = SimpleNamespace(layer_id=0)
         self.mamba_backend = _mamba_backend(self.req_to_token_pool, top) \
             if config.mamba_slots else None
+        self._reads = None  # the last decode's attention reads, per real row
         self._state_written = None  # Mamba slots the last forward wrote
         self._state_padding = None  # the state indices of the last padded replay
         if self.mamba_backend is not None:
@@ -369,8 +370,10 @@ class SglangTarget:
             values.append(payload(fill)[-1])
         last = [[(list(r.origin_input_ids) + list(r.output_ids))[-1]] for r in batch.reqs]
         padded = self.config.padded_bs(bs)
+        rids = [int(r.rid) for r in batch.reqs]
         if padded is None:  # no captured size fits: eager, unpadded
             self._write(batch.out_cache_loc, values)
+            self._read(rids, batch.req_pool_indices, batch.seq_lens)
             if self.config.mamba_slots:
                 self._update_states(self.req_to_token_pool.get_mamba_indices(
                     batch.req_pool_indices.to(torch.int64)), last)
@@ -383,8 +386,22 @@ class SglangTarget:
                 seq_lens_cpu=seq.clone(), mrope_positions=None,
                 global_num_token_non_padded=None, num_token_non_padded=None)
             self._replay(fb, bs, padded, values, last)
+            self._read(rids, *(self.registry.get_slot(n).buffer[:bs]
+                               for n in ("req_pool_indices", "seq_lens")))
         for r in batch.reqs:
             r.output_ids.append(token_of(int(r.rid), len(r.origin_input_ids) + len(r.output_ids)))
+
+    def _read(self, rids, req_pool_indices, seq_lens) -> None:
+        """The decode's attention read (ours: SGLang's kernels need a GPU): each
+        real row gathers the KV of positions [0, seq_len) through its row of
+        ``req_to_token``, from the inputs the forward ran with (the captured
+        buffers on a graph replay); the rows' reads are kept for the checks."""
+        r2t = self.req_to_token_pool.req_to_token
+        kv = self.kv_pool.k_buffer[0][:, 0, 0]
+        rows = [int(x) for x in req_pool_indices.tolist()]
+        lens = [int(x) for x in seq_lens.tolist()]
+        self._reads = [(rid, row, n, kv[r2t[row, :n].to(self._torch.int64)].numpy().copy())
+                       for rid, row, n in zip(rids, rows, lens)]
 
     def _replay(self, fb, bs: int, padded: int, values, tokens=()) -> None:
         """The decode graph's replay: its padding fills the captured buffers, and
@@ -506,6 +523,7 @@ class SglangTarget:
     def observe(self) -> TokenSlotObservation:
         kv = self.kv_pool.k_buffer[0][:, 0, 0].numpy().copy()
         written, self._written = self._written, None
+        reads, self._reads = self._reads, None
         return TokenSlotObservation(
             rows={q: int(r.kv.req_pool_idx) for q, r in self.reqs.items()},
             kv_len={q: int(r.kv.kv_committed_len) for q, r in self.reqs.items()},
@@ -513,7 +531,7 @@ class SglangTarget:
             kv=kv, free_pages=self._free_pages(),
             tree=self._tree_nodes() if self.config.radix_cache else [],
             padding=None if self._padded is None else dict(self._padded),
-            written=written, **self._mamba_observation())
+            written=written, reads=reads, **self._mamba_observation())
 
 
 def _refusal(config) -> TargetRefused | None:

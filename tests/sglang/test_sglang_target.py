@@ -281,3 +281,22 @@ def test_a_page_size_the_target_does_not_drive_is_named_first(sglang, capsys, tm
     assert main([verb, "--target", "sglang", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "config.page_size: 16" in err[0], err
+
+
+def test_the_graph_inputs_the_decode_reads_are_sglangs(sglang, monkeypatch):
+    """A padding registry that fills a real row's seq_lens one short (SGLang's own
+    fill_from, then the last real row's length cut) is caught by the decode's
+    attention read: the row reads fewer positions than its request has."""
+    cls = type(sglang.build_decode_registry(device=__import__("torch").device("cpu"), max_bs=1,
+                                            max_num_token=1, seq_len_fill_value=1,
+                                            cache_loc_dtype=__import__("torch").int64))
+    real = cls.fill_from
+
+    def fill_from(self, fb, *, raw_bs, padded_bs, **kw):
+        real(self, fb, raw_bs=raw_bs, padded_bs=padded_bs, **kw)
+        if raw_bs:
+            self.get_slot("seq_lens").buffer[raw_bs - 1] -= 1
+
+    monkeypatch.setattr(cls, "fill_from", fill_from)
+    v = _verdict()
+    assert v is not None and v.invariant == "SGL_DECODE_READS_OWN_KV", v

@@ -74,8 +74,8 @@ def test_invariant_registry_order_flags_and_startup():
                          "MATCHES_REFERENCE", "POOL_ACCOUNTING", "PREFIX_CONTENT",
                          "ONE_OWNER_PER_BLOCK", "CACHED_BLOCKS_IMMUTABLE",
                          "SGL_RESERVED_UNREAD", "SGL_PADDING_RESERVED", "SGL_NO_STALE_WRITE",
-                         "SGL_KV_MATCHES", "SGL_TREE_CONTENT", "SGL_SLOTS_ACCOUNTED",
-                         "SGL_STATE_RESERVED", "SGL_STATE_NO_STALE_WRITE", "SGL_STATE_MATCHES",
+                         "SGL_KV_MATCHES", "SGL_TREE_CONTENT", "SGL_DECODE_READS_OWN_KV",
+                         "SGL_SLOTS_ACCOUNTED", "SGL_STATE_RESERVED", "SGL_STATE_NO_STALE_WRITE", "SGL_STATE_MATCHES",
                          "SGL_STATE_TREE_CONTENT", "SGL_STATE_ACCOUNTED")
     assert inv.structural_ids() == ("VACATED_ROWS_ZERO", "DUMMY_TABLES_ZERO",
                                     "PADDED_ROWS_NEUTRAL", "ROW_RESULTS_FOLLOW_REQUESTS",

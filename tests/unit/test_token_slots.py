@@ -343,3 +343,23 @@ def test_each_state_invariant_fires(case, invariant):
     after = _hobs({0: slot}, state, free, tree, written, pad)
     found = _hcheck(after, ref, before)
     assert (found == []) if invariant is None else (invariant in found), found
+
+
+@pytest.mark.parametrize("case", [None, "short", "foreign row", "wrong value"])
+def test_the_decode_read_is_judged_per_row(case):
+    ref = _ref()
+    ref.sgl_decode()
+    slots = [3, 4, 5, 6]
+    kv = np.zeros(CFG.num_slots + 1, np.float32)
+    kv[slots] = ref.expected_kv(0)
+    read = (0, 1, 4, kv[slots].copy())
+    if case == "short":
+        read = (0, 1, 3, kv[slots[:3]].copy())
+    elif case == "foreign row":
+        read = (0, 2, 4, np.zeros(4, np.float32))
+    elif case == "wrong value":
+        read[3][2] = np.nan
+    after = _obs({0: 1}, {0: slots}, kv=kv, written=np.array([6]))
+    after.reads = [read]
+    found = _check(after, ref, op={"op": "sgl_decode"}, before=_obs({0: 1}, {0: slots[:3]}))
+    assert ("SGL_DECODE_READS_OWN_KV" in found) == (case is not None), found

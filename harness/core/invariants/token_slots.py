@@ -16,6 +16,10 @@ choice's effects:
 - ``SGL_KV_MATCHES``: every live request's committed positions hold the KV
   of its token prefix (a prefix hit reads what its first owner wrote);
 - ``SGL_TREE_CONTENT``: every radix-tree node's slots hold the KV of its path;
+- ``SGL_DECODE_READS_OWN_KV``: each real row of a decode reads, through the
+  row and length the forward ran with (a graph replay's captured buffers),
+  exactly its request's KV: its committed length, each position the KV of its
+  token prefix;
 - ``SGL_SLOTS_ACCOUNTED``: every page is exactly one of free or in use (a live
   row's or the tree's), never both, none lost; rows likewise.
 
@@ -182,6 +186,31 @@ def check_tree_content(ctx: CheckContext) -> list[Violation]:
     return []
 
 
+def check_decode_reads_own_kv(ctx: CheckContext) -> list[Violation]:
+    reads = getattr(ctx.after, "reads", None)
+    if not reads:
+        return []
+    ref = ctx.reference
+    for b, (req, row, n, got) in enumerate(reads):
+        if req not in ref.requests:
+            continue
+        want = ref.expected_kv(req)
+        if n != len(want):
+            return [ctx.violation("SGL_DECODE_READS_OWN_KV", f"batch row {b} (request {req}) "
+                                  f"reads {n} positions through row {row}; the request has "
+                                  f"{len(want)}", row=row)]
+        diff = np.flatnonzero(np.asarray(got, np.float32).view(np.uint32) != want.view(np.uint32))
+        if diff.size:
+            p = int(diff[0])
+            return [ctx.violation(
+                "SGL_DECODE_READS_OWN_KV", f"batch row {b} (request {req}) reads {float(got[p])} "
+                f"at position {p} through row {row}, not the KV of its token prefix"
+                + ("" if row == ctx.after.rows.get(req) else
+                   f" (row {row} is not the request's row {ctx.after.rows.get(req)})"),
+                row=row)]
+    return []
+
+
 def check_slots_accounted(ctx: CheckContext) -> list[Violation]:
     cfg, obs = ctx.config, ctx.after
     ps = cfg.page_size
@@ -236,6 +265,10 @@ register(Invariant("SGL_KV_MATCHES", "every live request's committed positions h
 register(Invariant("SGL_TREE_CONTENT", "every radix-tree node's slots hold the KV of its "
                    "path", check_tree_content, applies=_token_slot_op,
                    applies_text="every token-slot op", runners=RUNNERS))
+register(Invariant("SGL_DECODE_READS_OWN_KV", "each real row of a decode reads, through "
+                   "the row and length the forward ran with, exactly its request's KV",
+                   check_decode_reads_own_kv, applies=_forward_op,
+                   applies_text="token-slot forwards", runners=RUNNERS))
 register(Invariant("SGL_SLOTS_ACCOUNTED", "every page is free or held (by a live row or "
                    "the tree), never both, none lost; rows held once",
                    check_slots_accounted, structural=True, applies=_token_slot_op,
