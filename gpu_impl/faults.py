@@ -27,7 +27,9 @@ class Fault:
     the upstream files the bug lived in, as engine paths (vLLM's; SGLang's for runner
     ``sglang``) — a target that drives
     the engine's own code says which of them it runs (the vllm target's
-    ``ENGINE_SITES``), so a trace's verdict there is real or ``n/a``."""
+    ``ENGINE_SITES``), so a trace's verdict there is real or ``n/a``; ``needs``:
+    config fields without which the fault's code path never runs (a Mamba
+    pool's fault on a config with no Mamba pool), refused in one line."""
 
     id: str
     runners: tuple[str, ...]
@@ -37,6 +39,7 @@ class Fault:
     also: tuple[str, ...] = ()  # invariants that catch it first on some traces
     family: str = "core"  # catalogue grouping: core, metadata, spec-decode, scheduler, layout, async
     sites: tuple[str, ...] = ()  # the upstream files the bug lived in (vLLM paths)
+    needs: tuple[str, ...] = ()  # config fields that must be set for it to fire at all
 
     def __post_init__(self):
         assert self.family in FAMILIES, (self.id, self.family)
@@ -649,7 +652,7 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "state in slot 0 could be used by the prefix cache)",
           "SGL_STATE_RESERVED", ("SGL_STATE_ACCOUNTED",), family="core",
           sites=("sglang/srt/mem_cache/allocator/mamba.py",
-                 "sglang/srt/mem_cache/memory_pool.py")),
+                 "sglang/srt/mem_cache/memory_pool.py"), needs=("mamba_slots",)),
     Fault("sgl-mamba-padding-keeps-stale-state-index", ("sglang",),
           "a decode graph replay refreshes the state indices of its real rows only: a "
           "padded row keeps the index an earlier, larger batch left in the captured "
@@ -663,7 +666,8 @@ CATALOGUE: dict[str, Fault] = {f.id: f for f in (
           "SGLang's Mamba pool",
           "SGL_STATE_RESERVED", ("SGL_STATE_NO_STALE_WRITE", "SGL_STATE_TREE_CONTENT",
                                  "SGL_STATE_MATCHES"), family="core",
-          sites=("sglang/srt/layers/attention/hybrid_linear_attn_backend.py",)),
+          sites=("sglang/srt/layers/attention/hybrid_linear_attn_backend.py",),
+          needs=("mamba_slots",)),
 )}
 
 

@@ -87,12 +87,13 @@ class TokenSlotConfig:
         if type(self.mamba_slots) is not int or not 0 <= self.mamba_slots <= MAMBA_SLOTS_MAX:
             raise ConfigError("mamba_slots", f"must be an integer in 0..{MAMBA_SLOTS_MAX}, got "
                               f"{self.mamba_slots!r}")
-        if 0 < self.mamba_slots < self.mamba_slots_for(1):
-            raise ConfigError("mamba_slots", f"{self.mamba_slots} holds no request (one needs "
-                              f"{self.mamba_slots_for(1)} with radix_cache {self.radix_cache}): "
-                              "0 (no Mamba layer) or more")
         if type(self.radix_cache) is not bool:
             raise ConfigError("radix_cache", f"must be true or false, got {self.radix_cache!r}")
+        if 0 < self.mamba_slots < self.mamba_slots_for(1):
+            raise ConfigError("mamba_slots", f"{self.mamba_slots} holds no request with a "
+                              f"prefix hit: 0 (no Mamba layer), or at least "
+                              f"{self.mamba_slots_for(1)} with radix_cache "
+                              f"{str(self.radix_cache).lower()}")
         if self.num_slots % self.page_size:
             raise ConfigError("num_slots", f"{self.num_slots} is not a multiple of page_size "
                               f"{self.page_size}")
@@ -107,13 +108,13 @@ class TokenSlotConfig:
             raise ConfigError("capture_bs", f"must be increasing positive integers, at least "
                               f"one, got {list(self.capture_bs)}")
 
-    def mamba_slots_for(self, live: int) -> int:
+    def mamba_slots_for(self, live: int, hit: bool = True) -> int:
         """Mamba state slots ``live`` requests may need at once, the last one
         admitted just now: each holds its own slot; with the radix cache each
         also locks the tree's copy of its state after its prefill (the
-        result processor's checkpoint), and the newest its prefix hit's state
-        until then."""
-        return 2 * live + 1 if self.radix_cache else live
+        result processor's checkpoint), and the newest, where its prompt may
+        hit (``hit``), its hit's state until then."""
+        return 2 * live + int(hit) if self.radix_cache else live
 
     @property
     def num_pages(self) -> int:
@@ -259,10 +260,10 @@ class TokenSlotReference:
             raise OpError("prompt_len", f"no room for {prompt_len} tokens ({self.held_slots()} of "
                           f"{cfg.num_slots} slots held by live requests)")
         live = len(self.live())
-        if cfg.mamba_slots and cfg.mamba_slots_for(live + 1) > cfg.mamba_slots:
-            raise OpError("req", f"no Mamba state slot for a request beside {live} live "
-                          f"ones ({cfg.mamba_slots} slots; {live + 1} requests may need "
-                          f"{cfg.mamba_slots_for(live + 1)})")
+        need = cfg.mamba_slots_for(live + 1, hit=bool(prefix))
+        if cfg.mamba_slots and need > cfg.mamba_slots:
+            raise OpError("req", f"no Mamba state slot for one more request: {live} live "
+                          f"and this one may need {need} of the {cfg.mamba_slots} slots")
         self.requests[req] = RequestTokens(tokens + [token_of(req, prompt_len)], prompt_len,
                                            prompt_len)
         self.last_forward = {"kind": "extend", "reqs": [req],

@@ -95,8 +95,9 @@ def _print_consequence(trace, invariant: str, faults, target: str, device: str) 
         print(f"consequence (with the structural checks unchecked): {seen.violation.line()}")
         return
     if trace.config.runner == "sglang":  # SGL_KV_MATCHES compared every op's KV already
-        print("consequence: none in this trace (structural only: every live request's and "
-              "the radix tree's KV still match the oracle)")
+        states = " and Mamba states" if getattr(trace.config, "mamba_slots", 0) else ""
+        print(f"consequence: none in this trace (structural only: every live request's and "
+              f"the radix tree's KV{states} still match the oracle)")
         return
     session = Session(trace.config, faults, target, device, skip)
     for index, op in enumerate(trace.ops):
@@ -136,6 +137,21 @@ def _check_fault_target(faults: list[str], target: str, flag_ids: list[str]) -> 
             raise UsageError(f"{_fault_source(flag_ids)} {fid}: a fault of runner(s) "
                              f"{', '.join(CATALOGUE[fid].runners)}; the {target} target runs "
                              f"{', '.join(spec.runners)}")
+
+
+def _check_fault_needs(faults: list[str], config, source: str) -> None:
+    """A fault whose code path ``config`` never runs (``Fault.needs``: a Mamba
+    pool's fault on a config without one): one line naming the field (exit 2),
+    rather than a pass that proves nothing."""
+    if config is None:
+        return
+    from gpu_impl.faults import CATALOGUE
+
+    for fid in faults:
+        for name in CATALOGUE[fid].needs:
+            if not getattr(config, name, None):
+                raise UsageError(f"{source}: config.{name} is {getattr(config, name, None)!r}: "
+                                 f"fault {fid} runs only where it is set")
 
 
 def _fault_source(ids: list[str]) -> str:
@@ -250,6 +266,7 @@ def _trace_faults(args, trace, source: str = "trace", note: str | None = "stdout
         faults = sorted(set(faults) | set(trace.faults))
     _check_fault_target(faults, args.target, args.fault)
     _check_trace_faults(faults, trace.config.runner, source)
+    _check_fault_needs(faults, trace.config, source)
     off = [f for f in trace.faults if f not in faults]
     if off and note is not None and _takes_faults(args.target):
         print(f"note: {source} was found with fault(s) {','.join(off)} (meta.faults), off "

@@ -15,6 +15,7 @@ from harness.cli.common import (
     UsageError,
     _check_faults,
     _check_out,
+    _check_fault_needs,
     _check_fault_target,
     _check_target,
     _fault_runner,
@@ -41,6 +42,7 @@ def _fuzz_setup(args):
     runner = runner if config is not None else _target_runner(args, runner)
     device = _select_device(args.device, args.target)
     _check_target(config, args.target, args.config)
+    _check_fault_needs(faults, config, args.config)
     return out_dir, faults, config, runner, device
 
 

@@ -189,8 +189,10 @@ class TokenSlotObservation:
     - a hybrid model's Mamba pool (``mamba_slots`` > 0; else empty / None):
       ``state_slots`` ``{req: state slot}`` (its row's entry in
       ``req_index_to_mamba_index_mapping``, what the kernels read);
-      ``state``: float32 ``[mamba_slots + 1]``, the state each slot holds
-      (slot 0 the reserved one); ``state_free``: sorted int64, the Mamba
+      ``state``: float32 ``[mamba_slots + 1]``, the SSM state each slot holds
+      (slot 0 the reserved one); ``conv``: float32 ``[mamba_slots + 1, w]``,
+      each slot's conv window (the target's model writes the state's value
+      into every position of it); ``state_free``: sorted int64, the Mamba
       allocator's free slots; ``state_tree``: ``[(tokens, slot, lock_ref)]``,
       one entry per radix-tree node holding a Mamba state (the state after
       its path); ``state_written``: the slots the last op's Mamba update wrote
@@ -211,6 +213,7 @@ class TokenSlotObservation:
     reads: list | None = None
     state_slots: dict = field(default_factory=dict)
     state: np.ndarray | None = None
+    conv: np.ndarray | None = None
     state_free: np.ndarray | None = None
     state_tree: list = field(default_factory=list)
     state_written: np.ndarray | None = None

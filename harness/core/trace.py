@@ -105,13 +105,16 @@ def _schema_check(instance, schema, source: str, prefix: str) -> None:
         raise TraceError(source, _path(errors[0], prefix), errors[0].message)
 
 
-def check_op_shape(op, where: str, source: str) -> None:
-    """Structural check of one op; raises :class:`TraceError`."""
+def check_op_shape(op, where: str, source: str, runner: str | None = None) -> None:
+    """Structural check of one op; raises :class:`TraceError` (an unknown op's
+    message lists the ops of ``runner``'s model, or every op)."""
     if not isinstance(op, dict):
         raise TraceError(source, where, "op must be an object")
     kind = op.get("op")
     if not isinstance(kind, str) or kind not in OPS:
-        raise TraceError(source, f"{where}.op", f"unknown op {kind!r}; known: {', '.join(OPS)}")
+        known = [n for n, s in OPS.items() if runner is None or runner in s.runners]
+        raise TraceError(source, f"{where}.op", f"unknown op {kind!r}; known"
+                         f"{f' for runner {runner}' if runner else ''}: {', '.join(known)}")
     _schema_check(op, OPS[kind].schema(), source, where)
 
 
@@ -136,7 +139,7 @@ def parse(obj, source: str = "<trace>") -> Trace:
         raise TraceError(source, where, str(e).split(": ", 1)[1]) from None
     ops = obj["ops"]
     for i, op in enumerate(ops):
-        check_op_shape(op, f"ops[{i}]", source)
+        check_op_shape(op, f"ops[{i}]", source, config.runner)
         token_slots = "sglang" in OPS[op["op"]].runners
         if token_slots != (config.runner == "sglang"):
             raise TraceError(source, f"ops[{i}].op", f"{op['op']} is a "

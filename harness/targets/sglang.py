@@ -260,23 +260,33 @@ class SglangTarget:
         self._written = locs.numpy().copy()
 
     def _state(self):
-        """The Mamba layer's temporal state, one float32 value per slot (a view)."""
+        """The Mamba layer's temporal (SSM) state, one float32 value per slot (a view)."""
         pool = self.req_to_token_pool.mamba_pool
         return pool.mamba_cache.temporal[0].reshape(pool.mamba_cache.temporal.shape[1], -1)[:, 0]
 
+    def _conv(self):
+        """The Mamba layer's conv state, every value of a slot's window (a view,
+        ``[slots + 1, window values]``)."""
+        conv = self.req_to_token_pool.mamba_pool.mamba_cache.conv[0][0]
+        return conv.reshape(conv.shape[0], -1)
+
     def _update_states(self, slots, token_lists) -> None:
         """The Mamba layer's forward (ours: SGLang's kernels need a GPU): each row
-        with a state index >= 0 reads its slot's state and writes the state after
-        its tokens (:func:`~reference.token_slots.state_after`); a row of
+        with a state index >= 0 continues its slot's SSM state, and its conv
+        window (every value the same), each from what it held, by its tokens
+        (:func:`~reference.token_slots.state_after`); a row of
         ``None`` tokens is a padded row and writes NaN (garbage, as a padded row
         computes); ``PAD_SLOT_ID`` (-1) rows are skipped, as SGLang's kernels skip
         them."""
-        state = self._state()
+        state, conv = self._state(), self._conv()
         written = []
         for slot, toks in zip([int(x) for x in slots], token_lists):
             if slot < 0:
                 continue
+            # The SSM state and the conv window each continue from what the slot
+            # held (so a copy or clear that skips either shows).
             state[slot] = np.nan if toks is None else float(state_after(toks, float(state[slot])))
+            conv[slot] = np.nan if toks is None else float(state_after(toks, float(conv[slot, 0])))
             written.append(slot)
         self._state_written = np.asarray(written, np.int64)
 
@@ -516,6 +526,7 @@ class SglangTarget:
         return dict(
             state_slots={q: int(mapping[row]) for q, row in rows.items()},
             state=self._state().numpy().astype(np.float32).copy(),
+            conv=self._conv().numpy().astype(np.float32).copy(),
             state_free=np.sort(np.asarray(pool.mamba_allocator.free_slots.tolist(), np.int64)),
             state_tree=self._tree_states() if self.config.radix_cache else [],
             state_written=written)

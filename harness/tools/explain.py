@@ -57,7 +57,7 @@ def _token_slot_rows(session: Session) -> list[dict] | None:
             lines.append({"text": f"tree state: after {len(tokens)} tokens at Mamba slot "
                                   f"{slot}, lock {lock}"})
         pad = (obs.padding or {}).get("state_indices")
-        if pad is not None:
+        if pad is not None and obs.written is not None:  # this op replayed the graph
             lines.append({"text": f"graph state indices: {pad.tolist()} (PAD_SLOT_ID -1)"})
         lines.append({"text": f"free Mamba slots: {len(obs.state_free)} of "
                               f"{session.config.mamba_slots}"})
@@ -108,8 +108,9 @@ def _state_writes(ctx, before, after) -> list[dict]:
 
     if after.state is None or before is None or before.state is None:
         return []
-    changed = set(np.flatnonzero(before.state.view(np.uint32)
-                                 != after.state.view(np.uint32)).tolist())
+    from harness.core.invariants.token_slots import _changed_slots
+
+    changed = _changed_slots(before, after)
     changed.update(int(x) for x in (after.state_written if after.state_written is not None
                                     else []))
     fwd = ctx.reference.last_forward or {}
@@ -121,7 +122,7 @@ def _state_writes(ctx, before, after) -> list[dict]:
     for s in sorted(changed):
         v = float(after.state[s])
         out.append({"group": "mamba", "block": s, "cells": "", "layer": "mamba",
-                    "value": "NaN (padding)" if v != v else "state",
+                    "value": "Mamba state NaN (padding)" if v != v else "Mamba state",
                     "owner": "reserved padding slot" if s == 0 else _state_holder(before, s),
                     "offending": not (s == 0 or s in ran or s in free or s in tree)})
     return out

@@ -300,3 +300,22 @@ def test_the_graph_inputs_the_decode_reads_are_sglangs(sglang, monkeypatch):
     monkeypatch.setattr(cls, "fill_from", fill_from)
     v = _verdict()
     assert v is not None and v.invariant == "SGL_DECODE_READS_OWN_KV", v
+
+
+def test_the_conv_window_copy_is_sglangs(sglang, monkeypatch):
+    """A Mamba pool whose state copies skip the conv window (SGLang's own
+    MambaPool.copy_from, then the destination's conv put back) is caught: the
+    tree's copy of a request's state after its prefill is the first such copy."""
+    from sglang.srt.mem_cache.memory_pool import MambaPool
+
+    real = MambaPool.copy_from
+
+    def copy_from(self, src, dst):
+        kept = [c[:, dst].clone() for c in self.mamba_cache.conv]
+        real(self, src, dst)
+        for c, k in zip(self.mamba_cache.conv, kept):
+            c[:, dst] = k
+
+    monkeypatch.setattr(MambaPool, "copy_from", copy_from)
+    v = _verdict(HYBRID)
+    assert v is not None and v.invariant == "SGL_STATE_TREE_CONTENT" and "conv" in v.detail, v

@@ -46,7 +46,8 @@ def test_unknown_op_names_the_registry():
     obj["ops"] = [{"op": "teleport"}]
     with pytest.raises(TraceError) as e:
         parse(obj, "t.json")
-    assert "ops[0].op" in str(e.value) and "known: add, append, remove" in str(e.value)
+    assert "ops[0].op" in str(e.value) and "known for runner v1: add, append, remove" in str(e.value)
+    assert "sgl_admit" not in str(e.value)  # the ops of the trace's model only
 
 
 def test_rename_and_drop_request_come_from_each_op():

@@ -297,6 +297,29 @@ def _state_holder(obs, slot: int) -> str:
     return "no one"
 
 
+def _slot_differs(obs, slot: int, want) -> str | None:
+    """How Mamba slot ``slot`` differs from the state ``want``: its SSM state,
+    or a value of its conv window (None: it holds ``want`` in both)."""
+    w = np.float32(want).view(np.uint32)
+    if np.float32(obs.state[slot]).view(np.uint32) != w:
+        return f"an SSM state of {float(obs.state[slot])}"
+    conv = getattr(obs, "conv", None)
+    if conv is not None:
+        bad = np.flatnonzero(conv[slot].astype(np.float32).view(np.uint32) != w)
+        if bad.size:
+            return f"a conv window value of {float(conv[slot][bad[0]])}"
+    return None
+
+
+def _changed_slots(before, after) -> set[int]:
+    """Mamba slots whose SSM state or conv window differ between two observations."""
+    out = set(np.flatnonzero(before.state.view(np.uint32) != after.state.view(np.uint32)).tolist())
+    bc, ac = getattr(before, "conv", None), getattr(after, "conv", None)
+    if bc is not None and ac is not None:
+        out.update(np.flatnonzero((bc.view(np.uint32) != ac.view(np.uint32)).any(axis=1)).tolist())
+    return out
+
+
 def check_state_reserved(ctx: CheckContext) -> list[Violation]:
     if not _hybrid(ctx):
         return []
@@ -330,8 +353,7 @@ def check_state_no_stale_write(ctx: CheckContext) -> list[Violation]:
     if not _hybrid(ctx) or getattr(ctx.before, "state", None) is None:
         return []
     before, after = ctx.before, ctx.after
-    changed = set(np.flatnonzero(before.state.view(np.uint32)
-                                 != after.state.view(np.uint32)).tolist())
+    changed = _changed_slots(before, after)
     if after.state_written is not None:
         changed.update(int(s) for s in after.state_written)
     ref = ctx.reference.last_forward or {}
@@ -356,14 +378,14 @@ def check_state_matches(ctx: CheckContext) -> list[Violation]:
         return []
     ref, obs, out = ctx.reference, ctx.after, []
     for req in ref.live():
-        slot = obs.state_slots.get(req)
-        if slot is None:
+        if req not in obs.state_slots:
             continue  # SGL_KV_MATCHES names a live request the engine lacks
-        got, want = obs.state[slot], ref.expected_state(req)
-        if np.float32(got).view(np.uint32) != np.float32(want).view(np.uint32):
+        slot, want = obs.state_slots[req], ref.expected_state(req)
+        got = _slot_differs(obs, slot, want)
+        if got is not None:
             out.append(ctx.violation(
-                "SGL_STATE_MATCHES", f"request {req}'s Mamba slot {slot} holds {float(got)}, not "
-                f"the state after its {ref.requests[req].kv_len} tokens ({float(want)})",
+                "SGL_STATE_MATCHES", f"request {req}'s Mamba slot {slot} holds {got}, not the "
+                f"state after its {ref.requests[req].kv_len} tokens ({float(want)})",
                 row=obs.rows.get(req), block=slot))
     return out
 
@@ -373,12 +395,13 @@ def check_state_tree_content(ctx: CheckContext) -> list[Violation]:
         return []
     obs = ctx.after
     for tokens, slot, lock in obs.state_tree:
-        got, want = obs.state[slot], state_after(tokens)
-        if np.float32(got).view(np.uint32) != np.float32(want).view(np.uint32):
+        want = state_after(tokens)
+        got = _slot_differs(obs, slot, want)
+        if got is not None:
             return [ctx.violation(
                 "SGL_STATE_TREE_CONTENT", f"the radix tree's state after {len(tokens)} tokens "
-                f"(Mamba slot {slot}, lock {lock}) holds {float(got)}, not the state after its "
-                f"path ({float(want)})", block=slot)]
+                f"(Mamba slot {slot}, lock {lock}) holds {got}, not the state after its path "
+                f"({float(want)})", block=slot)]
     return []
 
 
@@ -406,7 +429,12 @@ def check_state_accounted(ctx: CheckContext) -> list[Violation]:
     if RESERVED_STATE in set(free):
         out.append(ctx.violation("SGL_STATE_ACCOUNTED", "the reserved Mamba slot 0 is free",
                                  block=RESERVED_STATE))
-    lost = sorted(set(range(1, ctx.config.mamba_slots + 1)) - set(free) - set(holders))
+    n = ctx.config.mamba_slots
+    outside = sorted(x for x in set(free) | set(holders) if not 0 <= x <= n)
+    if outside:
+        out.append(ctx.violation("SGL_STATE_ACCOUNTED", f"Mamba slot {outside[0]} is outside "
+                                 f"the pool's slots 0..{n}", block=outside[0]))
+    lost = sorted(set(range(1, n + 1)) - set(free) - set(holders))
     if lost:
         out.append(ctx.violation("SGL_STATE_ACCOUNTED", f"Mamba slot {lost[0]} is neither free "
                                  f"nor held ({len(lost)} slots lost)", block=lost[0]))

@@ -40,10 +40,18 @@ def _prompt_room(m) -> int:
                       cfg.num_slots - ref.held_slots() - cfg.page_size))
 
 
+def _state_room(m, hit: bool) -> bool:
+    """A hybrid model's Mamba pool holds one more request (``hit``: whose prompt
+    starts with an earlier one's tokens); always, without a Mamba pool."""
+    cfg = m.cfg
+    return not cfg.mamba_slots or \
+        cfg.mamba_slots_for(len(_ref(m).live()) + 1, hit) <= cfg.mamba_slots
+
+
 def _can_admit(m) -> bool:
     live, cfg = len(_ref(m).live()), m.cfg
     return (_token_slots(m) and live < cfg.max_num_reqs and _prompt_room(m) >= 1
-            and (not cfg.mamba_slots or cfg.mamba_slots_for(live + 1) <= cfg.mamba_slots))
+            and _state_room(m, hit=False))
 
 
 def _draw_admit(m, data) -> dict:
@@ -56,7 +64,7 @@ def _draw_admit(m, data) -> dict:
     room = _prompt_room(m)
     sources = sorted(ref.requests)
     op = {"op": "sgl_admit", "req": req}
-    if sources and data.integer(0, 2):
+    if sources and data.integer(0, 2) and _state_room(m, hit=True):
         done = [r for r in sources if not ref.requests[r].live]
         src = data.choice(done if done and data.integer(0, 3) else sources)
         have = min(len(ref.requests[src].tokens), room)
