@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
-
 from harness.core.invariants import classify_writes
 from harness.core.session import Session
 from harness.core.trace import Trace
@@ -103,28 +101,21 @@ def _token_slot_writes(session: Session) -> list[dict] | None:
 
 def _state_writes(ctx, before, after) -> list[dict]:
     """A hybrid model's Mamba state writes of the op (the layer's update, a
-    cleared or copied slot), each with what held the slot before."""
-    from harness.core.invariants.token_slots import _state_holder
+    cleared or copied slot), each with what held the slot before; a write
+    ``SGL_STATE_NO_STALE_WRITE`` does not allow is offending."""
+    from harness.core.invariants.token_slots import (_state_holder, allowed_state_writes,
+                                                     state_writes)
 
     if after.state is None or before is None or before.state is None:
         return []
-    from harness.core.invariants.token_slots import _changed_slots
-
-    changed = _changed_slots(before, after)
-    changed.update(int(x) for x in (after.state_written if after.state_written is not None
-                                    else []))
-    fwd = ctx.reference.last_forward or {}
-    ran = {after.state_slots[r] for r in fwd.get("positions", {}) if r in after.state_slots}
-    free = set(before.state_free.tolist())
-    live = set(before.state_slots.values())
-    tree = {s for _, s, lock in before.state_tree if s not in live and not lock}
+    allowed = allowed_state_writes(ctx)
     out = []
-    for s in sorted(changed):
+    for s in sorted(state_writes(before, after)):
         v = float(after.state[s])
         out.append({"group": "mamba", "block": s, "cells": "", "layer": "mamba",
                     "value": "Mamba state NaN (padding)" if v != v else "Mamba state",
                     "owner": "reserved padding slot" if s == 0 else _state_holder(before, s),
-                    "offending": not (s == 0 or s in ran or s in free or s in tree)})
+                    "offending": s not in allowed})
     return out
 
 

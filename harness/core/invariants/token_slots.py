@@ -137,11 +137,18 @@ def check_no_stale_write(ctx: CheckContext) -> list[Violation]:
     if ctx.after.written is not None:
         changed.update(int(s) for s in ctx.after.written)
     bad = sorted(changed - _allowed_writes(ctx))
+    return _stale(ctx, "SGL_NO_STALE_WRITE", bad, "KV slot {slot} was written, held by "
+                  "{holder}; the op computed no position there",
+                  lambda slot: _owner_text(ctx, slot))
+
+
+def _stale(ctx, invariant: str, bad: list, text: str, holder) -> list[Violation]:
+    """One violation for the first of the ``bad`` slots (``text`` formatted with
+    ``slot`` and ``holder(slot)``), counting the rest; none when there are none."""
     if not bad:
         return []
     slot = bad[0]
-    return [ctx.violation("SGL_NO_STALE_WRITE", f"KV slot {slot} was written, held by "
-                          f"{_owner_text(ctx, slot)}; the op computed no position there"
+    return [ctx.violation(invariant, text.format(slot=slot, holder=holder(slot))
                           + (f" ({len(bad)} slots in all)" if len(bad) > 1 else ""),
                           block=slot)]
 
@@ -353,24 +360,33 @@ def check_state_no_stale_write(ctx: CheckContext) -> list[Violation]:
     if not _hybrid(ctx) or getattr(ctx.before, "state", None) is None:
         return []
     before, after = ctx.before, ctx.after
+    bad = sorted(state_writes(before, after) - allowed_state_writes(ctx))
+    return _stale(ctx, "SGL_STATE_NO_STALE_WRITE", bad, "Mamba slot {slot} was written, "
+                  "held by {holder}; the op ran no request there",
+                  lambda slot: _state_holder(before, slot))
+
+
+def state_writes(before, after) -> set[int]:
+    """The Mamba slots an op wrote: those whose SSM state or conv window changed,
+    and those its update wrote (a write of the same value included)."""
     changed = _changed_slots(before, after)
     if after.state_written is not None:
         changed.update(int(s) for s in after.state_written)
-    ref = ctx.reference.last_forward or {}
+    return changed
+
+
+def allowed_state_writes(ctx: CheckContext) -> set[int]:
+    """Mamba slots the op may write: slot 0; the slots of the requests it ran;
+    and slots no live request held before it — free ones, or the tree's unlocked
+    states, which an allocation may evict and hand out in the op."""
+    before, after = ctx.before, ctx.after
+    ran = (ctx.reference.last_forward or {}).get("positions", {})
     allowed = {RESERVED_STATE}
-    allowed.update(after.state_slots[r] for r in ref.get("positions", {}) if r in after.state_slots)
+    allowed.update(after.state_slots[r] for r in ran if r in after.state_slots)
     allowed.update(int(s) for s in before.state_free.tolist())
     live = set(before.state_slots.values())
-    # An unlocked tree state may be evicted and its slot handed out in the op.
     allowed.update(s for _, s, lock in before.state_tree if s not in live and not lock)
-    bad = sorted(changed - allowed)
-    if not bad:
-        return []
-    slot = bad[0]
-    return [ctx.violation("SGL_STATE_NO_STALE_WRITE", f"Mamba slot {slot} was written, held by "
-                          f"{_state_holder(before, slot)}; the op ran no request there"
-                          + (f" ({len(bad)} slots in all)" if len(bad) > 1 else ""),
-                          block=slot)]
+    return allowed
 
 
 def check_state_matches(ctx: CheckContext) -> list[Violation]:
