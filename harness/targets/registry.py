@@ -57,7 +57,8 @@ class TargetSpec:
     - ``refusal(config)``: a :class:`TargetRefused` for a config it cannot express,
       else None (the factory raises the same);
     - ``limits()``: keyword arguments for ``harness.search.geometry.runner_configs``
-      that keep drawn geometry expressible;
+      (``token_slot_configs`` for a token-slot target: ``mamba``) that keep drawn
+      geometry expressible;
     - ``version()``: the engine release under test for reports (``"vLLM 0.26.0"``),
       None for the in-repo targets;
     - ``snapshots(device_kind)``: whether a session on that device kind may be
