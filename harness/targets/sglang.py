@@ -207,7 +207,6 @@ class SglangTarget:
             if config.mamba_slots else None
         self._reads = None  # the last decode's attention reads, per real row
         self._state_written = None  # Mamba slots the last forward wrote
-        self._state_padding = None  # the state indices of the last padded replay
         if self.mamba_backend is not None:
             self._capture()
         self.reqs: dict[int, object] = {}  # live request id -> SGLang Req
@@ -434,8 +433,7 @@ class SglangTarget:
                 padded, buf["req_pool_indices"][:padded], m.ForwardMode.DECODE, None, seq,
                 num_padding=padded - bs)
             idx = self.mamba_backend.state_indices_list[padded - 1][:padded].clone()
-            self._state_padding = idx.numpy().astype(np.int64)
-            self._padded["state_indices"] = self._state_padding
+            self._padded["state_indices"] = idx.numpy().astype(np.int64)
             self._update_states(idx, list(tokens) + [None] * (padded - bs))
 
     def sgl_idle(self, bs: int) -> None:

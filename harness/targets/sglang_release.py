@@ -203,7 +203,7 @@ def load() -> SimpleNamespace:
     return _LOADED
 
 
-_MAMBA: SimpleNamespace | None = None
+_MAMBA: SimpleNamespace | TargetUnavailable | None = None
 
 
 def load_mamba() -> SimpleNamespace:
@@ -215,8 +215,20 @@ def load_mamba() -> SimpleNamespace:
     ``ForwardMode`` and ``PAD_SLOT_ID``.  Raises :class:`TargetUnavailable`
     (one line) where the release lacks any of them."""
     global _MAMBA
+    if isinstance(_MAMBA, TargetUnavailable):
+        # asked once per drawn example: the failed import is not retried
+        raise TargetUnavailable(str(_MAMBA))
     if _MAMBA is not None:
         return _MAMBA
+    try:
+        _MAMBA = _load_mamba()
+    except TargetUnavailable as e:
+        _MAMBA = e
+        raise
+    return _MAMBA
+
+
+def _load_mamba() -> SimpleNamespace:
     s = load()
     try:
         import warnings
@@ -240,10 +252,9 @@ def load_mamba() -> SimpleNamespace:
     if missing:
         raise TargetUnavailable(f"SGLang {s.version} has no {', '.join(missing)} (the sglang "
                                 "target drives a hybrid model's Mamba pool through them)")
-    _MAMBA = SimpleNamespace(
+    return SimpleNamespace(
         HybridReqToTokenPool=HybridReqToTokenPool, Mamba2CacheParams=Mamba2CacheParams,
         Mamba2StateDType=Mamba2StateDType, Mamba2StateShape=Mamba2StateShape,
         Mamba2AttnBackend=Mamba2AttnBackend, ForwardMode=ForwardMode, PAD_SLOT_ID=PAD_SLOT_ID,
         pool_kwargs=frozenset(inspect.signature(HybridReqToTokenPool.__init__).parameters))
-    return _MAMBA
 

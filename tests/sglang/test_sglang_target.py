@@ -102,14 +102,21 @@ def test_the_radix_cache_is_sglangs(sglang, monkeypatch):
     assert v is not None and v.invariant == "SGL_SLOTS_ACCOUNTED" and "free while" in v.detail, v
 
 
+def _registry_class(sglang):
+    """The class of SGLang's decode padding registry (what the tests patch)."""
+    import torch
+
+    return type(sglang.build_decode_registry(device=torch.device("cpu"), max_bs=1,
+                                             max_num_token=1, seq_len_fill_value=1,
+                                             cache_loc_dtype=torch.int64))
+
+
 def test_the_graph_padding_is_sglangs(sglang, monkeypatch):
     """Padding that repeats the last real row instead of pointing at slot 0 writes
     garbage into a live request's slot."""
     from sglang.srt.model_executor import cuda_graph_buffer_registry as reg_mod
 
-    cls = type(sglang.build_decode_registry(device=__import__("torch").device("cpu"), max_bs=1,
-                                            max_num_token=1, seq_len_fill_value=1,
-                                            cache_loc_dtype=__import__("torch").int64))
+    cls = _registry_class(sglang)
     real = cls.fill_from
 
     def fill_from(self, fb, *, raw_bs, padded_bs, **kw):
@@ -287,9 +294,7 @@ def test_the_graph_inputs_the_decode_reads_are_sglangs(sglang, monkeypatch):
     """A padding registry that fills a real row's seq_lens one short (SGLang's own
     fill_from, then the last real row's length cut) is caught by the decode's
     attention read: the row reads fewer positions than its request has."""
-    cls = type(sglang.build_decode_registry(device=__import__("torch").device("cpu"), max_bs=1,
-                                            max_num_token=1, seq_len_fill_value=1,
-                                            cache_loc_dtype=__import__("torch").int64))
+    cls = _registry_class(sglang)
     real = cls.fill_from
 
     def fill_from(self, fb, *, raw_bs, padded_bs, **kw):
