@@ -155,6 +155,7 @@ class ReferenceRunnerBase(abc.ABC):
         self.device_block_table = [np.full_like(t, e) for t, e in zip(self.rows.block_table,
                                                                        self.rows.empty)]
         self.kv_cache, self.mamba_state = {}, {}
+        self._cells_of: dict[int, tuple] = {}  # group -> _cells(group)
         self.slot_mapping, self.state_indices, self.attn_out = {}, {}, {}
         self.backend_slot_mapping = {g: np.zeros(tokens, np.int64) for g in cfg.attention_groups
                                      if cfg.groups[g].slot_buffer}
@@ -885,20 +886,32 @@ class ReferenceRunnerBase(abc.ABC):
             elif keep_null or cols[0] != NULL_BLOCK_ID:
                 self.mamba_state[g][cols[0]] = after(hi)
 
+    def _cells(self, g: int) -> tuple:
+        """(kernel-block column, offset in it, position held) of each cell of a
+        group ``g`` row, int64 ``(width * kernel_block_size,)`` each: the
+        position each cell holds on this rank (DCP: only this rank's share).
+        Fixed by the config: worked out once per group."""
+        cells = self._cells_of.get(g)
+        if cells is None:
+            cfg = self.config
+            bs, kbs = cfg.groups[g].block_size, cfg.groups[g].kernel_block_size
+            j = np.arange(self.device_block_table[g].shape[1] * kbs)
+            held = global_position((j // kbs) // (bs // kbs),
+                                   (j // kbs) % (bs // kbs) * kbs + j % kbs,
+                                   bs, cfg.dcp_world_size, cfg.dcp_rank,
+                                   cfg.cp_kv_cache_interleave_size)
+            cells = self._cells_of[g] = (j // kbs, j % kbs, held)
+        return cells
+
     def _attention(self, g: int, num_rows: int) -> None:
         cfg = self.config
-        bs, kbs = cfg.groups[g].block_size, cfg.groups[g].kernel_block_size
+        kbs = cfg.groups[g].kernel_block_size
         kv = self.kv_cache[g].reshape(-1, kbs, cfg.head_size)  # kernel blocks
-        width = self.device_block_table[g].shape[1]
-        j = np.arange(width * kbs)
-        # The position each cell holds on this rank (DCP: only this rank's share).
-        held = global_position((j // kbs) // (bs // kbs), (j // kbs) % (bs // kbs) * kbs + j % kbs,
-                               bs, cfg.dcp_world_size, cfg.dcp_rank,
-                               cfg.cp_kv_cache_interleave_size)
+        col, off, held = self._cells(g)
         window = cfg.groups[g].sliding_window
         for b in range(num_rows):
-            blocks = self.device_block_table[g][b, j // kbs]
-            vals = kv[blocks, j % kbs]
+            blocks = self.device_block_table[g][b, col]
+            vals = kv[blocks, off]
             inside = held < self.seq_lens[b]
             if window:  # sliding-window attention: the last `window` positions only
                 inside &= held >= self.seq_lens[b] - window
