@@ -74,33 +74,36 @@ class _ObserveReference:
         """The oracle's state as an :class:`Observation`.  copy False: its
         arrays are the oracle's own, valid until its next op (a session's
         oracle observation, read only by that op's checks: no copies)."""
+        # copy False: the oracle's own containers too (read-only, until its next op)
         c = np.ndarray.copy if copy else _same
+        lst = (lambda xs: [x.copy() for x in xs]) if copy else _same
+        dct = (lambda d: {g: v.copy() for g, v in d.items()}) if copy else _same
         return Observation(
             runner=self.config.runner,
             rows_indexed_by=rows_indexed_by(self.config.runner),
-            host_block_table=[c(t) for t in self.rows.block_table],
-            host_num_blocks_per_row=[c(n) for n in self.rows.num_blocks_per_row],
+            host_block_table=lst(self.rows.block_table),
+            host_num_blocks_per_row=lst(self.rows.num_blocks_per_row),
             host_req_ids=c(self.rows.req_ids),
             num_computed_tokens=c(self.rows.num_computed_tokens),
             num_prompt_tokens=c(self.rows.num_prompt_tokens),
-            device_block_table=[c(t) for t in self.device_block_table],
-            kv_cache={g: c(v) for g, v in self.kv_cache.items()},
+            device_block_table=lst(self.device_block_table),
+            kv_cache=dct(self.kv_cache),
             kv_params=({g: quantize(v.reshape(-1, v.shape[-1]))[1].reshape(*v.shape[:-1], 2)
                         for g, v in self.kv_cache.items()} if self.config.quantized else None),
-            draft_kv_cache={g: c(v) for g, v in self.draft_kv_cache.items()},
+            draft_kv_cache=dct(self.draft_kv_cache),
             draft_slot_mapping=c(self.draft_slot_mapping),
             draft_rows=self.draft_rows,
-            mamba_state={g: c(v) for g, v in self.mamba_state.items()},
-            kv_store={k: {g: c(a) for g, a in v.items()} for k, v in self.kv_store.items()},
+            mamba_state=dct(self.mamba_state),
+            kv_store={k: dct(v) for k, v in self.kv_store.items()} if copy else self.kv_store,
             host_tier=({k: (c(self.host_kv[k]) if k in self.host_kv else None)
                         for k in self.ledger.host.blocks} if self.config.host_blocks else None),
-            row_accepted=(np.array([self.num_accepted_of.get(int(r), 0)
-                                    for r in self.rows.req_ids], np.int32)
+            row_accepted=(np.array([self.num_accepted_of.get(r, 0)
+                                    for r in self.rows.req_ids.tolist()], np.int32)
                           if self.config.runner == "v1" else None),
             slot_mapping={g: c(self.write_slots(g)) for g in self.slot_mapping},
             state_indices={g: read_rows_only(v, self.last_forward)
                            for g, v in self.state_indices.items()},
-            attn_out={g: c(v) for g, v in self.attn_out.items()},
+            attn_out=dct(self.attn_out),
             last_forward=self.last_forward,
             device_row_counts=getattr(self, "device_row_counts", None),
             pool=None if self.config.allocator != "engine" else {

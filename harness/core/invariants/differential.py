@@ -145,19 +145,21 @@ def check_matches_reference(impl: Observation, ref: Observation, op_index: int,
     pairs = [("req_ids", impl_ids, ref.host_req_ids)]
     for name, a, b in (("num_computed_tokens", impl_computed, ref.num_computed_tokens),
                        ("num_prompt_tokens", impl_prompt, ref.num_prompt_tokens)):
-        if not _same(a, b):  # equal everywhere: equal on live rows too
+        if _same(a, b):
+            continue  # equal everywhere: equal on live rows too
+        if a.shape != b.shape or np.count_nonzero((a != b) & live):
             pairs.append((name, _where(live, a), _where(live, b)))
     if _forward_key(impl.last_forward) != _forward_key(ref.last_forward):
         pairs.append(("last_forward", _forward_fields(impl.last_forward),
                       _forward_fields(ref.last_forward)))
     for g in range(len(impl.host_block_table)):
-        pairs += [(f"block_table[{g}]", impl_rows[g], ref_rows[g]),
-                  (f"num_blocks_per_row[{g}]", impl_counts[g], ref_counts[g]),
-                  (f"device_block_table[{g}]", *_defined(impl.device_block_table[g],
+        pairs += [(("block_table", g), impl_rows[g], ref_rows[g]),
+                  (("num_blocks_per_row", g), impl_counts[g], ref_counts[g]),
+                  (("device_block_table", g), *_defined(impl.device_block_table[g],
                                                          ref.device_block_table[g], rows_used,
                                                          ref.device_row_counts, g))]
     for g, v in ref.slot_mapping.items():
-        pairs.append((f"slot_mapping[{g}]", impl.slot_mapping[g][:tokens_used], v[:tokens_used]))
+        pairs.append((("slot_mapping", g), impl.slot_mapping[g][:tokens_used], v[:tokens_used]))
     if impl.metadata is not None and ref.metadata is not None:
         for name, v in ref.metadata.items():  # rows the last forward staged
             n = rows_used + 1 if name == "query_start_loc" else rows_used
@@ -168,7 +170,7 @@ def check_matches_reference(impl: Observation, ref: Observation, op_index: int,
             continue
         if config.has_null_block(g):  # PAD_SLOT_ID and the null block: both neutral
             a, b = np.maximum(a, 0), np.maximum(b, 0)
-        pairs.append((f"state_indices[{g}]", a, b))
+        pairs.append((("state_indices", g), a, b))
     if tuple(impl.draft_rows or ()) != tuple(ref.draft_rows or ()):
         pairs.append(("draft_rows", np.array(impl.draft_rows or (), object),
                       np.array(ref.draft_rows or (), object)))
@@ -216,13 +218,13 @@ def _effect_pairs(impl: Observation, ref: Observation, config: RunnerConfig,
     and outputs."""
     kv = ("block", "offset", "element")
     # A quantized cache: its parameter buffer first (a wrong scale names itself).
-    pairs = [(f"kv_params[{g}]", (impl.kv_params or {}).get(g, np.zeros(0)), v,
+    pairs = [(("kv_params", g), (impl.kv_params or {}).get(g, np.zeros(0)), v,
               ("block", "offset", "scale/zero"))
              for g, v in (ref.kv_params or {}).items()]
-    pairs += [(f"kv_cache[{g}]", impl.kv_cache[g], v, kv) for g, v in ref.kv_cache.items()]
-    pairs += [(f"draft_kv_cache[{g}]", (impl.draft_kv_cache or {}).get(g, np.zeros(0)), v, kv)
+    pairs += [(("kv_cache", g), impl.kv_cache[g], v, kv) for g, v in ref.kv_cache.items()]
+    pairs += [(("draft_kv_cache", g), (impl.draft_kv_cache or {}).get(g, np.zeros(0)), v, kv)
               for g, v in (ref.draft_kv_cache or {}).items() if drafts]
-    pairs += [(f"attn_out[{g}]", impl.attn_out[g], v, ("row", "element"))
+    pairs += [(("attn_out", g), impl.attn_out[g], v, ("row", "element"))
               for g, v in ref.attn_out.items() if outputs]
     for g, v in ref.mamba_state.items():
         a, b = impl.mamba_state[g], v
@@ -231,7 +233,7 @@ def _effect_pairs(impl: Observation, ref: Observation, config: RunnerConfig,
                 continue  # equal past it (most ops): no copies to make
             a, b = a.copy(), b.copy()
             a[0] = b[0] = 0.0
-        pairs.append((f"mamba_state[{g}]", a, b, ("block", "element")))
+        pairs.append((("mamba_state", g), a, b, ("block", "element")))
     return pairs
 
 
@@ -247,10 +249,17 @@ def effects_differ(impl: Observation, ref: Observation, op_index: int,
 
 
 def _first_difference(pairs: list, op_index: int, op: str) -> list[Violation]:
-    for name, a, b, *axes in pairs:
+    """The first pair (name, implementation's, reference's[, axis names]) whose
+    arrays differ, as a violation; a name is a str or (field, KV-cache group),
+    which reads ``field[group]``."""
+    for pair in pairs:
+        a, b = pair[1], pair[2]
         if a.shape == b.shape and a.dtype == b.dtype and a.dtype != object \
                 and a.tobytes() == b.tobytes():
             continue  # bit for bit equal (most pairs, most ops): no masks to build
+        name, axes = pair[0], pair[3:]
+        if not isinstance(name, str):
+            name = f"{name[0]}[{name[1]}]"
         if a.shape != b.shape:
             what = ""
             if "block_table" in name and a.ndim == 2 and a.shape[0] == b.shape[0]:
