@@ -134,6 +134,72 @@ def test_pick_draws_ops_in_proportion_to_their_weights():
     assert pick(ops, sw, Fixed(1), due).name == "step"
 
 
+def test_pick_enabled_draws_each_enabled_op_with_its_share_of_the_enabled_weight():
+    """Exact: every path of integer choices is walked with its probability, and
+    each enabled op comes out with its weight over the enabled ops' total (what
+    ``pick`` over the enabled ops gives), a disabled op never."""
+    from fractions import Fraction
+    from types import SimpleNamespace
+
+    from harness.search.swarm import EAGER_FACTOR, base_weight, pick, pick_enabled, weight_of
+    from harness.search.swarm import Swarm
+
+    class Branch(Exception):
+        pass
+
+    class Scripted:  # the choices of one path; asks for the next one by raising
+        def __init__(self, script):
+            self.script, self.i = script, 0
+
+        def integer(self, lo, hi):
+            if self.i == len(self.script):
+                raise Branch(lo, hi)
+            self.i += 1
+            return self.script[self.i - 1]
+
+    def distribution(run):
+        out, todo = {}, [([], Fraction(1))]
+        while todo:
+            script, p = todo.pop()
+            try:
+                got = run(Scripted(script))
+            except Branch as b:
+                lo, hi = b.args
+                todo += [(script + [v], p / (hi - lo + 1)) for v in range(lo, hi + 1)]
+                continue
+            key = None if got is None else got.name
+            out[key] = out.get(key, 0) + p
+        return out
+
+    calls = []
+
+    def op(name, on, forward=None, eager=None):
+        def enabled(m):
+            calls.append(name)
+            return on
+        return SimpleNamespace(name=name, forward=forward, eager=eager, enabled=enabled)
+
+    sw = Swarm(weights={"add": 1, "remove": 2, "step": 3, "swap": 5, "kv_load": 1})
+    ops = [op("add", True), op("remove", False), op("step", True, "real"),
+           op("swap", False), op("kv_load", True, eager=lambda m: True)]
+    base = [base_weight(s, sw) for s in ops]
+    got = distribution(lambda d: pick_enabled(ops, base, d, machine=object()))
+    enabled = [s for s in ops if s.name in ("add", "step", "kv_load")]
+    total = sum(weight_of(s, base_weight(s, sw), object()) for s in enabled)
+    assert total == 1 + 3 * 2 + EAGER_FACTOR
+    assert got == {s.name: Fraction(weight_of(s, base_weight(s, sw), object()), total)
+                   for s in enabled}
+    assert got == distribution(lambda d: pick(enabled, sw, d, machine=object()))
+    # None enabled: None, every precondition asked once; one draw asks one precondition.
+    calls.clear()
+    off = [op("remove", False), op("swap", False)]
+    assert pick_enabled(off, [2, 5], Scripted([0, 0]), object()) is None
+    assert sorted(calls) == ["remove", "swap"]
+    calls.clear()
+    assert pick_enabled(ops, base, Scripted([0]), object()).name == "add"
+    assert calls == ["add"]
+
+
 def test_uniform_mix_without_swarm():
     drawn = []
     _run(make_machine(None, target="reference", base=_recording(drawn), swarm=False), 5)
