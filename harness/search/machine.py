@@ -134,7 +134,6 @@ class BlockFuzzMachine(RuleBasedStateMachine):
         refused = getattr(self.session.target, "refused_ops", ())
         self._drawable = [spec for spec in ops.values() if spec.name not in refused]
         self._weighted = [spec for spec in self._drawable if self.swarm.weight(spec.name) > 0]
-        self._base_weights = [swarm_mod.base_weight(spec, self.swarm) for spec in self._weighted]
         self.ledger = self.session.ledger  # the reference's: one object for the session
         self.coverage = tracker_for(config)
         if self.session.startup_violations:
@@ -184,11 +183,13 @@ class BlockFuzzMachine(RuleBasedStateMachine):
             memo[name] = compute()
         return memo[name]
 
-    def enabled_ops(self) -> list:
+    def enabled_ops(self, weighted: bool = False) -> list:
         """Drawable ops whose precondition holds now, in registry order (once per
-        state)."""
-        return self.per_state("enabled ops", lambda: [
-            spec for spec in self._drawable if spec.enabled(self)])
+        state).  weighted: only those the example's swarm weighs above 0 (their
+        preconditions alone are evaluated)."""
+        return self.per_state(("enabled ops", weighted), lambda: [
+            spec for spec in (self._weighted if weighted else self._drawable)
+            if spec.enabled(self)])
 
     @rule()
     def act(self):
@@ -196,12 +197,11 @@ class BlockFuzzMachine(RuleBasedStateMachine):
         # No Hypothesis precondition: ``dummy_run`` is enabled in every state
         # (an idle rank can always run one), so some op always is.
         for _ in range(self.ops_per_step):
-            # A weighted op whose precondition holds, by weight (only the
-            # preconditions of the ops drawn are evaluated); an op the swarm
-            # weighs 0 only when no weighted one is enabled.
-            spec = (swarm_mod.pick_enabled(self._weighted, self._base_weights,
-                                              self.draws, self)
-                    or swarm_mod.pick(self.enabled_ops(), self.swarm, self.draws, self))
+            # An op the swarm weighs 0 is picked only when no weighted one is
+            # enabled (swarm.pick), so the others' preconditions are evaluated
+            # only then: the same pick, without their cost.
+            spec = swarm_mod.pick(self.enabled_ops(weighted=True) or self.enabled_ops(),
+                                  self.swarm, self.draws, self)
             self.do(spec.draw(self, self.draws) if spec.draws_data else spec.draw(self))
 
     def teardown(self):

@@ -92,58 +92,23 @@ def draw_swarm(data, op_names: list[str]) -> Swarm:
                  boundary_eighths=data.choice((0, 6, 3)))
 
 
-def base_weight(spec, swarm: Swarm) -> int:
-    """``spec``'s draw weight before its eager factor: its swarm weight, times
-    :data:`FORWARD_FACTOR` for a forward op (fixed for an example)."""
-    return swarm.weight(spec.name) * (FORWARD_FACTOR if spec.forward else 1)
-
-
-def weight_of(spec, base: int, machine=None) -> int:
-    """``spec``'s draw weight now: ``base`` (:func:`base_weight`), times
-    :data:`EAGER_FACTOR` when its ``eager(machine)`` holds."""
-    if spec.eager is not None and machine is not None and spec.eager(machine):
-        return base * EAGER_FACTOR
-    return base
-
-
 def pick(ops: list, swarm: Swarm, data, machine=None):
-    """Draw one of ``ops`` (OpSpecs whose precondition holds) by
-    :func:`weight_of`; when every one of them is weighted 0, all are equally
-    likely (the example must go on)."""
+    """Draw one of ``ops`` (OpSpecs whose precondition holds) by swarm weight
+    (forward ops times :data:`FORWARD_FACTOR`, ops whose ``eager(machine)``
+    holds times :data:`EAGER_FACTOR`);
+    when every one of them is weighted 0, all are equally likely (the example
+    must go on)."""
     if not ops:
         raise AssertionError("no op is enabled (dummy_run always is: has it been "
                              "unregistered?)")
-    weights = [weight_of(s, base_weight(s, swarm), machine) for s in ops]
+    weights = [swarm.weight(s.name) * (FORWARD_FACTOR if s.forward else 1)
+               * (EAGER_FACTOR if s.eager is not None and machine is not None
+                  and s.eager(machine) else 1) for s in ops]
     if not any(weights):
         weights = [1] * len(ops)
-    return _draw(ops, weights, data)[0]
-
-
-def pick_enabled(ops: list, base: list, data, machine):
-    """:func:`pick` over those of ``ops`` whose precondition holds, evaluating
-    only the preconditions of the ops drawn; base: each op's
-    :func:`base_weight`, above 0.  Draw by weight among the ops left; one
-    whose ``enabled(machine)`` fails is put aside and the draw repeated.  A
-    weighted draw without replacement that stops at the first enabled op picks
-    each enabled op with its weight over the enabled ops' total, as
-    :func:`pick` over them does, at one or two precondition calls a step
-    instead of one per op.  None when none holds."""
-    ops = list(ops)
-    weights = [weight_of(s, b, machine) for s, b in zip(ops, base)]
-    while ops:
-        spec, i = _draw(ops, weights, data)
-        if spec.enabled(machine):
-            return spec
-        del ops[i], weights[i]
-    return None
-
-
-def _draw(ops: list, weights: list, data) -> tuple:
-    """(op, its index) drawn from ``ops`` with probability weight / total (one
-    ``data.integer``)."""
     k = data.integer(0, sum(weights) - 1)
-    for i, (spec, w) in enumerate(zip(ops, weights)):
+    for spec, w in zip(ops, weights):
         if k < w:
-            return spec, i
+            return spec
         k -= w
     raise AssertionError("unreachable")
