@@ -29,7 +29,7 @@ from reference import RunnerConfig
 
 from harness.core.invariants import Violation
 from harness.core.ops import REGISTRY as OPS
-from harness.core.ops import requests_of
+from harness.core.ops import requests_of, spec_of
 from harness.core.session import Session
 from harness.search import profiles  # noqa: F401  (generation a function of the seed alone)
 from harness.search import steer
@@ -93,7 +93,8 @@ class BlockFuzzMachine(RuleBasedStateMachine):
         self.next_req = 0
         self.start_key = None  # what the example started from (a steering key, "corpus")
         self.draws: ExampleDraws | None = None  # the example's op draws (set in start)
-        self._state_memo: tuple = (-1, {})  # (ops applied, {name: value}): per_state
+        self._state_memo: tuple = (-1, {})  # (ledger version, {name: value}): per_state
+        self._ledger_version = 0  # ops applied that may have changed the ledger
         self.stats["examples"] = self.stats.get("examples", 0) + 1
 
     @initialize(data=st.data())
@@ -154,6 +155,8 @@ class BlockFuzzMachine(RuleBasedStateMachine):
         reference = self.session.reference
         self.coverage.before(op, self.ledger, reference)
         found = self.session.apply(op)
+        if not spec_of(op).keeps_ledger:
+            self._ledger_version += 1
         counts = self.stats.setdefault("coverage", {})
         for f in self.coverage.after(op, reference):
             counts[f] = counts.get(f, 0) + 1
@@ -171,11 +174,14 @@ class BlockFuzzMachine(RuleBasedStateMachine):
         return self.per_state(("free count", g), lambda: self.ledger.free_block_count(g))
 
     def per_state(self, name: str, compute):
-        """``compute()``, once per state: the machine's state (ledger, session)
-        changes only when an op is applied, so a value an op's precondition and
-        its draw both need (the steppable requests, the enabled ops) is kept
-        under ``name`` until the next op.  The value is shared: do not mutate it."""
-        key = len(self.ops)
+        """``compute()``, once per ledger state: a value worked out from the
+        oracle's ledger (with the config, the example's swarm and the next
+        request id, which only ledger-changing ops move) that an op's
+        precondition and its draw both need (the steppable requests, the
+        enabled ops) is kept under ``name`` until an op that may change the
+        ledger is applied (one not ``OpSpec.keeps_ledger``: a dummy run, a
+        condense or a swap keeps it).  The value is shared: do not mutate it."""
+        key = self._ledger_version
         if self._state_memo[0] != key:
             self._state_memo = (key, {})
         memo = self._state_memo[1]
@@ -184,12 +190,15 @@ class BlockFuzzMachine(RuleBasedStateMachine):
         return memo[name]
 
     def enabled_ops(self, weighted: bool = False) -> list:
-        """Drawable ops whose precondition holds now, in registry order (once per
-        state).  weighted: only those the example's swarm weighs above 0 (their
-        preconditions alone are evaluated)."""
-        return self.per_state(("enabled ops", weighted), lambda: [
+        """Drawable ops whose precondition holds now, in registry order: those
+        that read only the ledger once per ledger state, those that read the
+        oracle's rows (``OpSpec.reads_rows``) every time.  weighted: only those
+        the example's swarm weighs above 0 (their preconditions alone are
+        evaluated)."""
+        kept = self.per_state(("enabled ops", weighted), lambda: [
             spec for spec in (self._weighted if weighted else self._drawable)
-            if spec.enabled(self)])
+            if spec.reads_rows or spec.enabled(self)])
+        return [spec for spec in kept if not spec.reads_rows or spec.enabled(self)]
 
     @rule()
     def act(self):

@@ -134,6 +134,43 @@ def test_pick_draws_ops_in_proportion_to_their_weights():
     assert pick(ops, sw, Fixed(1), due).name == "step"
 
 
+@pytest.mark.parametrize("runner", ["v1", "v2"])
+def test_values_kept_across_ledger_keeping_ops_equal_fresh_ones(runner):
+    """``per_state`` keeps a value across ops that keep the ledger (a dummy run,
+    condense, swap): each kept value and the enabled ops equal what is worked
+    out afresh, and such an op leaves the ledger's pickled state as it was."""
+    import pickle
+
+    from harness.core.ops import spec_of
+
+    seen = {"reused": 0, "kept_ops": 0}
+
+    class Paranoid(BlockFuzzMachine):
+        def per_state(self, name, compute):
+            memo_key, memo = self._state_memo
+            seen["reused"] += memo_key == self._ledger_version and name in memo
+            kept = super().per_state(name, compute)
+            assert kept == compute(), name
+            return kept
+
+        def enabled_ops(self, weighted=False):
+            got = super().enabled_ops(weighted)
+            assert got == [s for s in (self._weighted if weighted else self._drawable)
+                           if s.enabled(self)]
+            return got
+
+        def do(self, op):
+            keeps = spec_of(op).keeps_ledger
+            before = pickle.dumps(self.ledger) if keeps else None
+            super().do(op)
+            if keeps:
+                seen["kept_ops"] += 1
+                assert pickle.dumps(self.ledger) == before, op
+
+    _run(make_machine(None, target="reference", base=Paranoid, runner=runner), 30)
+    assert seen["kept_ops"] > 100 and seen["reused"] > 100, seen
+
+
 def test_uniform_mix_without_swarm():
     drawn = []
     _run(make_machine(None, target="reference", base=_recording(drawn), swarm=False), 5)

@@ -99,7 +99,13 @@ class OpSpec:
     | None (any cell)}, runs = requests the op writes for.  eager(machine) ->
     bool: the engine does this op whenever it can (a connector stores each
     newly computed full block): while it holds, the search draws the op
-    :data:`harness.search.swarm.EAGER_FACTOR` times as often.
+    :data:`harness.search.swarm.EAGER_FACTOR` times as often.  keeps_ledger:
+    applying the op leaves the oracle's ledger as it was (its rows, caches
+    and forward buffers may change), so what the state machine worked out
+    from the ledger still holds after it (``BlockFuzzMachine.per_state``);
+    reads_rows: the op's precondition reads the oracle's persistent-batch
+    rows, not only the ledger, the config and the example's swarm (it is
+    evaluated afresh after every op).
     """
 
     name: str
@@ -125,6 +131,8 @@ class OpSpec:
     check: Callable | None = None  # check(reference, op): legality before the target chooses
     eager: Callable | None = None  # eager(machine): the engine would do it now (drawn more)
     optional: tuple = ()  # fields a trace may leave out (besides ``records``)
+    keeps_ledger: bool = False  # applying it changes nothing in the ledger
+    reads_rows: bool = False  # its precondition reads the oracle's rows
     family: str = "core"
     extra: dict = field(default_factory=dict)
 

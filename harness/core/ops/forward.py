@@ -263,4 +263,5 @@ register(OpSpec(
     fields={"num_reqs": INT, "num_tokens": INT, "cudagraph_mode": CUDAGRAPH_MODE},
     example={"op": "dummy_run", "num_reqs": 2, "num_tokens": 2, "cudagraph_mode": "FULL"},
     apply=lambda t, op: t.dummy_run(op["num_reqs"], op["num_tokens"], op["cudagraph_mode"]),
-    draw=_draw_dummy, narrow=_narrow_dummy, sizes=_dummy_sizes, forward="dummy"))
+    draw=_draw_dummy, narrow=_narrow_dummy, sizes=_dummy_sizes, forward="dummy",
+    keeps_ledger=True))  # (V1: every request leaves the batch's rows; no block changes hands)

@@ -17,7 +17,7 @@ register(OpSpec(
     fields={}, example={"op": "condense"},
     apply=lambda t, op: t.condense(),
     draw=lambda m: {"op": "condense"}, draws_data=False,
-    enabled=lambda m: m.cfg.runner == "v1", runners=("v1",)))
+    enabled=lambda m: m.cfg.runner == "v1", runners=("v1",), keeps_ledger=True))
 
 
 def _occupied_rows(m) -> list[int]:
@@ -34,4 +34,4 @@ register(OpSpec(
     fields={"i": INT, "j": INT}, example={"op": "swap", "i": 0, "j": 1},
     apply=lambda t, op: t.swap(op["i"], op["j"]),
     draw=_draw_swap, enabled=lambda m: m.cfg.runner == "v1" and len(_occupied_rows(m)) >= 2,
-    runners=("v1",)))
+    runners=("v1",), keeps_ledger=True, reads_rows=True))
