@@ -20,25 +20,24 @@ def _item(value):
     return np.asarray(value).tolist()
 
 
-def _live_part(obs: Observation, group: int | None = None) -> tuple[list, list]:
+def _live_part(obs: Observation) -> tuple[list, list]:
     """V2 staged rows as the contract defines them: a live state index's first
     ``num_blocks`` entries (a free index is overwritten on reuse, and nothing
     reads past a row's count), zero elsewhere.  V1 rows are returned whole:
-    a vacated V1 row must be zero everywhere.  group: that KV-cache group's
-    only (lists of one)."""
-    tables, counts = obs.host_block_table, obs.host_num_blocks_per_row
-    if group is not None:
-        tables, counts = tables[group:group + 1], counts[group:group + 1]
+    a vacated V1 row must be zero everywhere."""
     if obs.rows_indexed_by != ROWS_BY_STATE_INDEX:
-        return list(tables), list(counts)
+        return obs.host_block_table, obs.host_num_blocks_per_row
     live = obs.host_req_ids != -1
-    pairs, tables, counts = zip(tables, counts), [], []
-    for table, n in pairs:
-        n = np.where(live, n, 0).astype(n.dtype)
-        cols = np.arange(table.shape[1])[None, :]
-        tables.append(np.where(cols < n[:, None], table, 0).astype(table.dtype))
-        counts.append(n)
-    return tables, counts
+    cut = [_cut(t, n, live) for t, n in zip(obs.host_block_table, obs.host_num_blocks_per_row)]
+    return [t for t, _ in cut], [n for _, n in cut]
+
+
+def _cut(table: np.ndarray, n: np.ndarray, live: np.ndarray) -> tuple:
+    """(table, counts) of one KV-cache group cut to the live rows' first
+    ``num_blocks`` entries (:func:`_live_part`)."""
+    n = np.where(live, n, 0).astype(n.dtype)
+    cols = np.arange(table.shape[1])[None, :]
+    return np.where(cols < n[:, None], table, 0).astype(table.dtype), n
 
 
 def _live_parts_where_differ(impl: Observation, ref: Observation) -> tuple:
@@ -46,21 +45,17 @@ def _live_parts_where_differ(impl: Observation, ref: Observation) -> tuple:
     them, for two observations with the same request ids: a group whose raw
     rows and counts are bit for bit equal is returned raw on both sides (its
     live parts are equal too), the others are cut."""
+    if impl.rows_indexed_by != ROWS_BY_STATE_INDEX \
+            or len(impl.host_block_table) != len(ref.host_block_table):
+        return (*_live_part(impl), *_live_part(ref))
+    live = ref.host_req_ids != -1  # (the same ids on both sides)
     out = ([], [], [], [])
-    for g in range(len(ref.host_block_table)):
-        a, b = impl.host_block_table[g], ref.host_block_table[g]
-        na, nb = impl.host_num_blocks_per_row[g], ref.host_num_blocks_per_row[g]
-        if impl.rows_indexed_by != ROWS_BY_STATE_INDEX or (_same(a, b) and _same(na, nb)):
-            parts = (a, na, b, nb)
-        else:
-            (a,), (na,) = _live_part(impl, g)
-            (b,), (nb,) = _live_part(ref, g)
-            parts = (a, na, b, nb)
-        for lst, v in zip(out, parts):
+    for a, na, b, nb in zip(impl.host_block_table, impl.host_num_blocks_per_row,
+                            ref.host_block_table, ref.host_num_blocks_per_row):
+        if not (_same(a, b) and _same(na, nb)):
+            (a, na), (b, nb) = _cut(a, na, live), _cut(b, nb, live)
+        for lst, v in zip(out, (a, na, b, nb)):
             lst.append(v)
-    if len(impl.host_block_table) != len(ref.host_block_table):  # a shape finding
-        return (impl.host_block_table, impl.host_num_blocks_per_row,
-                ref.host_block_table, ref.host_num_blocks_per_row)
     return out
 
 
