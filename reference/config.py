@@ -300,6 +300,13 @@ class RunnerConfig:
     def __post_init__(self):
         self.validate()
 
+    def __getstate__(self) -> dict:
+        """Its fields only: what is worked out once per config (a
+        ``cached_property``: the group lists, the scratch null groups) is left
+        out of a pickle or copy and worked out again there on first use, so a
+        config pickles the same whichever of them were asked for."""
+        return {k: v for k, v in self.__dict__.items() if k not in _DERIVED}
+
     # -- derived -----------------------------------------------------------
     @cached_property
     def attention_groups(self) -> list[int]:
@@ -415,6 +422,12 @@ class RunnerConfig:
         Mamba group under ``mamba_padding`` ``pad_slot_no_null``."""
         return not (self.groups[group].kind == MAMBA
                     and self.mamba_padding == PAD_SLOT_NO_NULL)
+
+    @cached_property
+    def scratch_null_groups(self) -> frozenset[int]:
+        """Mamba groups whose block 0 is the reserved null block, which a dummy or
+        padded row's state update may write (scratch); once per config."""
+        return frozenset(g for g in self.mamba_groups if self.has_null_block(g))
 
     def null_block(self, group: int) -> int | None:
         """``group``'s null block id (0), or None where it has none."""
@@ -893,6 +906,11 @@ class RunnerConfig:
                 raise ConfigError(f"groups[{g}].block_size",
                                   "block_size * the row's width (max_num_blocks_per_req) "
                                   "must be <= 256")
+
+
+# RunnerConfig's cached_property names (left out of its pickled state).
+_DERIVED = frozenset(name for name, v in vars(RunnerConfig).items()
+                     if isinstance(v, cached_property))
 
 
 def hybrid_attention_block_size(state_floats: int, head_size: int, kernel_alignment: int) -> int:

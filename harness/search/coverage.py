@@ -240,9 +240,12 @@ class Tracker:
             if last and (left or op["op"] == "kv_load_fail"):
                 self._pending_free = [(g, b) for g, ids in enumerate(r.blocks) for b in ids]
         self._rows_before = reference.rows.req_ids.tolist()  # (Python ints: walked per row)
-        self._counts_before = dict(getattr(reference, "num_accepted_of", {}))
-        self._computed_before = {req: r.num_computed_tokens
-                                 for req, r in ledger.requests.items()}
+        # Read by the drafter's features (_spec_hits) and a dispatch's writes in flight only.
+        spec = bool(self.config.num_speculative_tokens)
+        self._counts_before = dict(getattr(reference, "num_accepted_of", {})) if spec else {}
+        self._computed_before = ({req: r.num_computed_tokens
+                                  for req, r in ledger.requests.items()}
+                                 if spec or op["op"] == "step_dispatch" else {})
         rows = reference.rows
         self._prefilling_before = (rows.num_computed_tokens < rows.num_prompt_tokens).tolist()
 

@@ -20,6 +20,8 @@ shrinker then minimises.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 
 from hypothesis import strategies as st
@@ -246,7 +248,35 @@ def run(machine: type, settings) -> None:
 
     whole = type(machine.__name__, (machine,),
                  {"ops_per_step": max(settings.stateful_step_count - 1, 0)})
-    run_state_machine_as_test(whole, settings=settings_cls(settings, stateful_step_count=2))
+    with settled_heap():
+        run_state_machine_as_test(whole, settings=settings_cls(settings, stateful_step_count=2))
+
+
+# Young objects the collector lets pile up during a search before a generation-0
+# pass (CPython's default is 700).
+GEN0_THRESHOLD = 5000
+
+
+@contextlib.contextmanager
+def settled_heap():
+    """Within the block, the objects that exist when it starts (the imported
+    modules of torch, Triton, NumPy and Hypothesis: about 200,000) are left out
+    of the cyclic garbage collector's passes (``gc.freeze``), and a
+    generation-0 pass waits for :data:`GEN0_THRESHOLD` new objects; both are
+    restored on exit, when those objects are collected as before.
+
+    A search allocates steadily, and every full pass walked that whole heap
+    (about 0.1 s each on the 2-core machine): about 0.03 ms a step of a V1
+    search's 2.2, and the more frequent young passes another 0.015
+    (docs/benchmarks.md).  Nothing a search draws or checks depends on it."""
+    threshold = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(max(threshold[0], GEN0_THRESHOLD), *threshold[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*threshold)
+        gc.unfreeze()
 
 
 def drawable() -> dict:

@@ -16,6 +16,8 @@ import numpy as np
 from reference import NULL_BLOCK_ID, SENTINEL, Ledger, RunnerConfig
 from reference.ledger import FREE, RESERVED
 
+from harness.core.ops import spec_of
+
 
 @dataclass(frozen=True)
 class WritePermit:
@@ -52,8 +54,6 @@ def owner_text(ledger: Ledger, group: int, block: int) -> str:
 def permit_for(config: RunnerConfig, ledger: Ledger, op: dict) -> WritePermit:
     """Cells ``op`` may write, from the ledger state before it runs (the op's
     registry entry decides; an op with no ``permit`` writes nothing)."""
-    from harness.core.ops import spec_of
-
     spec = spec_of(op)
     cells = {g: {} for g in range(len(config.groups))}
     runs = frozenset()
@@ -65,9 +65,10 @@ def permit_for(config: RunnerConfig, ledger: Ledger, op: dict) -> WritePermit:
     held_in = {b: g for r in (*ledger.requests.values(), *ledger.finishing.values())
                for g, ids in enumerate(r.blocks)
                for b in ids} if config.kv_sharing else None
-    scratch = frozenset(g for g in config.mamba_groups if config.has_null_block(g))
     return WritePermit(cells, [o.copy() for o in ledger.owner], runs,
-                       tuple(dict(r) for r in ledger.registered), held_in, scratch)
+                       tuple(dict(r) for r in ledger.registered), held_in,
+                       config.scratch_null_groups)
+
 
 
 def _share_pages(config: RunnerConfig, cells: dict) -> None:

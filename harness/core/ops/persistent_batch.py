@@ -10,7 +10,10 @@ are indexed by a request's stable state index, so these ops are V1 only.
 
 from __future__ import annotations
 
+import numpy as np
+
 from harness.core.ops import INT, OpSpec, register
+from reference.block_table import EMPTY_ROW
 
 register(OpSpec(
     name="condense", summary="move the last live rows into the holes (V1 persistent batch)",
@@ -21,7 +24,14 @@ register(OpSpec(
 
 
 def _occupied_rows(m) -> list[int]:
-    return [int(i) for i, r in enumerate(m.session.reference.rows.req_ids) if r != -1]
+    return [int(i) for i, r in enumerate(m.session.reference.rows.req_ids) if r != EMPTY_ROW]
+
+
+def _can_swap(m) -> bool:
+    """Two rows hold requests (evaluated every step: ``reads_rows``; counted in
+    NumPy, not walked row by row as the draw's list is)."""
+    return m.cfg.runner == "v1" and np.count_nonzero(
+        m.session.reference.rows.req_ids != EMPTY_ROW) >= 2
 
 
 def _draw_swap(m, data) -> dict:
@@ -33,5 +43,5 @@ register(OpSpec(
     name="swap", summary="swap two persistent-batch rows (V1 batch reordering)",
     fields={"i": INT, "j": INT}, example={"op": "swap", "i": 0, "j": 1},
     apply=lambda t, op: t.swap(op["i"], op["j"]),
-    draw=_draw_swap, enabled=lambda m: m.cfg.runner == "v1" and len(_occupied_rows(m)) >= 2,
+    draw=_draw_swap, enabled=_can_swap,
     runners=("v1",), keeps_ledger=True, reads_rows=True))
