@@ -438,6 +438,11 @@ class RunnerConfig:
         (0), or ``PAD_SLOT_ID`` where block 0 is an ordinary block."""
         return 0 if self.has_null_block(group) else PAD_SLOT_ID
 
+    @cached_property
+    def empty_entries(self) -> tuple[int, ...]:
+        """:meth:`empty_entry` of every group, in group order; once per config."""
+        return tuple(self.empty_entry(g) for g in range(len(self.groups)))
+
     @property
     def mamba_pad_index(self) -> int:
         """The state index of a Mamba row padded to a capture size: the null

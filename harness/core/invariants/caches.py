@@ -55,25 +55,30 @@ def check_no_stale_write(before: Observation, after: Observation, permit: WriteP
 _EXPECTED: dict = {}
 
 
-def _loaded_expectation(config: RunnerConfig, ledger: Ledger, r, g: int) -> tuple:
-    """(positions, block ids, offsets, payload float32 (n, head_size)) of loaded
-    request ``r``'s prompt in attention group ``g`` on this rank: where its KV
-    load put each position, and what.  Worked out once per request, group and
-    block list (every op checks it again until the request's first step); a
-    hit is checked against the same config and prompt objects, which the
-    entry keeps alive, so a reused ``id`` cannot match."""
+def _loaded_expectation(config: RunnerConfig, ledger: Ledger, r, g: int):
+    """What loaded request ``r``'s prompt left in group ``g`` on this rank:
+    attention, (positions, block ids, offsets, payload float32 (n, head_size)),
+    where its KV load put each position and what; Mamba, the state float32
+    (state_floats,) of its whole prompt, in its first block.  Worked out once
+    per request, group and block list (every op checks it again until the
+    request's first step); a hit is checked against the same config and prompt
+    objects, which the entry keeps alive, so a reused ``id`` cannot match."""
     key, prompt, ids = (id(ledger), r.req, g), ledger.prompts.get(r.req), tuple(r.blocks[g])
     hit = _EXPECTED.get(key)
     if hit is not None and hit[0] is config and hit[1] is prompt and hit[2] == r.prompt_len \
             and hit[3] == ids:
         return hit[4]
-    local, col, off = config.kept_slots(g, np.arange(r.prompt_len))
-    pos = np.flatnonzero(local)  # this rank's share of the prompt
-    blocks = np.asarray(ids, dtype=np.int64)[col[local]]
-    kept = blocks != NULL_BLOCK_ID  # a sliding window freed the others
-    pos, blocks = pos[kept], blocks[kept]
-    out = (pos, blocks, off[local][kept],
-           token_payload(ledger.token_ids(r.req, pos), config.head_size))
+    if g in config.mamba_groups:
+        out = mamba_state_of(token_payload(ledger.token_ids(r.req, np.arange(r.prompt_len)),
+                                           config.head_size), config.groups[g].conv_size)
+    else:
+        local, col, off = config.kept_slots(g, np.arange(r.prompt_len))
+        pos = np.flatnonzero(local)  # this rank's share of the prompt
+        blocks = np.asarray(ids, dtype=np.int64)[col[local]]
+        kept = blocks != NULL_BLOCK_ID  # a sliding window freed the others
+        pos, blocks = pos[kept], blocks[kept]
+        out = (pos, blocks, off[local][kept],
+               token_payload(ledger.token_ids(r.req, pos), config.head_size))
     if len(_EXPECTED) >= 1024:
         _EXPECTED.clear()
     _EXPECTED[key] = (config, prompt, r.prompt_len, ids, out)
@@ -99,10 +104,7 @@ def check_loaded_blocks(config: RunnerConfig, ledger: Ledger, obs: Observation,
                                      group=g, block=int(blocks[p])))
         for g in config.mamba_groups:
             b = r.blocks[g][0]
-            want_state = mamba_state_of(token_payload(
-                ledger.token_ids(req, np.arange(r.prompt_len)), config.head_size),
-                config.groups[g].conv_size)
-            if not (obs.mamba_state[g][b] == want_state).all():
+            if not (obs.mamba_state[g][b] == _loaded_expectation(config, ledger, r, g)).all():
                 out.append(Violation("LOADED_BLOCKS_INTACT", op_index, op,
                                      f"req {req}'s loaded state is "
                                      f"{fmt_values(obs.mamba_state[g][b])}", group=g, block=b))

@@ -26,11 +26,14 @@ def check_vacated_rows_zero(obs: Observation, op_index: int, op: str,
     if obs.runner != "v1":
         return out
     empty_rows = (obs.host_req_ids == -1).nonzero()[0]
+    if not empty_rows.size:
+        return out  # every row holds a request
     # (take and count_nonzero: a boolean mask and ndarray.any cost more on rows this small)
-    nonzero = np.count_nonzero
-    if not any(nonzero(table.take(empty_rows, 0) != config.empty_entry(g))
-               or nonzero(obs.host_num_blocks_per_row[g].take(empty_rows))
-               for g, table in enumerate(obs.host_block_table)):
+    nonzero, entries, counts = np.count_nonzero, config.empty_entries, obs.host_num_blocks_per_row
+    for g, table in enumerate(obs.host_block_table):
+        if nonzero(table.take(empty_rows, 0) != entries[g]) or nonzero(counts[g].take(empty_rows)):
+            break
+    else:
         return out  # every empty row is clean (the usual case): no per-row walk
     for row in empty_rows:
         for g, table in enumerate(obs.host_block_table):
