@@ -21,6 +21,7 @@ import numpy as np
 
 from reference import ATTENTION, MAMBA
 
+from harness.core.ops import REGISTRY as OPS
 from harness.core.ops.forward import MODES  # the cudagraph modes, FULL first
 RUNNERS = ("v1", "v2")
 GROUP_KINDS = (ATTENTION, MAMBA)
@@ -337,8 +338,6 @@ class Tracker:
                 hit.append("page-reused-across-groups")
         if kind == "dummy_run" and self.prev_op in ("condense", "swap", "remove"):
             hit.append(f"dummy-after-{self.prev_op}")
-        from harness.core.ops import REGISTRY as OPS
-
         fwd = reference.last_forward if OPS[kind].forward else None
         if kind == "spec_step" and any(x[2] < x[1] for x in op["scheduled"]):
             hit.append("spec-tokens-rejected")
