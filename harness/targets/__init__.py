@@ -135,29 +135,66 @@ def ReferenceTarget(config: RunnerConfig):  # noqa: N802 (a factory used like a 
     token-slot oracle, :class:`reference.token_slots.TokenSlotReference`).
 
     A V1 / V2 oracle's start-up (its buffers, then graph capture's dummy runs)
-    is a function of the config: it runs once per config object, and later
-    oracles of that config are copies of the state it left (unpickled: about
-    a sixth of the start-up's time), holding the caller's config object itself.
-    An oracle whose arrays include a view of another (shared pages: a Mamba
-    state is a view of an attention page) starts up every time: a pickle
-    copies a view apart from what it views."""
+    is a function of the config.  The second time a config object starts an
+    oracle, the state its start-up left is kept (pickled); from the third on,
+    oracles of it are copies of that state (unpickled: about a sixth of the
+    start-up's time), holding the caller's config object itself.  A config
+    met once (most drawn geometries) costs nothing more.  An oracle whose
+    arrays include a view of another (shared pages: a Mamba state is a view
+    of an attention page) starts up every time: a pickle copies a view apart
+    from what it views."""
     if config.runner == "sglang":
         return TokenSlotReference(config)
     kept = _STARTED.get(id(config))
-    if kept is None or kept[0] is not config:
-        if len(_STARTED) >= 64:
-            _STARTED.clear()
-        oracle = (_ReferenceV2Target if config.runner == "v2" else _ReferenceV1Target)(config)
-        state = None
+    if kept is not None and kept[0] is config and kept[1] is not None:
+        if kept[1] is _VIEWS:
+            return _start(config)
+        return _ConfigFromReference(io.BytesIO(kept[1]), config).load()
+    oracle = _start(config)
+    state = None
+    if kept is not None and kept[0] is config:  # its second start-up: keep it
+        state = _VIEWS
         if not _holds_views(oracle, set()):
             buf = io.BytesIO()
             _ConfigByReference(buf, config).dump(oracle)
             state = buf.getvalue()
-        _STARTED[id(config)] = (config, state)  # the entry keeps config alive
-        return oracle
-    if kept[1] is None:
-        return (_ReferenceV2Target if config.runner == "v2" else _ReferenceV1Target)(config)
-    return _ConfigFromReference(io.BytesIO(kept[1]), config).load()
+    elif len(_STARTED) >= 64:
+        _STARTED.clear()
+    _STARTED[id(config)] = (config, state)  # the entry keeps config alive (its id unique)
+    return oracle
+
+
+def _start(config: RunnerConfig):
+    return (_ReferenceV2Target if config.runner == "v2" else _ReferenceV1Target)(config)
+
+
+# id(config) -> (config, None (started once) | _VIEWS | pickled oracle right after
+# its start-up): ReferenceTarget
+_STARTED: dict = {}
+_VIEWS = object()  # the config's oracle holds views: it starts up every time
+
+
+class _ConfigByReference(pickle.Pickler):
+    """Pickles an oracle with its config as a reference, not a copy."""
+
+    def __init__(self, file, config: RunnerConfig) -> None:
+        super().__init__(file, pickle.HIGHEST_PROTOCOL)
+        self._config = config
+
+    def persistent_id(self, obj):
+        return "config" if obj is self._config else None
+
+
+class _ConfigFromReference(pickle.Unpickler):
+    """Unpickles what :class:`_ConfigByReference` pickled, with ``config`` for its config."""
+
+    def __init__(self, file, config: RunnerConfig) -> None:
+        super().__init__(file)
+        self._config = config
+
+    def persistent_load(self, pid):
+        assert pid == "config", pid
+        return self._config
 
 
 def _holds_views(obj, seen: set) -> bool:
