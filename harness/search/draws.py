@@ -81,6 +81,9 @@ class Draws:
         return self._cd.draw(strategy)
 
 
+_SEED_BYTES = st.binary(min_size=8, max_size=8)  # (one strategy: validated once)
+
+
 def example_seed(data, salt: int = 0) -> int:
     """One example's op-draw seed: a single Hypothesis choice on ``data`` (the
     rule's ``st.data()``), eight bytes, which Hypothesis draws uniformly (no
@@ -90,7 +93,7 @@ def example_seed(data, salt: int = 0) -> int:
     Hypothesis draws the first example of every run all-simplest (eight zero
     bytes): the salt (the run's seed) keeps that example's ops apart from
     one run to the next."""
-    choice = int.from_bytes(data.conjecture_data.draw(st.binary(min_size=8, max_size=8)), "big")
+    choice = int.from_bytes(data.conjecture_data.draw(_SEED_BYTES), "big")
     return ((salt % 2**64) << 64) | choice
 
 
