@@ -155,6 +155,19 @@ def _refused(g, block, mamba, changed, permit, layer=""):
     return allowed, tuple(offs), tuple(o for o in offs if not allowed[0] <= o < allowed[1])
 
 
+def _offends(g, block, mamba, changed, permit, layer="") -> bool:
+    """Does a changed block hold a cell the permit refuses (``_refused``'s third
+    item non-empty), without listing its offsets (most changed blocks are
+    allowed: ``NO_STALE_WRITE`` asks this of every one)."""
+    allowed = permit.cells.get((layer, g) if layer else g, {}).get(block, False)
+    if mamba:
+        return allowed is False and not (block == NULL_BLOCK_ID and g in permit.null_scratch)
+    if allowed is None or allowed is False:
+        return allowed is False  # (a changed block has a changed offset)
+    row = changed[block]
+    return bool(np.count_nonzero(row[:allowed[0]]) or np.count_nonzero(row[allowed[1]:]))
+
+
 def _classify_block(g, block, mamba, b_cache, a_cache, changed, permit, layer="") -> Write:
     allowed, offsets, bad = _refused(g, block, mamba, changed, permit, layer)
     if mamba:
@@ -182,8 +195,7 @@ def classify_writes(before, after, permit: WritePermit,
         changed = changed_cells(b_cache, a_cache)
         blocks = np.flatnonzero(changed.reshape(len(changed), -1).any(axis=1)).tolist()
         if offending_only:
-            blocks = [blk for blk in blocks
-                      if _refused(g, blk, mamba, changed, permit, layer)[2]]
+            blocks = [blk for blk in blocks if _offends(g, blk, mamba, changed, permit, layer)]
         out += [_classify_block(g, blk, mamba, b_cache, a_cache, changed, permit, layer)
                 for blk in blocks]
     return out
