@@ -263,20 +263,24 @@ def settled_heap():
     modules of torch, Triton, NumPy and Hypothesis: about 200,000) are left out
     of the cyclic garbage collector's passes (``gc.freeze``), and a
     generation-0 pass waits for :data:`GEN0_THRESHOLD` new objects; both are
-    restored on exit, when those objects are collected as before.
+    restored on exit, when those objects are collected as before.  Where the
+    program had already frozen objects (``gc.get_freeze_count()``), nothing
+    is frozen or unfrozen: an exit must not thaw what it did not freeze.
 
     A search allocates steadily, and every full pass walked that whole heap
     (about 0.1 s each on the 2-core machine): about 0.03 ms a step of a V1
-    search's 2.2, and the more frequent young passes another 0.015
+    search's 2.2; young passes took 0.015 ms a step, 0.010 with this
     (docs/benchmarks.md).  Nothing a search draws or checks depends on it."""
-    threshold = gc.get_threshold()
-    gc.freeze()
+    threshold, freeze = gc.get_threshold(), gc.get_freeze_count() == 0
+    if freeze:
+        gc.freeze()
     gc.set_threshold(max(threshold[0], GEN0_THRESHOLD), *threshold[1:])
     try:
         yield
     finally:
         gc.set_threshold(*threshold)
-        gc.unfreeze()
+        if freeze:
+            gc.unfreeze()
 
 
 def drawable() -> dict:

@@ -215,33 +215,6 @@ def _holds_views(obj, seen: set) -> bool:
     return False
 
 
-# id(config) -> (config, pickled oracle right after its start-up): ReferenceTarget
-_STARTED: dict = {}
-
-
-class _ConfigByReference(pickle.Pickler):
-    """Pickles an oracle with its config as a reference, not a copy."""
-
-    def __init__(self, file, config: RunnerConfig) -> None:
-        super().__init__(file, pickle.HIGHEST_PROTOCOL)
-        self._config = config
-
-    def persistent_id(self, obj):
-        return "config" if obj is self._config else None
-
-
-class _ConfigFromReference(pickle.Unpickler):
-    """Unpickles what :class:`_ConfigByReference` pickled, with ``config`` for its config."""
-
-    def __init__(self, file, config: RunnerConfig) -> None:
-        super().__init__(file)
-        self._config = config
-
-    def persistent_load(self, pid):
-        assert pid == "config", pid
-        return self._config
-
-
 def _gpu_impl_device(requested: str | None) -> str:
     """gpu_impl runs where Triton does: CUDA, or the CPU under the interpreter."""
     from gpu_impl.device import DeviceError, select_device

@@ -879,3 +879,27 @@ def test_the_salt_moves_a_runs_all_simplest_first_example():
 
     assert first(0) == first(0) and first(1) == first(1)
     assert first(0) != first(1)
+
+
+def test_a_search_settles_the_heap_and_gives_it_back():
+    """machine.settled_heap: the start-up heap frozen out of the collector and a
+    larger young threshold inside; the program's settings after, and a freeze
+    the program made is never thawed by it."""
+    import gc
+
+    from harness.search.machine import GEN0_THRESHOLD, settled_heap
+
+    threshold = gc.get_threshold()
+    assert gc.get_freeze_count() == 0
+    with settled_heap():
+        assert gc.get_freeze_count() > 0
+        assert gc.get_threshold()[0] == max(threshold[0], GEN0_THRESHOLD)
+    assert gc.get_freeze_count() == 0 and gc.get_threshold() == threshold
+    gc.freeze()  # the program's own freeze
+    try:
+        mine = gc.get_freeze_count()
+        with settled_heap():
+            pass
+        assert gc.get_freeze_count() == mine
+    finally:
+        gc.unfreeze()
