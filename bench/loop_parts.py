@@ -133,8 +133,9 @@ def main() -> int:
     rest = seconds / steps * 1e3 - sum(per_step.values())
     table = Table(title=f"fuzz loop parts: {args.runner}, "
                         f"{'drawn geometry' if args.drawn else 'default config'}, "
-                        f"target {args.target}, seed {args.seed}, {args.examples} examples, "
-                        f"{steps} steps, {seconds / steps * 1e3:.3f} ms a step")
+                        f"target {args.target}, seed {args.seed}",
+                  caption=f"{args.examples} examples, {steps} steps, "
+                          f"{seconds / steps * 1e3:.3f} ms a step")
     for col in ("part", "ms a step", "share of the loop", "calls a step"):
         table.add_column(col, justify="left" if col == "part" else "right")
     kinds = ("invariant ", "precondition ")
@@ -149,7 +150,8 @@ def main() -> int:
         table.add_row(name, f"{ms:.3f}", f"{ms / (seconds / steps * 1e3):.1%}",
                       f"{calls[name]:.2f}" if calls[name] else "")
     outside = seconds / steps * 1e3 - per_step.get("gpu_impl", 0.0)
-    table.add_row("outside gpu_impl", f"{outside:.3f}", f"{outside / (seconds / steps * 1e3):.1%}",
+    table.add_section()  # a subtotal of the rows above, less gpu_impl
+    table.add_row("of which outside gpu_impl", f"{outside:.3f}", f"{outside / (seconds / steps * 1e3):.1%}",
                   "")
     console = Console()
     console.print(table)
