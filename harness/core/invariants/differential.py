@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from harness.core.invariants import Invariant, Violation, register
-from harness.core.observation import ROWS_BY_ENGINE, ROWS_BY_STATE_INDEX, Observation
+from harness.core.observation import (ROWS_BY_ENGINE, ROWS_BY_STATE_INDEX, Observation,
+                                      same_bits)
 from reference import RunnerConfig
 
 
@@ -52,7 +53,7 @@ def _live_parts_where_differ(impl: Observation, ref: Observation) -> tuple:
     out = ([], [], [], [])
     for a, na, b, nb in zip(impl.host_block_table, impl.host_num_blocks_per_row,
                             ref.host_block_table, ref.host_num_blocks_per_row):
-        if not (_same(a, b) and _same(na, nb)):
+        if not (same_bits(a, b) and same_bits(na, nb)):
             (a, na), (b, nb) = _cut(a, na, live), _cut(b, nb, live)
         for lst, v in zip(out, (a, na, b, nb)):
             lst.append(v)
@@ -91,16 +92,11 @@ def _where(live: np.ndarray, counters: np.ndarray) -> np.ndarray:
         else counters
 
 
-def _same(a: np.ndarray, b: np.ndarray) -> bool:
-    """Bit for bit equal (shape, dtype, bytes)."""
-    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
-
-
 def _defined(impl_table: np.ndarray, ref_table: np.ndarray, rows: int, counts, g: int):
     """Device rows [0, rows), each cut to the entries the last gather defined (V2: a
     real row's ``num_blocks``; past it vLLM 0.33 zeroes what 0.26 leaves stale)."""
     a, b = impl_table[:rows], ref_table[:rows]
-    if counts is not None and a.shape == b.shape and not _same(a, b):  # equal rows: equal cut too
+    if counts is not None and a.shape == b.shape and not same_bits(a, b):  # equal rows: equal cut too
         a, b = a.copy(), b.copy()
         past = np.arange(a.shape[1])[None, :] >= counts[g][:rows, None]
         a[past] = b[past] = 0
@@ -120,7 +116,7 @@ def check_matches_reference(impl: Observation, ref: Observation, op_index: int,
         return _first_difference(_engine_pairs(impl, ref, config), op_index, op)
     lf = ref.last_forward
     rows_used, tokens_used = (lf.num_reqs_padded, lf.num_tokens_padded) if lf else (0, 0)
-    same_ids = _same(impl.host_req_ids, ref.host_req_ids)
+    same_ids = same_bits(impl.host_req_ids, ref.host_req_ids)
     # Equal request ids: the rows line up as they are (the order would be the
     # identity), and a group whose raw rows and counts are equal has equal live
     # parts — most ops; only the groups that differ are cut to their live part.
@@ -140,7 +136,7 @@ def check_matches_reference(impl: Observation, ref: Observation, op_index: int,
     pairs = [("req_ids", impl_ids, ref.host_req_ids)]
     for name, a, b in (("num_computed_tokens", impl_computed, ref.num_computed_tokens),
                        ("num_prompt_tokens", impl_prompt, ref.num_prompt_tokens)):
-        if _same(a, b):
+        if same_bits(a, b):
             continue  # equal everywhere: equal on live rows too
         if live is None:
             live = ref.host_req_ids != -1
@@ -163,7 +159,7 @@ def check_matches_reference(impl: Observation, ref: Observation, op_index: int,
             pairs.append((f"metadata.{name}", impl.metadata[name][:n], v[:n]))
     for g, v in ref.state_indices.items():
         a, b = impl.state_indices[g], v
-        if _same(a, b):
+        if same_bits(a, b):
             continue
         if config.has_null_block(g):  # PAD_SLOT_ID and the null block: both neutral
             a, b = np.maximum(a, 0), np.maximum(b, 0)
@@ -226,7 +222,7 @@ def _effect_pairs(impl: Observation, ref: Observation, config: RunnerConfig,
     for g, v in ref.mamba_state.items():
         a, b = impl.mamba_state[g], v
         if config.has_null_block(g):  # the null block is scratch; index = block id
-            if a.shape == b.shape and _same(a[1:], b[1:]):  # (whole shapes too)
+            if a.shape == b.shape and same_bits(a[1:], b[1:]):  # (whole shapes too)
                 continue  # equal past it (most ops): no copies to make
             a, b = a.copy(), b.copy()
             a[0] = b[0] = 0.0

@@ -16,7 +16,7 @@ from reference.dcp import global_position
 
 from harness.core.invariants import Invariant, Violation, register
 from harness.core.invariants.writes import fmt_values, owner_text
-from harness.core.observation import Observation
+from harness.core.observation import Observation, same_bits
 
 
 def oracle_read(config: RunnerConfig, blocks: list[int], seq_len: int, kv: np.ndarray,
@@ -54,12 +54,6 @@ def _real_rows(config: RunnerConfig, obs: Observation):
             yield row, req, g
 
 
-def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
-    """Equal shape, dtype and bytes (then equal NaN-aware too; a tenth of
-    ``np.array_equal(equal_nan=True)``'s cost, for the usual equal row)."""
-    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
-
-
 def check_foreign_reads(config: RunnerConfig, ledger: Ledger, obs: Observation,
                         op_index: int, op: str) -> list[Violation]:
     out = []
@@ -69,7 +63,7 @@ def check_foreign_reads(config: RunnerConfig, ledger: Ledger, obs: Observation,
             continue
         got = obs.attn_out[g][row]
         want = oracle_read(config, r.blocks[g], r.last_seq_len, obs.kv_cache[g], g)
-        if not _same_bits(got, want) and not np.array_equal(got, want, equal_nan=True):
+        if not same_bits(got, want) and not np.array_equal(got, want, equal_nan=True):
             out.append(_foreign(config, ledger, obs, r, req, row, g, got, want, op_index, op))
     return out + check_state_reads(config, ledger, obs, op_index, op)
 

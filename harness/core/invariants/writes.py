@@ -70,7 +70,6 @@ def permit_for(config: RunnerConfig, ledger: Ledger, op: dict) -> WritePermit:
                        config.scratch_null_groups)
 
 
-
 def _share_pages(config: RunnerConfig, cells: dict) -> None:
     """Permits are per page where groups share pages (``kv_sharing``): a page
     the op may write through one view may change in the other — a Mamba state
