@@ -96,7 +96,8 @@ def _defined(impl_table: np.ndarray, ref_table: np.ndarray, rows: int, counts, g
     """Device rows [0, rows), each cut to the entries the last gather defined (V2: a
     real row's ``num_blocks``; past it vLLM 0.33 zeroes what 0.26 leaves stale)."""
     a, b = impl_table[:rows], ref_table[:rows]
-    if counts is not None and a.shape == b.shape and not same_bits(a, b):  # equal rows: equal cut too
+    # (equal rows: an equal cut too)
+    if counts is not None and a.shape == b.shape and not same_bits(a, b):
         a, b = a.copy(), b.copy()
         past = np.arange(a.shape[1])[None, :] >= counts[g][:rows, None]
         a[past] = b[past] = 0
