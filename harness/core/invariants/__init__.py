@@ -156,11 +156,10 @@ def _applicable(spec, skip, runner: str) -> tuple:
 
 def check(ctx: CheckContext, skip=frozenset()) -> list[Violation]:
     """Every applicable invariant not in ``skip``, in order; their violations."""
-    from harness.core.ops import REGISTRY as OPS
-
-    spec = None if ctx.op is None else OPS[ctx.op["op"]]
+    spec = None if ctx.op is None else _OPS[ctx.op["op"]]
     found = []
-    for entry in _applicable(spec, frozenset(skip), ctx.config.runner):
+    for entry in _applicable(spec, skip if type(skip) is frozenset else frozenset(skip),
+                             ctx.config.runner):
         found += entry.check(ctx)
     return found
 
@@ -169,6 +168,8 @@ def describe() -> list[dict]:
     """The registry for ``blockfuzz invariants --json``."""
     return [e.to_json() for e in REGISTRY.values()]
 
+
+from harness.core.ops import REGISTRY as _OPS  # noqa: E402  (the op registry, read per check)
 
 # Check order = import order, then registration order within each module.
 from harness.core.invariants import structural, transfers, caches, reads, differential, scheduler, token_slots  # noqa: E402,F401,I001

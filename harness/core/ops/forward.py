@@ -44,6 +44,15 @@ def _sizes(m, req: int, most: int) -> list[int]:
             if m.ledger.align_problem(r, r.num_computed_tokens, n, step=True) is None]
 
 
+def _fits(m, req: int, most: int) -> bool:
+    """``bool(_sizes(m, req, most))``, stopping at the first size that fits (a
+    precondition needs no list; outside align and all modes, 1 always does)."""
+    r = m.ledger.requests[req]
+    problem = m.ledger.align_problem
+    return any(problem(r, r.num_computed_tokens, n, step=True) is None
+               for n in range(1, most + 1))
+
+
 def _hit_not_run(m, req: int) -> bool:
     """``req`` was admitted with a prefix-cache hit and has not run a step since."""
     r = m.ledger.requests[req]
@@ -68,9 +77,10 @@ def _steppable(m) -> list[int]:
     def now():
         busy = ({r for reqs in m.ledger.steps_in_flight for r in reqs}
                 if m.cfg.num_speculative_tokens else ())  # waits for its accepted count
+        budget = m.cfg.max_num_batched_tokens
         return [r for r in m.ledger.live() if not m.ledger.loads_in_flight(m.ledger.requests[r])
-                and r not in busy and _room(m, r) > 0 and not _onboards_first(m, r)
-                and _sizes(m, r, min(_room(m, r), m.cfg.max_num_batched_tokens))]
+                and r not in busy and (room := _room(m, r)) > 0 and not _onboards_first(m, r)
+                and _fits(m, r, min(room, budget))]
 
     per_state = getattr(m, "per_state", None)
     return per_state("steppable", now) if per_state is not None else now()
