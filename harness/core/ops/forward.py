@@ -35,22 +35,25 @@ def _room(m, req: int) -> int:
     return room
 
 
-def _sizes(m, req: int, most: int) -> list[int]:
-    """Token counts 1..``most`` that ``req`` may run in one step (align mode
-    allows only chunks ending on Mamba block boundaries, in a column holding a
-    state block: :meth:`reference.Ledger.align_problem`)."""
+def _fitting(m, req: int, most: int):
+    """Token counts 1..``most`` that ``req`` may run in one step, lazily (align
+    mode allows only chunks ending on Mamba block boundaries, in a column
+    holding a state block: :meth:`reference.Ledger.align_problem`)."""
     r = m.ledger.requests[req]
-    return [n for n in range(1, most + 1)
-            if m.ledger.align_problem(r, r.num_computed_tokens, n, step=True) is None]
+    problem = m.ledger.align_problem
+    return (n for n in range(1, most + 1)
+            if problem(r, r.num_computed_tokens, n, step=True) is None)
+
+
+def _sizes(m, req: int, most: int) -> list[int]:
+    """Every token count :func:`_fitting` allows (a step's draw picks one)."""
+    return list(_fitting(m, req, most))
 
 
 def _fits(m, req: int, most: int) -> bool:
-    """``bool(_sizes(m, req, most))``, stopping at the first size that fits (a
-    precondition needs no list; outside align and all modes, 1 always does)."""
-    r = m.ledger.requests[req]
-    problem = m.ledger.align_problem
-    return any(problem(r, r.num_computed_tokens, n, step=True) is None
-               for n in range(1, most + 1))
+    """Does some token count fit (a precondition: stops at the first; outside
+    align and all modes, 1 always does)?"""
+    return next(_fitting(m, req, most), None) is not None
 
 
 def _hit_not_run(m, req: int) -> bool:
