@@ -368,7 +368,7 @@ class RunnerConfig:
         """Attention groups whose rows span ``max_model_len``."""
         return [g for g in self.attention_groups if not self.groups[g].max_num_blocks]
 
-    @property
+    @cached_property
     def mamba_cache_mode(self) -> str:
         """vLLM's ``CacheConfig.mamba_cache_mode`` as this config implies it:
         :attr:`mamba_prefix_mode` (``"align"`` or ``"all"``) with prefix
@@ -407,7 +407,7 @@ class RunnerConfig:
         (``get_num_skipped_tokens`` = ``num_computed - 1``)."""
         return self.groups[group].kind == MAMBA and self.mamba_cache_mode != "none"
 
-    @property
+    @cached_property
     def quantized(self) -> bool:
         """Is the attention KV cache quantized (``kv_cache_dtype`` ``int8``)?"""
         return self.kv_cache_dtype == KV_INT8
@@ -464,7 +464,7 @@ class RunnerConfig:
             return 0
         return hit_tokens // self.tokens_per_block(group)
 
-    @property
+    @cached_property
     def max_model_len(self) -> int:
         """Longest request in tokens: ``model_len`` when set, else what the
         narrowest attention row holds on this rank's view, at most 256 (the
@@ -474,7 +474,7 @@ class RunnerConfig:
         return min(min(self.max_num_blocks_per_req * self.tokens_per_block(g)
                        for g in self.full_width_groups), 256)
 
-    @property
+    @cached_property
     def mamba_columns(self) -> int:
         """State blocks a request holds in each Mamba group: ``1 + num_speculative_tokens``."""
         return 1 + self.num_speculative_tokens
@@ -502,7 +502,7 @@ class RunnerConfig:
         back = {m: a for a, m in pairs.items()}
         return pairs.get(group, back.get(group))
 
-    @property
+    @cached_property
     def prefix_unit(self) -> int:
         """Prefix-cache hits are multiples of this many tokens: the least common
         multiple of the attention groups' block sizes — and, with Mamba prefix
@@ -514,8 +514,13 @@ class RunnerConfig:
 
     def tokens_per_block(self, group: int) -> int:
         """Positions one allocation block covers on this rank's view (x dcp_world_size)."""
-        spec = self.groups[group]
-        return spec.block_size * (self.dcp_world_size if spec.kind == ATTENTION else 1)
+        return self._tokens_per_block[group]
+
+    @cached_property
+    def _tokens_per_block(self) -> tuple[int, ...]:
+        """:meth:`tokens_per_block` of every group, in group order; once per config."""
+        return tuple(spec.block_size * (self.dcp_world_size if spec.kind == ATTENTION else 1)
+                     for spec in self.groups)
 
     def padded_num_tokens(self, num_tokens: int) -> int | None:
         """Smallest capture size >= ``num_tokens``, or None when none fits."""
@@ -524,7 +529,7 @@ class RunnerConfig:
                 return size
         return None
 
-    @property
+    @cached_property
     def uniform_query_len(self) -> int:
         """Tokens per row of a uniform decode batch: ``1 + num_speculative_tokens``
         (vLLM's ``uniform_decode_query_len``: a decode verifies its k drafts)."""
