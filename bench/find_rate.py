@@ -12,8 +12,19 @@ and is shown as ``miss`` there.
 Examples-to-find are deterministic (a pure function of seed and code);
 seconds depend on machine load, so compare them only within one run.
 
+``--rows A.json[,B.json]`` prints the table of rows a run (or several, e.g.
+seeds 0..9 and 10..19) wrote with ``--json``, without searching.
+``--against OLD.json[,...]`` compares the rows with an earlier table's on
+the (fault, seed) pairs both hold: per fault, seeds found and median
+examples before and now (a miss counts as ``--examples``), the rows that
+moved, and a count of faults found on fewer seeds and of medians higher and
+lower.  Ten seeds are a small sample for a fault found in a few percent of
+examples: a change of one seed, or a median that moves either way, is
+often the luck of the seeds (docs/benchmarks.md measured 20).
+
 Usage: python bench/find_rate.py [--seeds 0..9] [--examples 200] [--jobs 2]
                                  [--faults A,B] [--no-shrink] [--json OUT] [--save DIR]
+                                 [--rows A.json,...] [--against OLD.json,...]
 """
 
 from __future__ import annotations
@@ -86,6 +97,64 @@ def summarise(rows: list[dict], examples: int) -> list[dict]:
     return out
 
 
+def load_rows(paths: str, flag: str) -> list[dict]:
+    """The rows of the ``--json`` files in ``paths`` (comma-separated), in order;
+    ``ValueError`` with one line naming the file (and ``flag``) when one is
+    missing, not JSON, or holds no rows of this script."""
+    rows = []
+    for path in paths.split(","):
+        try:
+            data = json.loads(Path(path).read_text())
+        except OSError as e:
+            raise ValueError(f"{flag}: {path}: {e.strerror or e}") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{flag}: {path}: not JSON ({e.msg}, line {e.lineno})") from None
+        got = data.get("rows") if isinstance(data, dict) else None
+        need = {"fault", "seed", "found", "examples"}
+        if not isinstance(got, list) or not all(isinstance(r, dict) and need <= set(r)
+                                                for r in got):
+            raise ValueError(f"{flag}: {path}: no rows written by find_rate.py --json "
+                             f"(a 'rows' list of objects with {', '.join(sorted(need))})")
+        rows += got
+    return rows
+
+
+def compare(rows: list[dict], old: list[dict], examples: int) -> tuple[list[dict], dict]:
+    """Per fault, on the (fault, seed) pairs both ``rows`` and ``old`` hold: seeds
+    found and median examples to find (a miss counts as ``examples``) before
+    and now.  Returns (one dict per fault both hold, counts: ``fewer`` faults
+    found on fewer seeds, ``more``, ``higher`` / ``lower`` medians, ``faults``
+    compared, ``unpaired`` rows without a partner)."""
+    def key(r):
+        return r["fault"], r["seed"]
+
+    before = {key(r): r for r in old}
+    pairs: dict = {}
+    unpaired = 0
+    for r in rows:
+        b = before.get(key(r))
+        if b is None:
+            unpaired += 1
+            continue
+        pairs.setdefault(r["fault"], []).append((b, r))
+    out, counts = [], {"fewer": 0, "more": 0, "higher": 0, "lower": 0, "faults": 0,
+                       "unpaired": unpaired + len(before) - sum(map(len, pairs.values()))}
+    for fault in sorted(pairs):
+        def side(i):
+            mine = [p[i] for p in pairs[fault]]
+            return (sum(r["found"] for r in mine),
+                    statistics.median(r["examples"] if r["found"] else examples for r in mine))
+        (f0, m0), (f1, m1) = side(0), side(1)
+        out.append({"fault": fault, "seeds": len(pairs[fault]), "found_before": f0,
+                    "found_now": f1, "median_before": m0, "median_now": m1})
+        counts["faults"] += 1
+        counts["fewer"] += f1 < f0
+        counts["more"] += f1 > f0
+        counts["higher"] += m1 > m0
+        counts["lower"] += m1 < m0
+    return out, counts
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", default="0..9", type=parse_seeds)
@@ -96,11 +165,22 @@ def main(argv=None) -> int:
     p.add_argument("--json", dest="json_out", default=None, help="write rows + summary here")
     p.add_argument("--save", default=None, metavar="DIR",
                    help="write each unshrunk finding here (input for bench/shrink_speed.py)")
+    p.add_argument("--rows", default=None, metavar="A.json,...",
+                   help="print the table of these --json files' rows (no search)")
+    p.add_argument("--against", default=None, metavar="OLD.json,...",
+                   help="compare with an earlier --json table, seed by seed")
     args = p.parse_args(argv)
+    try:
+        stored = load_rows(args.rows, "--rows") if args.rows else None
+        old = load_rows(args.against, "--against") if args.against else None
+    except ValueError as e:
+        print(f"find_rate.py: {e}", file=sys.stderr)
+        return 2
+    if stored is not None:
+        report(stored, args, old)
+        return 0
 
     from gpu_impl.faults import CATALOGUE
-    from rich.console import Console
-    from rich.table import Table
 
     faults = args.faults.split(",") if args.faults else sorted(CATALOGUE)
     for f in faults:
@@ -126,8 +206,21 @@ def main(argv=None) -> int:
         for row in pool.map(one, jobs):
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
+    summary = report(rows, args, old)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps({"rows": rows, "summary": summary}, indent=1))
+    return 0
+
+
+def report(rows: list[dict], args, old: list[dict] | None) -> list[dict]:
+    """Print the find-rate table of ``rows`` (and, with ``old``, the comparison);
+    returns the summary."""
+    from rich.console import Console
+    from rich.table import Table
+
     summary = summarise(rows, args.examples)
-    table = Table(title=f"find rate: seeds {args.seeds[0]}..{args.seeds[-1]}, "
+    seeds = sorted({r["seed"] for r in rows})
+    table = Table(title=f"find rate: seeds {_ranges(seeds)}, "
                         f"--examples {args.examples}, runner drawn")
     for col in ("fault", "found", "median ex", "worst ex", "median s", "worst s",
                 "worst shrink s (replays)", "missed seeds"):
@@ -140,10 +233,34 @@ def main(argv=None) -> int:
                       "-" if s["median_s"] is None else f"{s['median_s']:.1f}",
                       "-" if s["worst_s"] is None else f"{s['worst_s']:.1f}", shrink,
                       ",".join(map(str, s["missed_seeds"])) or "-")
-    Console(width=160).print(table)
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps({"rows": rows, "summary": summary}, indent=1))
-    return 0
+    console = Console(width=160)
+    console.print(table)
+    if old is not None:
+        moved, counts = compare(rows, old, args.examples)
+        diff = Table(title=f"against {args.against}: the faults whose seeds found or median "
+                           "examples moved (same fault and seed pairs)")
+        for col in ("fault", "seeds", "found before", "found now", "median before",
+                    "median now"):
+            diff.add_column(col)
+        for m in moved:
+            if (m["found_before"], m["median_before"]) != (m["found_now"], m["median_now"]):
+                diff.add_row(m["fault"], str(m["seeds"]), str(m["found_before"]),
+                             str(m["found_now"]), f"{m['median_before']:g}",
+                             f"{m['median_now']:g}")
+        console.print(diff if diff.row_count else f"against {args.against}: no fault moved")
+        console.print(f"{counts['faults']} faults compared: {counts['fewer']} found on fewer "
+                      f"seeds, {counts['more']} on more; {counts['higher']} medians higher, "
+                      f"{counts['lower']} lower"
+                      + (f"; {counts['unpaired']} rows without a partner (other faults or "
+                         "seeds) left out" if counts["unpaired"] else ""))
+    return summary
+
+
+def _ranges(seeds: list[int]) -> str:
+    """``0..19`` for a run of seeds, else the list."""
+    if seeds and seeds == list(range(seeds[0], seeds[-1] + 1)):
+        return f"{seeds[0]}..{seeds[-1]}"
+    return ",".join(map(str, seeds))
 
 
 if __name__ == "__main__":
