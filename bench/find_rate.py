@@ -16,11 +16,12 @@ seconds depend on machine load, so compare them only within one run.
 seeds 0..9 and 10..19) wrote with ``--json``, without searching.
 ``--against OLD.json[,...]`` compares the rows with an earlier table's on
 the (fault, seed) pairs both hold: per fault, seeds found and median
-examples before and now (a miss counts as ``--examples``), the rows that
-moved, and a count of faults found on fewer seeds and of medians higher and
-lower.  Ten seeds are a small sample for a fault found in a few percent of
-examples: a change of one seed, or a median that moves either way, is
-often the luck of the seeds (docs/benchmarks.md measured 20).
+examples before and now (a miss counts as ``--examples``: give the budget
+both tables were run with), the faults where either moved, and a count of
+faults found on fewer seeds and of medians higher and lower.  Ten seeds are
+a small sample for a fault found in a few percent of examples: a change of
+one seed, or a median that moves either way, is often the luck of the
+seeds (docs/benchmarks.md compares seeds 0..9 with 10..19).
 
 Usage: python bench/find_rate.py [--seeds 0..9] [--examples 200] [--jobs 2]
                                  [--faults A,B] [--no-shrink] [--json OUT] [--save DIR]
@@ -40,6 +41,7 @@ from pathlib import Path
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from _args import parse_seeds  # noqa: E402  (bench/ is sys.path[0] when run as a script)
+from _find_rate_tables import compare, load_rows  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
@@ -97,67 +99,9 @@ def summarise(rows: list[dict], examples: int) -> list[dict]:
     return out
 
 
-def load_rows(paths: str, flag: str) -> list[dict]:
-    """The rows of the ``--json`` files in ``paths`` (comma-separated), in order;
-    ``ValueError`` with one line naming the file (and ``flag``) when one is
-    missing, not JSON, or holds no rows of this script."""
-    rows = []
-    for path in paths.split(","):
-        try:
-            data = json.loads(Path(path).read_text())
-        except OSError as e:
-            raise ValueError(f"{flag}: {path}: {e.strerror or e}") from None
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{flag}: {path}: not JSON ({e.msg}, line {e.lineno})") from None
-        got = data.get("rows") if isinstance(data, dict) else None
-        need = {"fault", "seed", "found", "examples"}
-        if not isinstance(got, list) or not all(isinstance(r, dict) and need <= set(r)
-                                                for r in got):
-            raise ValueError(f"{flag}: {path}: no rows written by find_rate.py --json "
-                             f"(a 'rows' list of objects with {', '.join(sorted(need))})")
-        rows += got
-    return rows
-
-
-def compare(rows: list[dict], old: list[dict], examples: int) -> tuple[list[dict], dict]:
-    """Per fault, on the (fault, seed) pairs both ``rows`` and ``old`` hold: seeds
-    found and median examples to find (a miss counts as ``examples``) before
-    and now.  Returns (one dict per fault both hold, counts: ``fewer`` faults
-    found on fewer seeds, ``more``, ``higher`` / ``lower`` medians, ``faults``
-    compared, ``unpaired`` rows without a partner)."""
-    def key(r):
-        return r["fault"], r["seed"]
-
-    before = {key(r): r for r in old}
-    pairs: dict = {}
-    unpaired = 0
-    for r in rows:
-        b = before.get(key(r))
-        if b is None:
-            unpaired += 1
-            continue
-        pairs.setdefault(r["fault"], []).append((b, r))
-    out, counts = [], {"fewer": 0, "more": 0, "higher": 0, "lower": 0, "faults": 0,
-                       "unpaired": unpaired + len(before) - sum(map(len, pairs.values()))}
-    for fault in sorted(pairs):
-        def side(i):
-            mine = [p[i] for p in pairs[fault]]
-            return (sum(r["found"] for r in mine),
-                    statistics.median(r["examples"] if r["found"] else examples for r in mine))
-        (f0, m0), (f1, m1) = side(0), side(1)
-        out.append({"fault": fault, "seeds": len(pairs[fault]), "found_before": f0,
-                    "found_now": f1, "median_before": m0, "median_now": m1})
-        counts["faults"] += 1
-        counts["fewer"] += f1 < f0
-        counts["more"] += f1 > f0
-        counts["higher"] += m1 > m0
-        counts["lower"] += m1 < m0
-    return out, counts
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seeds", default="0..9", type=parse_seeds)
+    p.add_argument("--seeds", default=None, type=parse_seeds, help="default 0..9")
     p.add_argument("--examples", type=int, default=200)
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--faults", default=None, help="comma-separated ids (default: all)")
@@ -170,6 +114,14 @@ def main(argv=None) -> int:
     p.add_argument("--against", default=None, metavar="OLD.json,...",
                    help="compare with an earlier --json table, seed by seed")
     args = p.parse_args(argv)
+    if args.rows:
+        given = [f for f, v in (("--seeds", args.seeds), ("--faults", args.faults),
+                                ("--json", args.json_out), ("--save", args.save)) if v]
+        if given:
+            print(f"find_rate.py: --rows prints stored rows and runs no search: "
+                  f"{', '.join(given)} does not apply", file=sys.stderr)
+            return 2
+    args.seeds = args.seeds or parse_seeds("0..9")
     try:
         stored = load_rows(args.rows, "--rows") if args.rows else None
         old = load_rows(args.against, "--against") if args.against else None
@@ -247,7 +199,9 @@ def report(rows: list[dict], args, old: list[dict] | None) -> list[dict]:
                 diff.add_row(m["fault"], str(m["seeds"]), str(m["found_before"]),
                              str(m["found_now"]), f"{m['median_before']:g}",
                              f"{m['median_now']:g}")
-        console.print(diff if diff.row_count else f"against {args.against}: no fault moved")
+        console.print(diff if diff.row_count else
+                      f"against {args.against}: " + ("no fault moved" if counts["faults"]
+                                                     else "no (fault, seed) pair in common"))
         console.print(f"{counts['faults']} faults compared: {counts['fewer']} found on fewer "
                       f"seeds, {counts['more']} on more; {counts['higher']} medians higher, "
                       f"{counts['lower']} lower"
