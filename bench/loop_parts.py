@@ -17,7 +17,6 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
 import functools
 import os
 import time
@@ -27,6 +26,8 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
+
+from _args import loop_parser  # noqa: E402  (bench/ is sys.path[0] when run as a script)
 
 
 class Clock:
@@ -98,11 +99,7 @@ def instrument(clock: Clock) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runner", default="v1", choices=("v1", "v2"))
-    ap.add_argument("--examples", type=int, default=60)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--drawn", action="store_true", help="draw the geometry per example")
+    ap = loop_parser(__doc__, examples=60)
     ap.add_argument("--target", default="gpu_impl", choices=("gpu_impl", "reference"))
     ap.add_argument("--top", type=int, default=12, help="invariants and preconditions listed")
     args = ap.parse_args()

@@ -17,13 +17,14 @@ bench/profile_fuzz.py --no-profile`` gives a sampling flame graph instead.
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import pstats
 import time
 
 from rich.console import Console
 from rich.table import Table
+
+from _args import loop_parser  # bench/ is sys.path[0] when run as a script
 
 # Library code (the standard library, NumPy, torch, builtins) is no layer of
 # its own: its time is charged to the layer that called it.
@@ -97,11 +98,7 @@ def own_time_per_layer(stats: pstats.Stats, rounds: int = 60) -> dict[str, float
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runner", default="v1", choices=("v1", "v2"))
-    ap.add_argument("--examples", type=int, default=15)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--drawn", action="store_true", help="draw the geometry per example")
+    ap = loop_parser(__doc__, examples=15)
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--out", help="write the raw profile here")
     ap.add_argument("--no-profile", action="store_true",
