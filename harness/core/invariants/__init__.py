@@ -158,8 +158,7 @@ def check(ctx: CheckContext, skip=frozenset()) -> list[Violation]:
     """Every applicable invariant not in ``skip``, in order; their violations."""
     spec = None if ctx.op is None else _OPS[ctx.op["op"]]
     found = []
-    for entry in _applicable(spec, skip if type(skip) is frozenset else frozenset(skip),
-                             ctx.config.runner):
+    for entry in _applicable(spec, frozenset(skip), ctx.config.runner):
         found += entry.check(ctx)
     return found
 
